@@ -1,0 +1,38 @@
+//! # attn-core
+//!
+//! The description of an attention call and the contract every backend implements. No CUDA, no
+//! candle: just shapes, layouts, masks, family parameters, typed errors and the backend traits.
+//!
+//! Every family computes, per (batch, query head) slice,
+//! `o_i = Σ_j w_ij v_j / Σ_j w_ij` over the keys `j` that the mask allows for query `i`, with a
+//! family-specific weight `w_ij` ([`Family`]). A user describes a call as an [`AttnProblem`];
+//! [`AttnProblem::validate`] checks it once and returns the [`AttnSpec`] that backends accept.
+//!
+//! ```
+//! use attn_core::{AttnProblem, Causal, DType, Family};
+//! let spec = AttnProblem::new(Family::softmax(), DType::BF16, 2, 8, 2, 128, 256, 64)
+//!     .with_causal(Causal::BottomRight)
+//!     .validate()?;
+//! assert_eq!(spec.group(), 4);
+//! assert_eq!(spec.key_range(0, 0), 0..129);
+//! # Ok::<(), attn_core::AttnError>(())
+//! ```
+
+mod backend;
+mod dtype;
+mod error;
+mod family;
+mod spec;
+
+pub use backend::{AttnBackend, BackwardIo, ForwardIo};
+pub use dtype::{round_to, DType, Element};
+pub use error::{shape_str, AttnError, FamilyKind, Op, Pass, Result};
+pub use family::{
+    Aggregation, CosineParams, Family, FamilySpec, HypScore, HyperbolicParams, SoftmaxParams, TaylorOrder,
+    TaylorParams, ACOSH_EPS, DEFAULT_L2_EPS, KLEIN_MAX_NORM2,
+};
+pub use spec::{
+    AttnProblem, AttnSpec, BiasShape, Causal, InputStrides, Layout, SeqLengths, SeqLens, Strides, Window,
+    MAX_HEAD_DIM,
+};
+pub use half::{bf16, f16};

@@ -1,0 +1,863 @@
+//! The call spec: what a user asks for ([`AttnProblem`]) and its checked form ([`AttnSpec`]).
+//!
+//! One [`AttnProblem::validate`] turns user input into an [`AttnSpec`]; the CPU reference, the
+//! kernels and the Candle ops accept only the checked form and never re-validate. The spec also owns
+//! the index arithmetic (strides, packed varlen offsets, statistics and bias layouts) and the mask
+//! (`key_range`), so every backend agrees on what a call means.
+//!
+//! Shapes, for one call (`[B, N, H, D]` layout shown; `[B, H, N, D]` is the same with strides):
+//! - q `[B, Nq, Hq, D]`, k `[B, Nk, Hkv, D]`, v `[B, Nk, Hkv, Dv]`, o and dO `[B, Nq, Hq, Dv]`;
+//! - packed varlen: q `[total_q, Hq, D]`, k `[total_k, Hkv, D]` with `cu_seqlens` offsets;
+//! - statistics (LSE or Taylor denominators, f32): `[B, Hq, Nq]`, or `[Hq, total_q]` when packed;
+//! - bias and dbias: `[B|1, Hq|1, Nq, Nk]`, contiguous.
+
+use crate::error::{shape_str, AttnError, FamilyKind, Op, Pass, Result};
+use crate::family::{Family, FamilySpec, TaylorOrder, DEFAULT_L2_EPS};
+use crate::DType;
+use std::ops::Range;
+
+/// Largest head dim the spec accepts. Backends may support fewer (they say so with `Unsupported`).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Order of the three outer dims of q, k, v, o.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Layout {
+    /// `[B, N, H, D]`: candle and FlashAttention.
+    #[default]
+    Bnhd,
+    /// `[B, H, N, D]`: PyTorch SDPA.
+    Bhnd,
+}
+
+/// Element strides of a 4-d tensor in logical `(batch, seq, head, dim)` order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Strides {
+    pub batch: usize,
+    pub seq: usize,
+    pub head: usize,
+    /// Must be 1: the last dim is contiguous.
+    pub dim: usize,
+}
+
+impl Strides {
+    /// Strides of a contiguous tensor with `seq` tokens per batch, `heads` heads and `dim` features.
+    ///
+    /// ```
+    /// use attn_core::{Layout, Strides};
+    /// let s = Strides::contiguous(Layout::Bhnd, 10, 4, 8);
+    /// assert_eq!((s.batch, s.seq, s.head, s.dim), (320, 8, 80, 1));
+    /// ```
+    pub fn contiguous(layout: Layout, seq: usize, heads: usize, dim: usize) -> Self {
+        match layout {
+            Layout::Bnhd => Strides {
+                batch: seq * heads * dim,
+                seq: heads * dim,
+                head: dim,
+                dim: 1,
+            },
+            Layout::Bhnd => Strides {
+                batch: heads * seq * dim,
+                seq: dim,
+                head: seq * dim,
+                dim: 1,
+            },
+        }
+    }
+}
+
+/// Causal mask and its alignment when `Nq ≠ Nk`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Causal {
+    #[default]
+    None,
+    /// `j ≤ i` (PyTorch `is_causal`).
+    TopLeft,
+    /// `j ≤ i + Nk − Nq` (FlashAttention, KV cache).
+    BottomRight,
+}
+
+/// Sliding window around the diagonal: key `j` is allowed for query `i` when
+/// `diag − left ≤ j ≤ diag + right`, where `diag = i` for [`Causal::TopLeft`] and `i + Nk − Nq`
+/// otherwise (FlashAttention's convention). `None` leaves that side unbounded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Window {
+    pub left: Option<usize>,
+    pub right: Option<usize>,
+}
+
+/// Which keys (and, packed, which queries) exist per batch entry.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum SeqLengths {
+    /// Every batch entry has `seq_q` queries and `seq_k` keys.
+    #[default]
+    Dense,
+    /// Batch entry `b` has `seq_q` queries and its first `key_lens[b]` keys valid.
+    KeyPadding(Vec<usize>),
+    /// Packed variable-length batch: sequence `b` owns query rows `cu_seqlens_q[b]..cu_seqlens_q[b+1]`
+    /// and key rows `cu_seqlens_k[b]..cu_seqlens_k[b+1]`; `seq_q`/`seq_k` are the maxima.
+    Varlen {
+        cu_seqlens_q: Vec<usize>,
+        cu_seqlens_k: Vec<usize>,
+    },
+}
+
+/// An additive bias of shape `[batch, heads, Nq, Nk]` (contiguous), with `batch ∈ {1, B}` and
+/// `heads ∈ {1, Hq}` (1 = broadcast). Its gradient has the same shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BiasShape {
+    pub batch: usize,
+    pub heads: usize,
+}
+
+/// Explicit strides for strided input views (e.g. transposes); outputs are always contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InputStrides {
+    pub q: Strides,
+    pub k: Strides,
+    pub v: Strides,
+}
+
+/// One attention call as the user describes it. Fields are public; [`AttnProblem::validate`] checks
+/// them all at once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnProblem {
+    pub family: Family,
+    pub dtype: DType,
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+    pub layout: Layout,
+    /// `None`: q, k, v are contiguous in `layout`.
+    pub strides: Option<InputStrides>,
+    pub causal: Causal,
+    pub window: Option<Window>,
+    pub lengths: SeqLengths,
+    pub bias: Option<BiasShape>,
+}
+
+impl AttnProblem {
+    /// A dense, unmasked problem in `[B, N, H, D]` layout with `Dv = D`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        family: Family,
+        dtype: DType,
+        batch: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        seq_q: usize,
+        seq_k: usize,
+        head_dim: usize,
+    ) -> Self {
+        AttnProblem {
+            family,
+            dtype,
+            batch,
+            heads_q,
+            heads_kv,
+            seq_q,
+            seq_k,
+            head_dim,
+            head_dim_v: head_dim,
+            layout: Layout::Bnhd,
+            strides: None,
+            causal: Causal::None,
+            window: None,
+            lengths: SeqLengths::Dense,
+            bias: None,
+        }
+    }
+
+    /// Build a dense problem from the 4-d shapes of q, k and v in `layout`, checking that they agree.
+    pub fn from_shapes(
+        family: Family,
+        dtype: DType,
+        layout: Layout,
+        q: &[usize],
+        k: &[usize],
+        v: &[usize],
+    ) -> Result<Self> {
+        let op = Op::new(family.kind(), Pass::Spec);
+        let dims = |what: &str, s: &[usize]| -> Result<(usize, usize, usize, usize)> {
+            match (s, layout) {
+                (&[b, n, h, d], Layout::Bnhd) | (&[b, h, n, d], Layout::Bhnd) => Ok((b, n, h, d)),
+                _ => Err(AttnError::ShapeMismatch {
+                    op,
+                    what: what.to_string(),
+                    expected: format!("a rank-4 tensor in {layout:?} layout"),
+                    got: shape_str(s),
+                }),
+            }
+        };
+        let (bq, nq, hq, dq) = dims("q", q)?;
+        let (bk, nk, hk, dk) = dims("k", k)?;
+        let (bv, nv, hv, dv) = dims("v", v)?;
+        let mismatch = |what: &str, expected: String| AttnError::ShapeMismatch {
+            op,
+            what: what.to_string(),
+            expected,
+            got: format!("q {}, k {}, v {}", shape_str(q), shape_str(k), shape_str(v)),
+        };
+        if bk != bq || bv != bq {
+            return Err(mismatch("batch", format!("batch {bq} for q, k and v")));
+        }
+        if dk != dq {
+            return Err(mismatch("k", format!("k head dim equal to q's ({dq})")));
+        }
+        if nv != nk || hv != hk {
+            return Err(mismatch("v", format!("v with k's seq and heads ({nk}, {hk})")));
+        }
+        let mut p = AttnProblem::new(family, dtype, bq, hq, hk, nq, nk, dq);
+        p.head_dim_v = dv;
+        p.layout = layout;
+        Ok(p)
+    }
+
+    pub fn with_causal(mut self, causal: Causal) -> Self {
+        self.causal = causal;
+        self
+    }
+    pub fn with_window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
+        self.window = Some(Window { left, right });
+        self
+    }
+    pub fn with_key_lens(mut self, key_lens: Vec<usize>) -> Self {
+        self.lengths = SeqLengths::KeyPadding(key_lens);
+        self
+    }
+    pub fn with_varlen(mut self, cu_seqlens_q: Vec<usize>, cu_seqlens_k: Vec<usize>) -> Self {
+        self.lengths = SeqLengths::Varlen {
+            cu_seqlens_q,
+            cu_seqlens_k,
+        };
+        self
+    }
+    pub fn with_bias(mut self, batch: usize, heads: usize) -> Self {
+        self.bias = Some(BiasShape { batch, heads });
+        self
+    }
+    pub fn with_head_dim_v(mut self, head_dim_v: usize) -> Self {
+        self.head_dim_v = head_dim_v;
+        self
+    }
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
+    }
+    pub fn with_strides(mut self, strides: InputStrides) -> Self {
+        self.strides = Some(strides);
+        self
+    }
+
+    /// Check everything and resolve defaults. The only way to obtain an [`AttnSpec`].
+    pub fn validate(&self) -> Result<AttnSpec> {
+        let op = Op::new(self.family.kind(), Pass::Spec);
+        let invalid = |arg: &'static str, reason: String| AttnError::InvalidArgument { op, arg, reason };
+        let family = resolve_family(op, &self.family, self.head_dim)?;
+
+        // Sizes.
+        for (arg, n) in [
+            ("batch", self.batch),
+            ("heads_q", self.heads_q),
+            ("heads_kv", self.heads_kv),
+            ("seq_q", self.seq_q),
+            ("seq_k", self.seq_k),
+        ] {
+            if n == 0 {
+                return Err(invalid(arg, "must be at least 1".into()));
+            }
+        }
+        if self.heads_q % self.heads_kv != 0 {
+            return Err(invalid(
+                "heads_kv",
+                format!("heads_q ({}) is not a multiple of heads_kv ({})", self.heads_q, self.heads_kv),
+            ));
+        }
+        for (arg, d) in [("head_dim", self.head_dim), ("head_dim_v", self.head_dim_v)] {
+            if d == 0 || d > MAX_HEAD_DIM {
+                return Err(invalid(arg, format!("{d} is outside 1..={MAX_HEAD_DIM}")));
+            }
+        }
+
+        // Lengths.
+        let (total_q, total_k) = match &self.lengths {
+            SeqLengths::Dense => (self.batch * self.seq_q, self.batch * self.seq_k),
+            SeqLengths::KeyPadding(lens) => {
+                if lens.len() != self.batch {
+                    return Err(AttnError::ShapeMismatch {
+                        op,
+                        what: "key_lens".into(),
+                        expected: shape_str(&[self.batch]),
+                        got: shape_str(&[lens.len()]),
+                    });
+                }
+                if let Some((b, &l)) = lens.iter().enumerate().find(|(_, &l)| l > self.seq_k) {
+                    return Err(invalid(
+                        "key_lens",
+                        format!("key_lens[{b}] = {l} exceeds seq_k = {}", self.seq_k),
+                    ));
+                }
+                (self.batch * self.seq_q, self.batch * self.seq_k)
+            }
+            SeqLengths::Varlen {
+                cu_seqlens_q,
+                cu_seqlens_k,
+            } => {
+                let tq = check_cu(op, "cu_seqlens_q", cu_seqlens_q, self.batch, self.seq_q)?;
+                let tk = check_cu(op, "cu_seqlens_k", cu_seqlens_k, self.batch, self.seq_k)?;
+                (tq, tk)
+            }
+        };
+        let varlen = matches!(self.lengths, SeqLengths::Varlen { .. });
+
+        // Strides.
+        let contiguous = |n: usize, h: usize, d: usize| {
+            let mut s = Strides::contiguous(self.layout, n, h, d);
+            if varlen {
+                s.batch = 0;
+            }
+            s
+        };
+        let (nq, nk) = if varlen {
+            (total_q, total_k)
+        } else {
+            (self.seq_q, self.seq_k)
+        };
+        let inputs = match self.strides {
+            Some(s) => {
+                for (what, st) in [("q", s.q), ("k", s.k), ("v", s.v)] {
+                    if st.dim != 1 {
+                        return Err(invalid(
+                            "strides",
+                            format!("{what} has last-dim stride {} (must be contiguous, 1)", st.dim),
+                        ));
+                    }
+                }
+                s
+            }
+            None => InputStrides {
+                q: contiguous(nq, self.heads_q, self.head_dim),
+                k: contiguous(nk, self.heads_kv, self.head_dim),
+                v: contiguous(nk, self.heads_kv, self.head_dim_v),
+            },
+        };
+
+        // Masks and bias.
+        if let (Some(_), FamilySpec::Taylor { .. }) = (self.window, family) {
+            return Err(invalid(
+                "window",
+                "Taylor linear attention factors through prefix states; only causal masks apply".into(),
+            ));
+        }
+        if let Some(bias) = self.bias {
+            if !family.is_softmax_like() {
+                return Err(invalid(
+                    "bias",
+                    "Taylor linear attention has no per-pair score term to add a bias to".into(),
+                ));
+            }
+            if varlen {
+                return Err(AttnError::Unsupported {
+                    op,
+                    backend: "attn",
+                    what: "an additive bias with a packed variable-length batch".into(),
+                });
+            }
+            let ok_b = bias.batch == 1 || bias.batch == self.batch;
+            let ok_h = bias.heads == 1 || bias.heads == self.heads_q;
+            if !ok_b || !ok_h {
+                return Err(AttnError::ShapeMismatch {
+                    op,
+                    what: "bias".into(),
+                    expected: format!("[{}|1, {}|1, {}, {}]", self.batch, self.heads_q, self.seq_q, self.seq_k),
+                    got: shape_str(&[bias.batch, bias.heads, self.seq_q, self.seq_k]),
+                });
+            }
+        }
+
+        Ok(AttnSpec {
+            family,
+            dtype: self.dtype,
+            batch: self.batch,
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            seq_q: self.seq_q,
+            seq_k: self.seq_k,
+            head_dim: self.head_dim,
+            head_dim_v: self.head_dim_v,
+            layout: self.layout,
+            total_q,
+            total_k,
+            q: inputs.q,
+            k: inputs.k,
+            v: inputs.v,
+            o: contiguous(nq, self.heads_q, self.head_dim_v),
+            dq: contiguous(nq, self.heads_q, self.head_dim),
+            dk: contiguous(nk, self.heads_kv, self.head_dim),
+            dv: contiguous(nk, self.heads_kv, self.head_dim_v),
+            causal: self.causal,
+            window: self.window,
+            lengths: self.lengths.clone(),
+            bias: self.bias,
+        })
+    }
+}
+
+fn check_cu(op: Op, arg: &'static str, cu: &[usize], batch: usize, max_len: usize) -> Result<usize> {
+    if cu.len() != batch + 1 {
+        return Err(AttnError::ShapeMismatch {
+            op,
+            what: arg.into(),
+            expected: shape_str(&[batch + 1]),
+            got: shape_str(&[cu.len()]),
+        });
+    }
+    if cu[0] != 0 {
+        return Err(AttnError::InvalidArgument {
+            op,
+            arg,
+            reason: format!("must start at 0, starts at {}", cu[0]),
+        });
+    }
+    for b in 0..batch {
+        let (s, e) = (cu[b], cu[b + 1]);
+        if e < s {
+            return Err(AttnError::InvalidArgument {
+                op,
+                arg,
+                reason: format!("decreases at {b}: {s} then {e}"),
+            });
+        }
+        if e - s > max_len {
+            return Err(AttnError::InvalidArgument {
+                op,
+                arg,
+                reason: format!("sequence {b} has length {} beyond the maximum {max_len}", e - s),
+            });
+        }
+    }
+    Ok(cu[batch])
+}
+
+fn positive(op: Op, arg: &'static str, x: f32) -> Result<f32> {
+    if x.is_finite() && x > 0.0 {
+        Ok(x)
+    } else {
+        Err(AttnError::InvalidArgument {
+            op,
+            arg,
+            reason: format!("{x} must be finite and > 0"),
+        })
+    }
+}
+
+fn resolve_family(op: Op, family: &Family, head_dim: usize) -> Result<FamilySpec> {
+    let default_scale = 1.0 / (head_dim.max(1) as f32).sqrt();
+    Ok(match *family {
+        Family::Softmax(p) => FamilySpec::Softmax {
+            scale: positive(op, "scale", p.scale.unwrap_or(default_scale))?,
+            softcap: p.softcap.map(|c| positive(op, "softcap", c)).transpose()?,
+        },
+        Family::CosineSim(p) => FamilySpec::CosineSim {
+            scale: positive(op, "scale", p.scale)?,
+            l2norm_qk: p.l2norm_qk,
+            eps: positive(op, "eps", p.eps)?,
+        },
+        Family::Taylor(p) => {
+            let order = match p.order {
+                1 => TaylorOrder::One,
+                2 => TaylorOrder::Two,
+                o => {
+                    return Err(AttnError::InvalidArgument {
+                        op,
+                        arg: "order",
+                        reason: format!("Taylor order {o} (supported: 1, 2)"),
+                    })
+                }
+            };
+            let [a0, a1, a2] = p.a;
+            if !(a0.is_finite() && a1.is_finite() && a2.is_finite()) {
+                return Err(AttnError::InvalidArgument {
+                    op,
+                    arg: "a",
+                    reason: format!("coefficients {:?} must be finite", p.a),
+                });
+            }
+            // Order 2: f(s) = a0 + a1 s + a2 s² must stay > 0 so the denominator cannot vanish:
+            // a2 > 0 and its minimum a0 − a1²/(4 a2) > 0.
+            if order == TaylorOrder::Two && !(a2 > 0.0 && a0 - a1 * a1 / (4.0 * a2) > 0.0) {
+                return Err(AttnError::InvalidArgument {
+                    op,
+                    arg: "a",
+                    reason: format!(
+                        "order 2 needs a2 > 0 and a0 − a1²/(4·a2) > 0 so f(s) > 0; got {:?}",
+                        p.a
+                    ),
+                });
+            }
+            FamilySpec::Taylor {
+                order,
+                a: [a0, a1, if order == TaylorOrder::Two { a2 } else { 0.0 }],
+                scale: positive(op, "scale", p.scale.unwrap_or(default_scale))?,
+                qk_l2norm: p.qk_l2norm,
+                eps: DEFAULT_L2_EPS,
+            }
+        }
+        Family::Hyperbolic(p) => FamilySpec::Hyperbolic {
+            score: p.score,
+            curvature: positive(op, "curvature", p.curvature)?,
+            beta: positive(op, "beta", p.beta)?,
+            aggregation: p.aggregation,
+        },
+    })
+}
+
+/// Query and key counts of one batch entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqLens {
+    pub q: usize,
+    pub k: usize,
+}
+
+/// A checked attention call. Construct with [`AttnProblem::validate`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnSpec {
+    family: FamilySpec,
+    dtype: DType,
+    batch: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    seq_q: usize,
+    seq_k: usize,
+    head_dim: usize,
+    head_dim_v: usize,
+    layout: Layout,
+    total_q: usize,
+    total_k: usize,
+    q: Strides,
+    k: Strides,
+    v: Strides,
+    o: Strides,
+    dq: Strides,
+    dk: Strides,
+    dv: Strides,
+    causal: Causal,
+    window: Option<Window>,
+    lengths: SeqLengths,
+    bias: Option<BiasShape>,
+}
+
+/// Length a buffer needs to hold every element addressed by `s` (0 when there is none).
+fn extent(s: Strides, batch: usize, seq: usize, heads: usize, dim: usize) -> usize {
+    if batch == 0 || seq == 0 || heads == 0 || dim == 0 {
+        return 0;
+    }
+    1 + (batch - 1) * s.batch + (seq - 1) * s.seq + (heads - 1) * s.head + (dim - 1) * s.dim
+}
+
+impl AttnSpec {
+    pub fn family(&self) -> &FamilySpec {
+        &self.family
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+    pub fn heads_q(&self) -> usize {
+        self.heads_q
+    }
+    pub fn heads_kv(&self) -> usize {
+        self.heads_kv
+    }
+    /// Query heads per key/value head (GQA group size).
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv
+    }
+    /// The key/value head that query head `h` reads.
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / self.group()
+    }
+    /// Queries per batch entry (the maximum, when packed).
+    pub fn seq_q(&self) -> usize {
+        self.seq_q
+    }
+    /// Keys per batch entry (the maximum, when packed).
+    pub fn seq_k(&self) -> usize {
+        self.seq_k
+    }
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+    pub fn head_dim_v(&self) -> usize {
+        self.head_dim_v
+    }
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    pub fn causal(&self) -> Causal {
+        self.causal
+    }
+    pub fn window(&self) -> Option<Window> {
+        self.window
+    }
+    pub fn lengths(&self) -> &SeqLengths {
+        &self.lengths
+    }
+    pub fn bias(&self) -> Option<BiasShape> {
+        self.bias
+    }
+    pub fn is_varlen(&self) -> bool {
+        matches!(self.lengths, SeqLengths::Varlen { .. })
+    }
+    /// Query rows over the whole batch (`B·Nq`, or the packed total).
+    pub fn total_q(&self) -> usize {
+        self.total_q
+    }
+    /// Key rows over the whole batch (`B·Nk`, or the packed total).
+    pub fn total_k(&self) -> usize {
+        self.total_k
+    }
+    pub fn op(&self, pass: Pass) -> Op {
+        Op::new(self.family.kind(), pass)
+    }
+    pub fn family_kind(&self) -> FamilyKind {
+        self.family.kind()
+    }
+    pub fn q_strides(&self) -> Strides {
+        self.q
+    }
+    pub fn k_strides(&self) -> Strides {
+        self.k
+    }
+    pub fn v_strides(&self) -> Strides {
+        self.v
+    }
+    /// Strides of o and dO (contiguous in the spec's layout).
+    pub fn o_strides(&self) -> Strides {
+        self.o
+    }
+    pub fn dq_strides(&self) -> Strides {
+        self.dq
+    }
+    pub fn dk_strides(&self) -> Strides {
+        self.dk
+    }
+    pub fn dv_strides(&self) -> Strides {
+        self.dv
+    }
+
+    /// Queries and keys of batch entry `b`.
+    pub fn seq_lens(&self, b: usize) -> SeqLens {
+        match &self.lengths {
+            SeqLengths::Dense => SeqLens {
+                q: self.seq_q,
+                k: self.seq_k,
+            },
+            SeqLengths::KeyPadding(lens) => SeqLens {
+                q: self.seq_q,
+                k: lens[b],
+            },
+            SeqLengths::Varlen {
+                cu_seqlens_q,
+                cu_seqlens_k,
+            } => SeqLens {
+                q: cu_seqlens_q[b + 1] - cu_seqlens_q[b],
+                k: cu_seqlens_k[b + 1] - cu_seqlens_k[b],
+            },
+        }
+    }
+
+    /// Offset of the diagonal for batch entry `b`: query `i` sits on key `i + diag_offset`.
+    /// 0 for top-left alignment, `Nk − Nq` (per entry) otherwise.
+    pub fn diag_offset(&self, b: usize) -> i64 {
+        let l = self.seq_lens(b);
+        match self.causal {
+            Causal::TopLeft => 0,
+            Causal::None | Causal::BottomRight => l.k as i64 - l.q as i64,
+        }
+    }
+
+    /// The keys query `i` of batch entry `b` may attend to: always one contiguous range, possibly
+    /// empty (such a row returns zeros).
+    ///
+    /// ```
+    /// use attn_core::{AttnProblem, Causal, DType, Family};
+    /// // Nq = 2 < Nk = 4: top-left lets query 0 see key 0 only; bottom-right lets it see keys 0..=2.
+    /// let p = AttnProblem::new(Family::softmax(), DType::F32, 1, 1, 1, 2, 4, 8);
+    /// let tl = p.clone().with_causal(Causal::TopLeft).validate().unwrap();
+    /// let br = p.with_causal(Causal::BottomRight).validate().unwrap();
+    /// assert_eq!(tl.key_range(0, 0), 0..1);
+    /// assert_eq!(br.key_range(0, 0), 0..3);
+    /// ```
+    pub fn key_range(&self, b: usize, i: usize) -> Range<usize> {
+        let len_k = self.seq_lens(b).k as i64;
+        let diag = i as i64 + self.diag_offset(b);
+        let mut lo = 0i64;
+        let mut hi = len_k;
+        if self.causal != Causal::None {
+            hi = hi.min(diag + 1);
+        }
+        if let Some(w) = self.window {
+            if let Some(l) = w.left {
+                lo = lo.max(diag - l as i64);
+            }
+            if let Some(r) = w.right {
+                hi = hi.min(diag + r as i64 + 1);
+            }
+        }
+        let lo = lo.clamp(0, len_k) as usize;
+        let hi = hi.clamp(0, len_k) as usize;
+        lo..hi.max(lo)
+    }
+
+    /// Whether query `i` of batch entry `b` may attend to key `j`.
+    pub fn allowed(&self, b: usize, i: usize, j: usize) -> bool {
+        self.key_range(b, i).contains(&j)
+    }
+
+    fn row_offset(&self, s: Strides, cu: Option<&[usize]>, b: usize, n: usize, h: usize) -> usize {
+        match cu {
+            Some(cu) => (cu[b] + n) * s.seq + h * s.head,
+            None => b * s.batch + n * s.seq + h * s.head,
+        }
+    }
+    fn cu_q(&self) -> Option<&[usize]> {
+        match &self.lengths {
+            SeqLengths::Varlen { cu_seqlens_q, .. } => Some(cu_seqlens_q),
+            _ => None,
+        }
+    }
+    fn cu_k(&self) -> Option<&[usize]> {
+        match &self.lengths {
+            SeqLengths::Varlen { cu_seqlens_k, .. } => Some(cu_seqlens_k),
+            _ => None,
+        }
+    }
+
+    /// Element offset of `q[b, i, h, 0]`.
+    pub fn q_offset(&self, b: usize, i: usize, h: usize) -> usize {
+        self.row_offset(self.q, self.cu_q(), b, i, h)
+    }
+    /// Element offset of `k[b, j, hk, 0]`.
+    pub fn k_offset(&self, b: usize, j: usize, hk: usize) -> usize {
+        self.row_offset(self.k, self.cu_k(), b, j, hk)
+    }
+    /// Element offset of `v[b, j, hk, 0]`.
+    pub fn v_offset(&self, b: usize, j: usize, hk: usize) -> usize {
+        self.row_offset(self.v, self.cu_k(), b, j, hk)
+    }
+    /// Element offset of `o[b, i, h, 0]` (and of dO).
+    pub fn o_offset(&self, b: usize, i: usize, h: usize) -> usize {
+        self.row_offset(self.o, self.cu_q(), b, i, h)
+    }
+    /// Element offset of `dq[b, i, h, 0]`.
+    pub fn dq_offset(&self, b: usize, i: usize, h: usize) -> usize {
+        self.row_offset(self.dq, self.cu_q(), b, i, h)
+    }
+    /// Element offset of `dk[b, j, hk, 0]`.
+    pub fn dk_offset(&self, b: usize, j: usize, hk: usize) -> usize {
+        self.row_offset(self.dk, self.cu_k(), b, j, hk)
+    }
+    /// Element offset of `dv[b, j, hk, 0]`.
+    pub fn dv_offset(&self, b: usize, j: usize, hk: usize) -> usize {
+        self.row_offset(self.dv, self.cu_k(), b, j, hk)
+    }
+    /// Index of the statistic (LSE or Taylor denominator) of query `i`, head `h`, batch entry `b`.
+    pub fn stats_index(&self, b: usize, h: usize, i: usize) -> usize {
+        match self.cu_q() {
+            Some(cu) => h * self.total_q + cu[b] + i,
+            None => (b * self.heads_q + h) * self.seq_q + i,
+        }
+    }
+    /// Index of `bias[b, h, i, j]` (broadcast dims collapse), if the spec has a bias.
+    pub fn bias_index(&self, b: usize, h: usize, i: usize, j: usize) -> Option<usize> {
+        self.bias.map(|s| {
+            let bb = if s.batch == 1 { 0 } else { b };
+            let bh = if s.heads == 1 { 0 } else { h };
+            ((bb * s.heads + bh) * self.seq_q + i) * self.seq_k + j
+        })
+    }
+
+    fn rows(&self, packed_total: usize, per_batch: usize) -> (usize, usize) {
+        if self.is_varlen() {
+            (1, packed_total)
+        } else {
+            (self.batch, per_batch)
+        }
+    }
+    /// Buffer lengths each tensor needs.
+    pub fn q_len(&self) -> usize {
+        let (b, n) = self.rows(self.total_q, self.seq_q);
+        extent(self.q, b, n, self.heads_q, self.head_dim)
+    }
+    pub fn k_len(&self) -> usize {
+        let (b, n) = self.rows(self.total_k, self.seq_k);
+        extent(self.k, b, n, self.heads_kv, self.head_dim)
+    }
+    pub fn v_len(&self) -> usize {
+        let (b, n) = self.rows(self.total_k, self.seq_k);
+        extent(self.v, b, n, self.heads_kv, self.head_dim_v)
+    }
+    /// Length of o and dO.
+    pub fn o_len(&self) -> usize {
+        self.total_q * self.heads_q * self.head_dim_v
+    }
+    pub fn dq_len(&self) -> usize {
+        self.total_q * self.heads_q * self.head_dim
+    }
+    pub fn dk_len(&self) -> usize {
+        self.total_k * self.heads_kv * self.head_dim
+    }
+    pub fn dv_len(&self) -> usize {
+        self.total_k * self.heads_kv * self.head_dim_v
+    }
+    pub fn stats_len(&self) -> usize {
+        self.total_q * self.heads_q
+    }
+    /// Length of the bias (and dbias) buffer; 0 without a bias.
+    pub fn bias_len(&self) -> usize {
+        self.bias
+            .map(|s| s.batch * s.heads * self.seq_q * self.seq_k)
+            .unwrap_or(0)
+    }
+
+    /// Logical shape of q for messages: `[B, Nq, Hq, D]` or `[total_q, Hq, D]`.
+    pub fn q_shape(&self) -> Vec<usize> {
+        self.shape(self.seq_q, self.total_q, self.heads_q, self.head_dim)
+    }
+    pub fn k_shape(&self) -> Vec<usize> {
+        self.shape(self.seq_k, self.total_k, self.heads_kv, self.head_dim)
+    }
+    pub fn v_shape(&self) -> Vec<usize> {
+        self.shape(self.seq_k, self.total_k, self.heads_kv, self.head_dim_v)
+    }
+    pub fn o_shape(&self) -> Vec<usize> {
+        self.shape(self.seq_q, self.total_q, self.heads_q, self.head_dim_v)
+    }
+    fn shape(&self, n: usize, total: usize, h: usize, d: usize) -> Vec<usize> {
+        match (self.is_varlen(), self.layout) {
+            (true, Layout::Bnhd) => vec![total, h, d],
+            (true, Layout::Bhnd) => vec![h, total, d],
+            (false, Layout::Bnhd) => vec![self.batch, n, h, d],
+            (false, Layout::Bhnd) => vec![self.batch, h, n, d],
+        }
+    }
+
+    /// Check that a buffer named `what` has at least `required` elements.
+    pub fn check_len(&self, pass: Pass, what: &str, len: usize, required: usize) -> Result<()> {
+        if len < required {
+            return Err(AttnError::ShapeMismatch {
+                op: self.op(pass),
+                what: what.to_string(),
+                expected: format!("at least {required} elements"),
+                got: format!("{len} elements"),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,146 @@
+//! Test helpers shared by every crate's tests: random cases, finite differences and the
+//! FlashAttention-style tolerance check (REFERENCE.md, "Numerics").
+//!
+//! Kept in the library (not behind `cfg(test)`) so the CUDA and Candle test suites compare against
+//! the same oracle in the same way.
+
+use crate::{backward_f64, forward_f64, Inputs};
+use attn_core::{Aggregation, AttnSpec, FamilySpec, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Random q, k, v, bias and dO for a spec, in f64, laid out as the spec says.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub spec: AttnSpec,
+    pub q: Vec<f64>,
+    pub k: Vec<f64>,
+    pub v: Vec<f64>,
+    pub bias: Option<Vec<f64>>,
+    pub d_o: Vec<f64>,
+}
+
+impl Case {
+    pub fn inputs(&self) -> Inputs<'_, f64> {
+        Inputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            bias: self.bias.as_deref(),
+        }
+    }
+
+    /// `L = Σ o ⊙ dO`, the scalar whose gradients `backward` returns.
+    pub fn loss(&self) -> Result<f64> {
+        let f = forward_f64(&self.spec, self.inputs())?;
+        Ok(f.o.iter().zip(&self.d_o).map(|(o, g)| o * g).sum())
+    }
+}
+
+fn uniform(rng: &mut StdRng, n: usize, amp: f64) -> Vec<f64> {
+    (0..n).map(|_| rng.random_range(-amp..amp)).collect()
+}
+
+/// Draw a case: entries uniform in (−1, 1); Einstein-midpoint values scaled into the Klein ball
+/// (`c‖v‖² < 0.81`); a random dO (never ones: a dO of ones hides dV bugs).
+pub fn random_case(spec: &AttnSpec, seed: u64) -> Case {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let q = uniform(&mut rng, spec.q_len(), 1.0);
+    let k = uniform(&mut rng, spec.k_len(), 1.0);
+    let mut v = uniform(&mut rng, spec.v_len(), 1.0);
+    if let FamilySpec::Hyperbolic {
+        aggregation: Aggregation::EinsteinMidpoint,
+        curvature,
+        ..
+    } = *spec.family()
+    {
+        let dv = spec.head_dim_v();
+        for row in v.chunks_mut(dv) {
+            let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
+            let radius = rng.random_range(0.0..0.9) / (curvature as f64).sqrt();
+            row.iter_mut().for_each(|x| *x *= radius / norm);
+        }
+    }
+    let bias = spec.bias().map(|_| uniform(&mut rng, spec.bias_len(), 1.0));
+    let d_o = uniform(&mut rng, spec.o_len(), 1.0);
+    Case {
+        spec: spec.clone(),
+        q,
+        k,
+        v,
+        bias,
+        d_o,
+    }
+}
+
+/// Largest absolute difference between two equally long slices.
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+}
+
+/// Largest absolute value (0 for an empty slice).
+pub fn max_abs(a: &[f64]) -> f64 {
+    a.iter().map(|x| x.abs()).fold(0.0, f64::max)
+}
+
+/// Compare every gradient of `case` (dq, dk, dv, dbias) from [`backward_f64`] with central finite
+/// differences of [`Case::loss`] with step `h`. An entry passes when
+/// `|analytic − fd| ≤ atol + rtol·max|analytic of that tensor|`. Returns the first failure.
+pub fn check_gradients(case: &Case, h: f64, rtol: f64, atol: f64) -> Result<(), String> {
+    let err = |e: attn_core::AttnError| e.to_string();
+    let f = forward_f64(&case.spec, case.inputs()).map_err(err)?;
+    let g = backward_f64(&case.spec, case.inputs(), &f.o, &case.d_o, &f.stats).map_err(err)?;
+    type Pick = fn(&mut Case) -> &mut Vec<f64>;
+    let tensors: [(&str, Option<&Vec<f64>>, Pick); 4] = [
+        ("dq", Some(&g.dq), |c| &mut c.q),
+        ("dk", Some(&g.dk), |c| &mut c.k),
+        ("dv", Some(&g.dv), |c| &mut c.v),
+        ("dbias", g.dbias.as_ref(), |c| c.bias.as_mut().expect("dbias implies a bias")),
+    ];
+    for (name, analytic, pick) in tensors {
+        let Some(analytic) = analytic else { continue };
+        let scale = max_abs(analytic);
+        let mut probe = case.clone();
+        for idx in 0..analytic.len() {
+            let x0 = pick(&mut probe)[idx];
+            pick(&mut probe)[idx] = x0 + h;
+            let lp = probe.loss().map_err(err)?;
+            pick(&mut probe)[idx] = x0 - h;
+            let lm = probe.loss().map_err(err)?;
+            pick(&mut probe)[idx] = x0;
+            let fd = (lp - lm) / (2.0 * h);
+            let an = analytic[idx];
+            if (an - fd).abs() > atol + rtol * scale {
+                return Err(format!(
+                    "{name}[{idx}]: analytic {an:.9e} vs finite difference {fd:.9e} (tensor max {scale:.3e})"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The FlashAttention-style acceptance test: a result `got` passes against the f64 `reference` when
+/// `max|got − ref| ≤ 2·max|baseline − ref| + atol`, where `baseline` is an honest computation in the
+/// same storage dtype. Returns a description of the failure.
+pub fn check_close(name: &str, got: &[f64], reference: &[f64], baseline: &[f64], atol: f64) -> Result<(), String> {
+    if got.len() != reference.len() || baseline.len() != reference.len() {
+        return Err(format!(
+            "{name}: lengths differ: got {}, reference {}, baseline {}",
+            got.len(),
+            reference.len(),
+            baseline.len()
+        ));
+    }
+    if let Some(i) = got.iter().position(|x| !x.is_finite()) {
+        return Err(format!("{name}[{i}] is {} (not finite)", got[i]));
+    }
+    let err = max_abs_diff(got, reference);
+    let base = max_abs_diff(baseline, reference);
+    if err > 2.0 * base + atol {
+        return Err(format!(
+            "{name}: max error {err:.3e} > 2 × baseline error {base:.3e} + atol {atol:.1e}"
+        ));
+    }
+    Ok(())
+}
