@@ -31,8 +31,8 @@ pub use family::{
     Aggregation, CosineParams, Family, FamilySpec, HypScore, HyperbolicParams, SoftmaxParams, TaylorOrder,
     TaylorParams, ACOSH_EPS, DEFAULT_L2_EPS, KLEIN_MAX_NORM2,
 };
+pub use half::{bf16, f16};
 pub use spec::{
     AttnProblem, AttnSpec, BiasShape, Causal, InputStrides, Layout, SeqLengths, SeqLens, Strides, Window,
     MAX_HEAD_DIM,
 };
-pub use half::{bf16, f16};

@@ -273,7 +273,10 @@ impl AttnProblem {
         if self.heads_q % self.heads_kv != 0 {
             return Err(invalid(
                 "heads_kv",
-                format!("heads_q ({}) is not a multiple of heads_kv ({})", self.heads_q, self.heads_kv),
+                format!(
+                    "heads_q ({}) is not a multiple of heads_kv ({})",
+                    self.heads_q, self.heads_kv
+                ),
             ));
         }
         for (arg, d) in [("head_dim", self.head_dim), ("head_dim_v", self.head_dim_v)] {
@@ -372,7 +375,10 @@ impl AttnProblem {
                 return Err(AttnError::ShapeMismatch {
                     op,
                     what: "bias".into(),
-                    expected: format!("[{}|1, {}|1, {}, {}]", self.batch, self.heads_q, self.seq_q, self.seq_k),
+                    expected: format!(
+                        "[{}|1, {}|1, {}, {}]",
+                        self.batch, self.heads_q, self.seq_q, self.seq_k
+                    ),
                     got: shape_str(&[bias.batch, bias.heads, self.seq_q, self.seq_k]),
                 });
             }
