@@ -1,1 +1,35 @@
-//! placeholder
+//! # attn-cuda
+//!
+//! Fused attention kernels for NVIDIA GPUs, built with nvcc (sm_90a and sm_80 SASS, compute_80 PTX)
+//! and launched through cudarc on the caller's stream.
+//!
+//! Families: softmax (REFERENCE.md §1: `s = scale·q·k`, optional softcap, `+ bias`,
+//! `o = softmax(s)·v`, LSE saved in f32) and cosine-sim (§2: `s = scale·q̂·k̂` with the l2-norms fused
+//! into the tiles and the fixed offset `−scale` instead of a running max). One FlashAttention-2
+//! skeleton serves both: Q tiles resident in shared memory, K/V streamed with cp.async double
+//! buffering, `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate) fed by `ldmatrix`, online softmax
+//! in registers. The score function is a compile-time parameter of the skeleton
+//! (`kernels/include/score.h`).
+//!
+//! Backward (FlashAttention-2): P recomputed from LSE; δ = rowsum(dO∘o) by a row kernel; dQ by a
+//! kernel over query tiles, dK/dV by a kernel over key tiles that loops over the GQA group —
+//! deterministic, no atomics. f32 inputs run exact f32 SIMT kernels (tf32 is not f32-accurate).
+//!
+//! Options: causal top-left / bottom-right with `Nq ≠ Nk`, key padding, packed varlen, sliding
+//! window, additive bias with broadcast dims and its gradient, GQA/MQA, fully masked rows → zeros
+//! (LSE = −∞). Head dims: see [`dispatch`](crate) (`Unsupported` for anything else).
+//!
+//! Without nvcc at build time the crate still builds and every call returns
+//! [`CudaAttnError::KernelsNotBuilt`]; without a GPU [`CudaAttn::new`] returns
+//! [`CudaAttnError::NoGpu`].
+
+mod backend;
+mod dispatch;
+mod error;
+mod heuristics;
+mod params;
+mod runtime;
+
+pub use backend::{kernels_built, BackwardViews, CudaAttn, DeviceElem, ForwardViews};
+pub use cudarc;
+pub use error::{CudaAttnError, Result};

@@ -1,0 +1,31 @@
+// Cosine-similarity attention (REFERENCE.md §2) on tensor cores: forward, dQ and dK/dV kernels for
+// f16 and bf16 at head dims 16, 32, 64, 96, 128, 256. The l2-norms of q and k are fused into the
+// tiles (reciprocal norms scale the raw products); the l2-norm's Jacobian is applied by the row
+// kernels of common.cu. Names: attn_cosine_sim_{fwd,bwd_dq,bwd_dkdv}_{dt}_d{D}.
+#include "include/flash_bwd.cuh"
+#include "include/flash_fwd.cuh"
+
+#define ATTN_COSINE(DT, T, D)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \
+        attn_cosine_sim_fwd_##DT##_d##D(const __grid_constant__ AttnParams p) {                                     \
+        attn::flash_fwd<T, D, attn::CosineScore>(p);                                                               \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \
+        attn_cosine_sim_bwd_dq_##DT##_d##D(const __grid_constant__ AttnParams p) {                                  \
+        attn::flash_bwd_dq<T, D, attn::CosineScore>(p);                                                            \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \
+        attn_cosine_sim_bwd_dkdv_##DT##_d##D(const __grid_constant__ AttnParams p) {                                \
+        attn::flash_bwd_dkdv<T, D, attn::CosineScore>(p);                                                          \
+    }
+
+#define ATTN_COSINE_DTYPES(D)          \
+    ATTN_COSINE(f16, __half, D)        \
+    ATTN_COSINE(bf16, __nv_bfloat16, D)
+
+ATTN_COSINE_DTYPES(16)
+ATTN_COSINE_DTYPES(32)
+ATTN_COSINE_DTYPES(64)
+ATTN_COSINE_DTYPES(96)
+ATTN_COSINE_DTYPES(128)
+ATTN_COSINE_DTYPES(256)

@@ -1,0 +1,355 @@
+// Backward pass of the flash skeleton (FlashAttention-2), tensor cores, deterministic (no atomics).
+// P is recomputed from the saved LSE: P_ij = exp(s_ij − LSE_i); with δ_i = dO_i·o_i (a separate
+// row kernel) the gradients are
+//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − δ),  dQ = scale·dS' K,  dK = scale·dS'ᵀ Q,
+// where dS' = dS ∘ (1 − tanh²) under a softcap, and for cosine-sim dS'_ij also carries the
+// reciprocal norm of the other side (dq̂ = scale·Σ_j dS_ij k̂_j with k̂_j = rk_j·k_j); the l2-norm's
+// own Jacobian is applied afterwards by a row kernel on the f32 dq̂ / dk̂.
+//
+// Two kernels, each the sole writer of its outputs:
+// - flash_bwd_dq: one block per (b, h, query tile); K/V stream through shared memory. It also
+//   writes dS (f32) for the bias gradient when the call has a bias.
+// - flash_bwd_dkdv: one block per (b, kv head, key tile, column split); it loops over every query
+//   head of its GQA group and every query tile that can see its keys, so dK and dV of a kv head
+//   are summed over the group inside one block.
+#pragma once
+#include "loads.h"
+#include "mask.h"
+#include "online_softmax.h"
+#include "score.h"
+#include "tiles.h"
+
+namespace attn {
+
+template <int NT, int DT>
+__device__ __forceinline__ void zero(float (&a)[NT][DT]) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int j = 0; j < DT; ++j) a[i][j] = 0.f;
+}
+
+// LSE in log2 units, +∞ for rows that must get P = 0 (past the sequence, or with no allowed key).
+__device__ __forceinline__ float lse_log2(const AttnParams& p, const SeqInfo& si, int h, int i) {
+    if (i >= si.len_q) return CUDART_INF_F;
+    const float lse = p.lse[si.stats_index(p, h, i)];
+    return lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e;
+}
+
+template <typename T, int D, class Score>
+__device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
+    constexpr int BM = DqTile<D>::BM, BN = DqTile<D>::BN;
+    constexpr int ld = SmemRow<D>::ld;
+    constexpr int NT = BN / 8, DT = D / 8;
+    static_assert(BM == 16 * kWarps, "one 16-row mma tile per warp");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw);  // [BM][ld]
+    T* sdO = sQ + BM * ld;                   // [BM][ld]
+    T* sK = sdO + BM * ld;                   // [2][BN][ld]
+    T* sV = sK + 2 * BN * ld;                // [2][BN][ld]
+    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * ld);  // [2][BN]
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int b = blockIdx.z, h = blockIdx.y;
+    const SeqInfo si(p, b);
+    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int i0 = m_block * BM;
+    if (i0 >= si.len_q) return;
+    const int hk = h / p.group;
+    const int i_last = min(i0 + BM, si.len_q) - 1;
+    const int j_begin = si.key_lo(p, i0), j_end = si.key_hi(p, i_last);
+    const int n_first = j_begin / BN;
+    const int n_count = j_end > j_begin ? (j_end - 1) / BN - n_first + 1 : 0;
+    const bool norms = Score::kNorms && p.l2norm;
+
+    const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
+    const T* d_o = static_cast<const T*>(p.d_o) + si.o_off(p, 0, h);
+    const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
+    const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
+
+    auto load_kv = [&](int n, int buf) {
+        load_tile_async<T, BN, D, kThreads>(sK + buf * BN * ld, k, p.k_seq, n * BN, si.len_k, tid);
+        load_tile_async<T, BN, D, kThreads>(sV + buf * BN * ld, v, p.v_seq, n * BN, si.len_k, tid);
+        if (norms && tid < BN) {
+            const int j = n * BN + tid;
+            sRk[buf * BN + tid] = j < si.len_k ? p.rk[si.dk_off(p, j, hk) / D] : 0.f;
+        }
+    };
+    load_tile_async<T, BM, D, kThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
+    load_tile_async<T, BM, D, kThreads>(sdO, d_o, p.o_seq, i0, si.len_q, tid);
+    if (n_count > 0) load_kv(n_first, 0);
+    cp_async_commit();
+
+    const int g = lane / 4, t4 = lane % 4;
+    int row[2], lo[2], hi[2];
+    float lse2[2], delta[2], rq[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        row[r] = i0 + warp * 16 + g + 8 * r;
+        const bool valid = row[r] < si.len_q;
+        lo[r] = valid ? si.key_lo(p, row[r]) : 0;
+        hi[r] = valid ? si.key_hi(p, row[r]) : 0;
+        lse2[r] = lse_log2(p, si, h, row[r]);
+        delta[r] = valid ? p.delta[si.stats_index(p, h, row[r])] : 0.f;
+        rq[r] = norms && valid ? p.rq[si.dq_off(p, row[r], h) / D] : 1.f;
+    }
+    float acc_dq[DT][4];
+    zero(acc_dq);
+
+    for (int it = 0; it < n_count; ++it) {
+        const int n = n_first + it, buf = it & 1;
+        const T* sKb = sK + buf * BN * ld;
+        const T* sVb = sV + buf * BN * ld;
+        if (it + 1 < n_count) load_kv(n + 1, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+
+        // S = Q Kᵀ and dP = dO Vᵀ   [16, BN] per warp
+        float s[NT][4], dp[NT][4];
+        zero(s);
+        zero(dp);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t aq[4], ado[4];
+            load_a(aq, sQ, ld, warp * 16, kk * 16, lane);
+            load_a(ado, sdO, ld, warp * 16, kk * 16, lane);
+#pragma unroll
+            for (int nn = 0; nn < BN / 16; ++nn) {
+                uint32_t bk[4], bv[4];
+                load_b_nk(bk, sKb, ld, nn * 16, kk * 16, lane);
+                load_b_nk(bv, sVb, ld, nn * 16, kk * 16, lane);
+                mma16816<T>(s[2 * nn], aq, bk[0], bk[1]);
+                mma16816<T>(s[2 * nn + 1], aq, bk[2], bk[3]);
+                mma16816<T>(dp[2 * nn], ado, bv[0], bv[1]);
+                mma16816<T>(dp[2 * nn + 1], ado, bv[2], bv[3]);
+            }
+        }
+
+        // P = exp(s − LSE), dS = P ∘ (dP − δ), dS' into s
+        const int j0 = n * BN;
+        const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2;
+                const int cl = nt * 8 + 2 * t4 + (e & 1);
+                const int col = j0 + cl;
+                const bool allowed = full || (col >= lo[r] && col < hi[r]);
+                const float rk = norms ? sRk[buf * BN + cl] : 1.f;
+                float dtanh;
+                float x = score<Score>(p, s[nt][e], rq[r], rk, dtanh);
+                if (allowed && p.bias != nullptr)
+                    x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[r], col)]);
+                const float pr = allowed ? exp2f(x * kLog2e - lse2[r]) : 0.f;
+                const float ds = pr * (dp[nt][e] - delta[r]);
+                if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[r], col)] = ds;
+                s[nt][e] = ds * dtanh * rk;
+            }
+
+        // dQ += dS' K   [16, D] per warp
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t a[4];
+            pack_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int dd = 0; dd < D / 16; ++dd) {
+                uint32_t bf[4];
+                load_b_kn(bf, sKb, ld, kk * 16, dd * 16, lane);
+                mma16816<T>(acc_dq[2 * dd], a, bf[0], bf[1]);
+                mma16816<T>(acc_dq[2 * dd + 1], a, bf[2], bf[3]);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+    // dq = scale · acc (cosine: dq̂ in f32, projected through the l2-norm by a row kernel)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (row[r] >= si.len_q) continue;
+        const long long off = si.dq_off(p, row[r], h);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            const float x0 = acc_dq[dt][2 * r] * p.scale, x1 = acc_dq[dt][2 * r + 1] * p.scale;
+            const int col = dt * 8 + 2 * t4;
+            if (norms) {
+                *reinterpret_cast<float2*>(p.dq_acc + off + col) = make_float2(x0, x1);
+            } else {
+                using V2 = typename Vec2<T>::type;
+                const uint32_t packed = pack2<T>(x0, x1);
+                *reinterpret_cast<V2*>(static_cast<T*>(p.dq) + off + col) = *reinterpret_cast<const V2*>(&packed);
+            }
+        }
+    }
+}
+
+template <typename T, int D, class Score>
+__device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
+    constexpr int BN = DkvTile<D>::BN, BM = DkvTile<D>::BM, DA = DkvTile<D>::DA;
+    constexpr int ld = SmemRow<D>::ld;
+    constexpr int MT = BM / 8;   // n8 tiles of Sᵀ per warp (queries)
+    constexpr int AT = DA / 8;   // n8 tiles of the dK, dV accumulators
+    constexpr int kSplits = D / DA;
+    static_assert(BN == 16 * kWarps, "one 16-key mma tile per warp");
+    static_assert(D % DA == 0 && DA % 16 == 0 && BM % 16 == 0, "whole k16 steps");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sK = reinterpret_cast<T*>(smem_raw);  // [BN][ld]
+    T* sV = sK + BN * ld;                    // [BN][ld]
+    T* sQ = sV + BN * ld;                    // [2][BM][ld]
+    T* sdO = sQ + 2 * BM * ld;               // [2][BM][ld]
+    float* sLse = reinterpret_cast<float*>(sdO + 2 * BM * ld);  // [2][BM] log2 units
+    float* sDelta = sLse + 2 * BM;                              // [2][BM]
+    float* sRq = sDelta + 2 * BM;                               // [2][BM]
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int b = blockIdx.z, hk = blockIdx.y;
+    const int n_block = blockIdx.x / kSplits, d0 = (blockIdx.x % kSplits) * DA;
+    const SeqInfo si(p, b);
+    const int j0 = n_block * BN;
+    if (j0 >= si.key_rows(p)) return;
+    const int j1 = min(j0 + BN, si.len_k);
+    const int m_first = si.query_lo(p, j0) / BM;
+    const int q_end = si.query_hi(p, j1);
+    const int m_count = q_end > m_first * BM ? (q_end - 1) / BM - m_first + 1 : 0;
+    const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
+    const bool norms = Score::kNorms && p.l2norm;
+
+    const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
+    const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
+    load_tile_async<T, BN, D, kThreads>(sK, k, p.k_seq, j0, si.len_k, tid);
+    load_tile_async<T, BN, D, kThreads>(sV, v, p.v_seq, j0, si.len_k, tid);
+
+    auto load_q = [&](int it, int buf) {
+        const int h = hk * p.group + it / m_count;
+        const int i0 = (m_first + it % m_count) * BM;
+        load_tile_async<T, BM, D, kThreads>(sQ + buf * BM * ld, static_cast<const T*>(p.q) + si.q_off(p, 0, h), p.q_seq,
+                                            i0, si.len_q, tid);
+        load_tile_async<T, BM, D, kThreads>(sdO + buf * BM * ld, static_cast<const T*>(p.d_o) + si.o_off(p, 0, h),
+                                            p.o_seq, i0, si.len_q, tid);
+        if (tid < BM) {
+            const int i = i0 + tid;
+            const bool valid = i < si.len_q;
+            sLse[buf * BM + tid] = lse_log2(p, si, h, i);
+            sDelta[buf * BM + tid] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
+            sRq[buf * BM + tid] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
+        }
+    };
+    if (iters > 0) load_q(0, 0);
+    cp_async_commit();
+
+    const int g = lane / 4, t4 = lane % 4;
+    int key[2];
+    float rk[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        key[r] = j0 + warp * 16 + g + 8 * r;
+        rk[r] = norms && key[r] < si.len_k ? p.rk[si.dk_off(p, key[r], hk) / D] : 1.f;
+    }
+    float acc_dk[AT][4], acc_dv[AT][4];
+    zero(acc_dk);
+    zero(acc_dv);
+
+    for (int it = 0; it < iters; ++it) {
+        const int buf = it & 1;
+        const int h = hk * p.group + it / m_count;
+        const int i0 = (m_first + it % m_count) * BM;
+        const T* sQb = sQ + buf * BM * ld;
+        const T* sdOb = sdO + buf * BM * ld;
+        if (it + 1 < iters) load_q(it + 1, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+
+        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ   [16 keys, BM queries] per warp
+        float st[MT][4], dpt[MT][4];
+        zero(st);
+        zero(dpt);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t ak[4], av[4];
+            load_a(ak, sK, ld, warp * 16, kk * 16, lane);
+            load_a(av, sV, ld, warp * 16, kk * 16, lane);
+#pragma unroll
+            for (int mm = 0; mm < BM / 16; ++mm) {
+                uint32_t bq[4], bo[4];
+                load_b_nk(bq, sQb, ld, mm * 16, kk * 16, lane);
+                load_b_nk(bo, sdOb, ld, mm * 16, kk * 16, lane);
+                mma16816<T>(st[2 * mm], ak, bq[0], bq[1]);
+                mma16816<T>(st[2 * mm + 1], ak, bq[2], bq[3]);
+                mma16816<T>(dpt[2 * mm], av, bo[0], bo[1]);
+                mma16816<T>(dpt[2 * mm + 1], av, bo[2], bo[3]);
+            }
+        }
+
+        // Pᵀ into st, dS'ᵀ into dpt
+        const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2;
+                const int cl = mt * 8 + 2 * t4 + (e & 1);
+                const int i = i0 + cl;
+                const int j = key[r];
+                const bool allowed =
+                    full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
+                const float rqi = sRq[buf * BM + cl];
+                float dtanh;
+                float x = score<Score>(p, st[mt][e], rqi, rk[r], dtanh);
+                if (allowed && p.bias != nullptr)
+                    x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
+                const float pr = allowed ? exp2f(x * kLog2e - sLse[buf * BM + cl]) : 0.f;
+                const float ds = pr * (dpt[mt][e] - sDelta[buf * BM + cl]);
+                st[mt][e] = pr;
+                dpt[mt][e] = ds * dtanh * rqi;
+            }
+
+        // dV += Pᵀ dO and dK += dS'ᵀ Q   [16 keys, DA] per warp
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) {
+            uint32_t ap[4], ads[4];
+            pack_a<T>(ap, st[2 * kk], st[2 * kk + 1]);
+            pack_a<T>(ads, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+            for (int dd = 0; dd < DA / 16; ++dd) {
+                uint32_t bo[4], bq[4];
+                load_b_kn(bo, sdOb, ld, kk * 16, d0 + dd * 16, lane);
+                load_b_kn(bq, sQb, ld, kk * 16, d0 + dd * 16, lane);
+                mma16816<T>(acc_dv[2 * dd], ap, bo[0], bo[1]);
+                mma16816<T>(acc_dv[2 * dd + 1], ap, bo[2], bo[3]);
+                mma16816<T>(acc_dk[2 * dd], ads, bq[0], bq[1]);
+                mma16816<T>(acc_dk[2 * dd + 1], ads, bq[2], bq[3]);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+    // dv = acc_dv, dk = scale · acc_dk (cosine: dk̂ in f32, projected by a row kernel)
+    using V2 = typename Vec2<T>::type;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (key[r] >= si.key_rows(p)) continue;
+        const long long offk = si.dk_off(p, key[r], hk) + d0;
+        const long long offv = si.dv_off(p, key[r], hk) + d0;
+#pragma unroll
+        for (int at = 0; at < AT; ++at) {
+            const int col = at * 8 + 2 * t4;
+            const uint32_t pv = pack2<T>(acc_dv[at][2 * r], acc_dv[at][2 * r + 1]);
+            *reinterpret_cast<V2*>(static_cast<T*>(p.dv) + offv + col) = *reinterpret_cast<const V2*>(&pv);
+            const float x0 = acc_dk[at][2 * r] * p.scale, x1 = acc_dk[at][2 * r + 1] * p.scale;
+            if (norms) {
+                *reinterpret_cast<float2*>(p.dk_acc + offk + col) = make_float2(x0, x1);
+            } else {
+                const uint32_t pk = pack2<T>(x0, x1);
+                *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
+            }
+        }
+    }
+}
+
+}  // namespace attn

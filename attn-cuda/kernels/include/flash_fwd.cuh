@@ -1,0 +1,178 @@
+// Forward pass of the flash skeleton (FlashAttention-2), tensor cores, f16/bf16 in, f32 accumulate.
+//
+// One block = one (batch b, query head h, query tile of BM rows). The Q tile stays in shared memory;
+// K and V blocks of BN keys stream through two shared buffers with cp.async (the next block loads
+// while this one computes). Per key block, per warp (16 query rows):
+//   S = Q Kᵀ            [16, BN]   mma.sync m16n8k16, A and B by ldmatrix
+//   s = score(S) + bias, masked → −∞     (Score: softmax or cosine-sim)
+//   online softmax: m, l, P = 2^(s − m)  (registers)
+//   O = α·O + P V       [16, D]    P straight from registers, V by ldmatrix.trans
+// Epilogue: o = O / l (0 for an empty row), LSE = m + ln l (−∞ for an empty row), f32.
+#pragma once
+#include "loads.h"
+#include "mask.h"
+#include "online_softmax.h"
+#include "score.h"
+#include "tiles.h"
+
+namespace attn {
+
+template <typename T, int D, class Score>
+__device__ __forceinline__ void flash_fwd(const AttnParams& p) {
+    constexpr int BM = FwdTile<D>::BM, BN = FwdTile<D>::BN;
+    constexpr int ld = SmemRow<D>::ld;
+    constexpr int NT = BN / 8;  // n8 tiles of S per warp
+    constexpr int DT = D / 8;   // n8 tiles of O per warp
+    static_assert(BM == 16 * kWarps, "one 16-row mma tile per warp");
+    static_assert(BN % 16 == 0 && D % 16 == 0, "tiles are whole k16 steps");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw);  // [BM][ld]
+    T* sK = sQ + BM * ld;                    // [2][BN][ld]
+    T* sV = sK + 2 * BN * ld;                // [2][BN][ld]
+    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * ld);  // [2][BN] cosine: 1/‖k‖
+    float* sRq = sRk + 2 * BN;                                 // [BM]    cosine: 1/‖q‖
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int b = blockIdx.z, h = blockIdx.y;
+    const SeqInfo si(p, b);
+    // Causal blocks near the end of the sequence have the most keys: schedule them first.
+    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int i0 = m_block * BM;
+    if (i0 >= si.len_q) return;
+    const int hk = h / p.group;
+    const int i_last = min(i0 + BM, si.len_q) - 1;
+    const int j_begin = si.key_lo(p, i0), j_end = si.key_hi(p, i_last);
+    const int n_first = j_begin / BN;
+    const int n_count = j_end > j_begin ? (j_end - 1) / BN - n_first + 1 : 0;
+
+    const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
+    const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
+    const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
+    const bool norms = Score::kNorms && p.l2norm;
+
+    load_tile_async<T, BM, D, kThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
+    if (n_count > 0) {
+        load_tile_async<T, BN, D, kThreads>(sK, k, p.k_seq, n_first * BN, si.len_k, tid);
+        load_tile_async<T, BN, D, kThreads>(sV, v, p.v_seq, n_first * BN, si.len_k, tid);
+    }
+    cp_async_commit();
+
+    // This thread's two rows and their key ranges.
+    const int g = lane / 4, t4 = lane % 4;
+    int row[2], lo[2], hi[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        row[r] = i0 + warp * 16 + g + 8 * r;
+        const bool valid = row[r] < si.len_q;
+        lo[r] = valid ? si.key_lo(p, row[r]) : 0;
+        hi[r] = valid ? si.key_hi(p, row[r]) : 0;
+    }
+    float acc_o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
+    const float m_init = p.running_max ? -CUDART_INF_F : p.max_offset * kLog2e;
+    float m[2] = {m_init, m_init}, l[2] = {0.f, 0.f};
+    float rq[2] = {1.f, 1.f};
+
+    for (int it = 0; it < n_count; ++it) {
+        const int n = n_first + it, buf = it & 1;
+        T* sKb = sK + buf * BN * ld;
+        T* sVb = sV + buf * BN * ld;
+        if (it + 1 < n_count) {
+            load_tile_async<T, BN, D, kThreads>(sK + (buf ^ 1) * BN * ld, k, p.k_seq, (n + 1) * BN, si.len_k, tid);
+            load_tile_async<T, BN, D, kThreads>(sV + (buf ^ 1) * BN * ld, v, p.v_seq, (n + 1) * BN, si.len_k, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (norms) {  // prologue of the tile: reciprocal norms of its keys (and, once, of the queries)
+            tile_inv_norms<T, BN, D, kThreads>(sRk + buf * BN, sKb, p.eps, tid);
+            if (it == 0) tile_inv_norms<T, BM, D, kThreads>(sRq, sQ, p.eps, tid);
+            __syncthreads();
+            if (it == 0) {
+                rq[0] = sRq[warp * 16 + g];
+                rq[1] = sRq[warp * 16 + g + 8];
+            }
+        }
+
+        // S = Q Kᵀ   [16, BN] per warp
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t a[4];
+            load_a(a, sQ, ld, warp * 16, kk * 16, lane);
+#pragma unroll
+            for (int nn = 0; nn < BN / 16; ++nn) {
+                uint32_t bf[4];
+                load_b_nk(bf, sKb, ld, nn * 16, kk * 16, lane);
+                mma16816<T>(s[2 * nn], a, bf[0], bf[1]);
+                mma16816<T>(s[2 * nn + 1], a, bf[2], bf[3]);
+            }
+        }
+
+        // s = score + bias, masked → −∞, in log2 units
+        const int j0 = n * BN;
+        const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2;
+                const int cl = nt * 8 + 2 * t4 + (e & 1);
+                const int col = j0 + cl;
+                const bool allowed = full || (col >= lo[r] && col < hi[r]);
+                float dtanh;
+                float x = score<Score>(p, s[nt][e], rq[r], norms ? sRk[buf * BN + cl] : 1.f, dtanh);
+                if (allowed && p.bias != nullptr)
+                    x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[r], col)]);
+                s[nt][e] = allowed ? x * kLog2e : -CUDART_INF_F;
+            }
+
+        online_softmax_step<NT, DT>(s, acc_o, m, l, p.running_max != 0);
+
+        // O += P V   [16, D] per warp
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t a[4];
+            pack_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int dd = 0; dd < D / 16; ++dd) {
+                uint32_t bf[4];
+                load_b_kn(bf, sVb, ld, kk * 16, dd * 16, lane);
+                mma16816<T>(acc_o[2 * dd], a, bf[0], bf[1]);
+                mma16816<T>(acc_o[2 * dd + 1], a, bf[2], bf[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before it is refilled
+    }
+    cp_async_wait<0>();
+
+    // Epilogue: o = O / l, LSE = m + ln l
+    T* o = static_cast<T*>(p.o);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float lsum = quad_sum(l[r]);
+        if (row[r] >= si.len_q) continue;
+        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+        T* orow = o + si.o_off(p, row[r], h);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            using V2 = typename Vec2<T>::type;
+            const uint32_t packed = pack2<T>(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
+            *reinterpret_cast<V2*>(orow + dt * 8 + 2 * t4) = *reinterpret_cast<const V2*>(&packed);
+        }
+        if (t4 == 0) {
+            const float ref = m[r] == -CUDART_INF_F ? 0.f : m[r];
+            p.lse[si.stats_index(p, h, row[r])] = lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
+        }
+    }
+}
+
+}  // namespace attn

@@ -1,0 +1,53 @@
+// Global → shared tile loads. A tile is `ROWS` rows of `D` contiguous elements; row r of the tile is
+// global row `row0 + r`, at element offset `row_off(row0 + r)`. Rows at or past `rows_valid` are
+// zero-filled (sequence tails), so no kernel ever reads past a tensor. Shared rows are padded to
+// `D + 8` elements: consecutive rows then start 16 bytes apart modulo 128, so the 8 row addresses
+// of one ldmatrix land in 8 different bank groups.
+#pragma once
+#include "mma.h"
+
+namespace attn {
+
+template <int D> struct SmemRow { static constexpr int ld = D + 8; };
+
+// cp.async a ROWS×D tile (16-byte chunks, every thread of the block helps).
+template <typename T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile_async(T* smem, const T* base, long long row_stride, int row0, int rows_valid,
+                                                int tid) {
+    constexpr int kChunksPerRow = D * (int)sizeof(T) / 16;
+    constexpr int kChunks = ROWS * kChunksPerRow;
+    constexpr int ld = SmemRow<D>::ld;
+    static_assert(D * sizeof(T) % 16 == 0, "rows must be whole 16-byte chunks");
+#pragma unroll
+    for (int c = tid; c < kChunks; c += THREADS) {
+        const int r = c / kChunksPerRow;
+        const int col = (c % kChunksPerRow) * (16 / (int)sizeof(T));
+        const int row = row0 + r;
+        const bool valid = row < rows_valid;
+        const T* src = valid ? base + (long long)row * row_stride + col : base;
+        cp_async_16(smem + r * ld + col, src, valid);
+    }
+}
+
+// 1 / max(‖x_r‖, eps) for the ROWS rows of a smem tile, written to out[r] (f32). Each row is summed
+// by THREADS / ROWS threads, combined with warp shuffles.
+template <typename T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void tile_inv_norms(float* out, const T* smem, float eps, int tid) {
+    constexpr int kPerRow = THREADS / ROWS;  // threads per row: 1, 2, 4, ...
+    static_assert(kPerRow >= 1 && kPerRow <= 32 && (kPerRow & (kPerRow - 1)) == 0, "threads per row: power of two");
+    constexpr int ld = SmemRow<D>::ld;
+    const int r = tid / kPerRow;
+    const int part = tid % kPerRow;
+    float s = 0.f;
+    if (r < ROWS) {
+        for (int d = part; d < D; d += kPerRow) {
+            const float x = to_f32(smem[r * ld + d]);
+            s += x * x;
+        }
+    }
+#pragma unroll
+    for (int o = kPerRow / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (r < ROWS && part == 0) out[r] = 1.f / fmaxf(sqrtf(s), eps);
+}
+
+}  // namespace attn

@@ -1,0 +1,108 @@
+// Per-batch-entry lengths, row offsets and the mask, the device image of AttnSpec::seq_lens,
+// AttnSpec::key_range and the *_offset functions (attn-core owns the definitions; this mirrors
+// them exactly). The keys query i may attend to are one contiguous range [key_lo(i), key_hi(i)),
+// and both ends are non-decreasing in i, which is what lets a tile decide "fully allowed",
+// "partly allowed" or "skip" from its corners.
+#pragma once
+#include "params.h"
+
+struct SeqInfo {
+    int b;
+    int len_q, len_k;
+    long long row_q, row_k;  // first packed row (varlen), else 0
+    int diag;                // query i sits on key i + diag
+    bool varlen;
+
+    __device__ __forceinline__ SeqInfo(const AttnParams& p, int b_) : b(b_) {
+        varlen = p.cu_q != nullptr;
+        if (varlen) {
+            row_q = p.cu_q[b];
+            len_q = p.cu_q[b + 1] - p.cu_q[b];
+            row_k = p.cu_k[b];
+            len_k = p.cu_k[b + 1] - p.cu_k[b];
+        } else {
+            row_q = 0;
+            row_k = 0;
+            len_q = p.seq_q;
+            len_k = p.key_lens ? p.key_lens[b] : p.seq_k;
+        }
+        diag = p.causal == 1 ? 0 : len_k - len_q;
+    }
+
+    __device__ __forceinline__ long long off(long long sb, long long ss, long long sh, long long row0, int n,
+                                             int h) const {
+        return varlen ? (row0 + n) * ss + (long long)h * sh : (long long)b * sb + (long long)n * ss + (long long)h * sh;
+    }
+    __device__ __forceinline__ long long q_off(const AttnParams& p, int i, int h) const {
+        return off(p.q_batch, p.q_seq, p.q_head, row_q, i, h);
+    }
+    __device__ __forceinline__ long long k_off(const AttnParams& p, int j, int hk) const {
+        return off(p.k_batch, p.k_seq, p.k_head, row_k, j, hk);
+    }
+    __device__ __forceinline__ long long v_off(const AttnParams& p, int j, int hk) const {
+        return off(p.v_batch, p.v_seq, p.v_head, row_k, j, hk);
+    }
+    __device__ __forceinline__ long long o_off(const AttnParams& p, int i, int h) const {
+        return off(p.o_batch, p.o_seq, p.o_head, row_q, i, h);
+    }
+    __device__ __forceinline__ long long dq_off(const AttnParams& p, int i, int h) const {
+        return off(p.dq_batch, p.dq_seq, p.dq_head, row_q, i, h);
+    }
+    __device__ __forceinline__ long long dk_off(const AttnParams& p, int j, int hk) const {
+        return off(p.dk_batch, p.dk_seq, p.dk_head, row_k, j, hk);
+    }
+    __device__ __forceinline__ long long dv_off(const AttnParams& p, int j, int hk) const {
+        return off(p.dv_batch, p.dv_seq, p.dv_head, row_k, j, hk);
+    }
+    // AttnSpec::stats_index.
+    __device__ __forceinline__ long long stats_index(const AttnParams& p, int h, int i) const {
+        return varlen ? (long long)h * p.total_q + row_q + i : ((long long)b * p.heads_q + h) * p.seq_q + i;
+    }
+    // AttnSpec::bias_index (the bias is never combined with varlen).
+    __device__ __forceinline__ long long bias_index(const AttnParams& p, int h, int i, int j) const {
+        const int bb = p.bias_batch == 1 ? 0 : b;
+        const int bh = p.bias_heads == 1 ? 0 : h;
+        return (((long long)bb * p.bias_heads + bh) * p.seq_q + i) * p.seq_k + j;
+    }
+    // Index into the full [B, Hq, Nq, Nk] dS scratch.
+    __device__ __forceinline__ long long ds_index(const AttnParams& p, int h, int i, int j) const {
+        return (((long long)b * p.heads_q + h) * p.seq_q + i) * p.seq_k + j;
+    }
+
+    // Key rows of this batch entry that dk and dv hold: the packed length, or all seq_k rows under
+    // key padding (rows past key_lens[b] get zero gradients, so they must still be written).
+    __device__ __forceinline__ int key_rows(const AttnParams& p) const { return varlen ? len_k : p.seq_k; }
+
+    // AttnSpec::key_range(b, i) = [key_lo, key_hi).
+    __device__ __forceinline__ int key_lo(const AttnParams& p, int i) const {
+        int lo = 0;
+        if (p.window_left >= 0) lo = max(lo, i + diag - p.window_left);
+        return min(lo, len_k);
+    }
+    __device__ __forceinline__ int key_hi(const AttnParams& p, int i) const {
+        const int d = i + diag;
+        int hi = len_k;
+        if (p.causal != 0) hi = min(hi, d + 1);
+        if (p.window_right >= 0) hi = min(hi, d + p.window_right + 1);
+        hi = max(hi, 0);
+        return max(hi, key_lo(p, i));
+    }
+    // A superset of the queries whose key range meets keys [j0, j1): [query_lo, query_hi).
+    __device__ __forceinline__ int query_lo(const AttnParams& p, int j0) const {
+        int lo = 0;
+        if (p.causal != 0) lo = max(lo, j0 - diag);
+        if (p.window_right >= 0) lo = max(lo, j0 - diag - p.window_right);
+        return min(lo, len_q);
+    }
+    __device__ __forceinline__ int query_hi(const AttnParams& p, int j1) const {
+        int hi = len_q;
+        if (p.window_left >= 0) hi = min(hi, j1 - diag + p.window_left);
+        return max(hi, 0);
+    }
+    // True when every (i, j) of queries [i0, i1) × keys [j0, j1) is allowed and in range, so the
+    // tile needs no per-element mask.
+    __device__ __forceinline__ bool tile_full(const AttnParams& p, int i0, int i1, int j0, int j1) const {
+        if (i1 > len_q || j1 > len_k) return false;
+        return key_lo(p, i1 - 1) <= j0 && key_hi(p, i0) >= j1;
+    }
+};

@@ -1,0 +1,62 @@
+// Online softmax in registers (FlashAttention-2). Each thread owns two rows of its warp's 16-row
+// tile (rows g and g + 8 of an mma C fragment) and, per n8 tile, two columns of each. Scores are
+// kept in log2 units (s·log2 e) so every exponential is one exp2.
+//
+// Per key block, for each row: m' = max(m, max_j s_ij) (or the fixed offset), α = 2^(m − m'),
+// l ← α·l + Σ_j 2^(s_ij − m'), O ← α·O + P·V. A row whose keys are all masked keeps m = −∞; its
+// exponentials use 0 as the reference so no NaN appears, and it ends with l = 0 → o = 0, LSE = −∞.
+#pragma once
+#include <math_constants.h>
+
+namespace attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Reductions across the 4 lanes of a quad (the lanes that share an mma row).
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Update the running state of this thread's two rows with a block of scores s[NT][4] (log2 units,
+// −∞ where masked), replace s by the unnormalised probabilities 2^(s − m'), and rescale o[DT][4].
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o)[DT][4], float (&m)[2], float (&l)[2],
+                                                    bool running_max) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float m_new = m[r];
+        if (running_max) {
+            float mx = -CUDART_INF_F;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            m_new = fmaxf(m[r], quad_max(mx));
+        }
+        const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;
+        if (running_max) {
+            const float alpha = exp2f(m[r] - ref);
+            l[r] *= alpha;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                o[dt][2 * r] *= alpha;
+                o[dt][2 * r + 1] *= alpha;
+            }
+        }
+        m[r] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            s[nt][2 * r] = exp2f(s[nt][2 * r] - ref);
+            s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - ref);
+            sum += s[nt][2 * r] + s[nt][2 * r + 1];
+        }
+        l[r] += sum;  // thread-partial; reduced across the quad once, at the end
+    }
+}
+
+}  // namespace attn

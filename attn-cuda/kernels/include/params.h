@@ -1,0 +1,50 @@
+// Kernel parameters: one struct passed by value (`__grid_constant__`), mirrored field for field by
+// `attn_cuda::params::AttnParams` (#[repr(C)]). Eight-byte fields first, then four-byte fields, so
+// both sides agree on the layout without padding surprises. Element strides, never bytes.
+#pragma once
+
+struct AttnParams {
+    // Tensors (device pointers). q, k, v, bias, o, dO, dq, dk, dv are in the storage dtype.
+    const void* q;
+    const void* k;
+    const void* v;
+    const void* bias;      // [Bb, Hb, Nq, Nk] contiguous, or null
+    void* o;
+    float* lse;            // LSE_i, statistics layout (see stats_index)
+    const void* d_o;       // same strides as o
+    void* dq;
+    void* dk;
+    void* dv;
+    float* delta;          // δ_i = dO_i·o_i, statistics layout
+    float* ds;             // f32 dS for the bias gradient, [B, Hq, Nq, Nk], or null
+    void* dbias;           // dL/dbias, the bias's shape, written by the reduction over broadcast dims
+    float* dq_acc;         // cosine with l2norm: dq̂ (f32, dq strides), projected by a row kernel
+    float* dk_acc;         // cosine with l2norm: dk̂ (f32, dk strides)
+    float* rq;             // cosine backward: 1/max(‖q‖, eps), indexed by dq_offset / D
+    float* rk;             // cosine backward: 1/max(‖k‖, eps), indexed by dk_offset / D
+    const int* key_lens;   // key padding: valid keys per batch entry, or null
+    const int* cu_q;       // packed varlen: [B + 1] query row offsets, or null
+    const int* cu_k;       // packed varlen: [B + 1] key row offsets, or null
+    long long q_batch, q_seq, q_head;
+    long long k_batch, k_seq, k_head;
+    long long v_batch, v_seq, v_head;
+    long long o_batch, o_seq, o_head;
+    long long dq_batch, dq_seq, dq_head;
+    long long dk_batch, dk_seq, dk_head;
+    long long dv_batch, dv_seq, dv_head;
+    // Sizes and options.
+    int batch, heads_q, heads_kv, group;
+    int seq_q, seq_k, total_q, total_k;
+    int head_dim;
+    int causal;            // 0 none, 1 top-left, 2 bottom-right
+    int window_left;       // -1: unbounded
+    int window_right;      // -1: unbounded
+    int bias_batch;        // 1 or B (0 without bias)
+    int bias_heads;        // 1 or Hq (0 without bias)
+    int l2norm;            // cosine: scores use q̂, k̂
+    int running_max;       // 1: online max; 0: fixed offset `max_offset` (cosine)
+    float scale;
+    float softcap;         // 0: none
+    float eps;             // l2-norm epsilon
+    float max_offset;      // the fixed row max when running_max == 0
+};

@@ -1,0 +1,196 @@
+// f32 kernels on CUDA cores (SIMT), for f32 inputs: tensor-core tf32 is not f32-accurate. They
+// compute the same functions as the flash skeleton, with the same score functions, masks and
+// scratch buffers, one warp per row: lane l holds elements d = l + 32·c of the row (D ≤ 256), and
+// every dot product is a warp reduction. Written for exactness, not speed.
+//   forward   (warp = query i):  online softmax over the keys of key_range(i), o_i and LSE_i
+//   dQ        (warp = query i):  dq_i = scale·Σ_j dS'_ij k_j (k̂_j for cosine), dS to the bias scratch
+//   dK, dV    (warp = key j):    dv_j = Σ_{h∈group} Σ_i P_ij dO_i,  dk_j = scale·Σ Σ dS'_ij q_i
+#pragma once
+#include "mask.h"
+#include "online_softmax.h"
+#include "score.h"
+
+namespace attn {
+
+constexpr int kSimtChunks = 8;  // 8 · 32 lanes = 256 = MAX_HEAD_DIM
+constexpr int kSimtRows = 4;    // rows (warps) per block
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+__device__ __forceinline__ void load_row(float (&x)[kSimtChunks], const float* row, int D, int lane) {
+#pragma unroll
+    for (int c = 0; c < kSimtChunks; ++c) {
+        const int d = lane + 32 * c;
+        x[c] = d < D ? row[d] : 0.f;
+    }
+}
+
+__device__ __forceinline__ float row_dot(const float (&x)[kSimtChunks], const float* row, int D, int lane) {
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < kSimtChunks; ++c) {
+        const int d = lane + 32 * c;
+        if (d < D) s += x[c] * row[d];
+    }
+    return warp_sum(s);
+}
+
+__device__ __forceinline__ float inv_norm(const float (&x)[kSimtChunks], float eps) {
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < kSimtChunks; ++c) s += x[c] * x[c];
+    return 1.f / fmaxf(sqrtf(warp_sum(s)), eps);
+}
+
+template <class Score>
+__device__ __forceinline__ void simt_fwd(const AttnParams& p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
+    const SeqInfo si(p, b);
+    if (i >= si.len_q) return;
+    const int hk = h / p.group, D = p.head_dim;
+    const bool norms = Score::kNorms && p.l2norm;
+    const float* k = static_cast<const float*>(p.k);
+    const float* v = static_cast<const float*>(p.v);
+    float q[kSimtChunks], acc[kSimtChunks];
+    load_row(q, static_cast<const float*>(p.q) + si.q_off(p, i, h), D, lane);
+    const float rq = norms ? inv_norm(q, p.eps) : 1.f;
+#pragma unroll
+    for (int c = 0; c < kSimtChunks; ++c) acc[c] = 0.f;
+    float m = p.running_max ? -CUDART_INF_F : p.max_offset, l = 0.f;
+    const int hi = si.key_hi(p, i);
+    for (int j = si.key_lo(p, i); j < hi; ++j) {
+        const float* kj = k + si.k_off(p, j, hk);
+        float kr[kSimtChunks];
+        load_row(kr, kj, D, lane);
+        const float rk = norms ? inv_norm(kr, p.eps) : 1.f;
+        float dtanh;
+        float s = score<Score>(p, row_dot(q, kj, D, lane), rq, rk, dtanh);
+        if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
+        const float m_new = p.running_max ? fmaxf(m, s) : m;
+        const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;  // all scores so far −∞ (a −∞ bias)
+        const float alpha = expf(m - ref);
+        const float pr = expf(s - ref);
+        l = l * alpha + pr;
+        const float* vj = v + si.v_off(p, j, hk);
+#pragma unroll
+        for (int c = 0; c < kSimtChunks; ++c) {
+            const int d = lane + 32 * c;
+            acc[c] = acc[c] * alpha + (d < D ? pr * vj[d] : 0.f);
+        }
+        m = m_new;
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    float* o = static_cast<float*>(p.o) + si.o_off(p, i, h);
+#pragma unroll
+    for (int c = 0; c < kSimtChunks; ++c) {
+        const int d = lane + 32 * c;
+        if (d < D) o[d] = acc[c] * inv;
+    }
+    if (lane == 0) p.lse[si.stats_index(p, h, i)] = l > 0.f ? (m == -CUDART_INF_F ? 0.f : m) + logf(l) : -CUDART_INF_F;
+}
+
+template <class Score>
+__device__ __forceinline__ void simt_bwd_dq(const AttnParams& p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
+    const SeqInfo si(p, b);
+    if (i >= si.len_q) return;
+    const int hk = h / p.group, D = p.head_dim;
+    const bool norms = Score::kNorms && p.l2norm;
+    const float* k = static_cast<const float*>(p.k);
+    const float* v = static_cast<const float*>(p.v);
+    float q[kSimtChunks], g[kSimtChunks], acc[kSimtChunks];
+    load_row(q, static_cast<const float*>(p.q) + si.q_off(p, i, h), D, lane);
+    load_row(g, static_cast<const float*>(p.d_o) + si.o_off(p, i, h), D, lane);
+#pragma unroll
+    for (int c = 0; c < kSimtChunks; ++c) acc[c] = 0.f;
+    const float lse = p.lse[si.stats_index(p, h, i)];
+    const float delta = p.delta[si.stats_index(p, h, i)];
+    const float rq = norms ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
+    const int hi = lse == -CUDART_INF_F ? 0 : si.key_hi(p, i);
+    for (int j = si.key_lo(p, i); j < hi; ++j) {
+        const float* kj = k + si.k_off(p, j, hk);
+        const float rk = norms ? p.rk[si.dk_off(p, j, hk) / D] : 1.f;
+        float dtanh;
+        float s = score<Score>(p, row_dot(q, kj, D, lane), rq, rk, dtanh);
+        if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
+        const float pr = expf(s - lse);
+        const float dp = row_dot(g, v + si.v_off(p, j, hk), D, lane);
+        const float ds = pr * (dp - delta);
+        if (p.ds != nullptr && lane == 0) p.ds[si.ds_index(p, h, i, j)] = ds;
+        const float dx = ds * dtanh * rk;
+#pragma unroll
+        for (int c = 0; c < kSimtChunks; ++c) {
+            const int d = lane + 32 * c;
+            if (d < D) acc[c] += dx * kj[d];
+        }
+    }
+    const long long off = si.dq_off(p, i, h);
+    float* dq = norms ? p.dq_acc + off : static_cast<float*>(p.dq) + off;
+#pragma unroll
+    for (int c = 0; c < kSimtChunks; ++c) {
+        const int d = lane + 32 * c;
+        if (d < D) dq[d] = acc[c] * p.scale;
+    }
+}
+
+template <class Score>
+__device__ __forceinline__ void simt_bwd_dkdv(const AttnParams& p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int b = blockIdx.z, hk = blockIdx.y, j = blockIdx.x * kSimtRows + warp;
+    const SeqInfo si(p, b);
+    if (j >= si.key_rows(p)) return;  // padded keys (j ≥ len_k) meet no query: zero gradients
+    const int D = p.head_dim;
+    const bool norms = Score::kNorms && p.l2norm;
+    float kr[kSimtChunks], vr[kSimtChunks], adk[kSimtChunks], adv[kSimtChunks];
+    load_row(kr, static_cast<const float*>(p.k) + si.k_off(p, j, hk), D, lane);
+    load_row(vr, static_cast<const float*>(p.v) + si.v_off(p, j, hk), D, lane);
+#pragma unroll
+    for (int c = 0; c < kSimtChunks; ++c) adk[c] = adv[c] = 0.f;
+    const float rk = norms ? p.rk[si.dk_off(p, j, hk) / D] : 1.f;
+    const int i_lo = si.query_lo(p, j), i_hi = si.query_hi(p, j + 1);
+    for (int gi = 0; gi < p.group; ++gi) {
+        const int h = hk * p.group + gi;
+        for (int i = i_lo; i < i_hi; ++i) {
+            if (j < si.key_lo(p, i) || j >= si.key_hi(p, i)) continue;
+            const float lse = p.lse[si.stats_index(p, h, i)];
+            if (lse == -CUDART_INF_F) continue;
+            const float* qi = static_cast<const float*>(p.q) + si.q_off(p, i, h);
+            const float* gi_row = static_cast<const float*>(p.d_o) + si.o_off(p, i, h);
+            const float rq = norms ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
+            float dtanh;
+            float s = score<Score>(p, row_dot(kr, qi, D, lane), rq, rk, dtanh);
+            if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
+            const float pr = expf(s - lse);
+            const float dp = row_dot(vr, gi_row, D, lane);
+            const float ds = pr * (dp - p.delta[si.stats_index(p, h, i)]);
+            const float dx = ds * dtanh * rq;
+#pragma unroll
+            for (int c = 0; c < kSimtChunks; ++c) {
+                const int d = lane + 32 * c;
+                if (d < D) {
+                    adv[c] += pr * gi_row[d];
+                    adk[c] += dx * qi[d];
+                }
+            }
+        }
+    }
+    const long long offk = si.dk_off(p, j, hk);
+    float* dk = norms ? p.dk_acc + offk : static_cast<float*>(p.dk) + offk;
+    float* dv = static_cast<float*>(p.dv) + si.dv_off(p, j, hk);
+#pragma unroll
+    for (int c = 0; c < kSimtChunks; ++c) {
+        const int d = lane + 32 * c;
+        if (d < D) {
+            dk[d] = adk[c] * p.scale;
+            dv[d] = adv[c];
+        }
+    }
+}
+
+}  // namespace attn

@@ -1,0 +1,39 @@
+// Tile shapes per head dim: specialisations only, no generic fallback, so an unsupported head dim
+// cannot compile. Mirrored by attn_cuda::heuristics (host side: grid and shared-memory sizes).
+// Every kernel runs 4 warps (128 threads); a warp owns 16 rows of the M side of its products.
+#pragma once
+
+namespace attn {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = 4;
+
+// Forward: BM = 64 queries resident, BN keys per streamed K/V block.
+template <int D> struct FwdTile;
+template <> struct FwdTile<16> { static constexpr int BM = 64, BN = 64; };
+template <> struct FwdTile<32> { static constexpr int BM = 64, BN = 64; };
+template <> struct FwdTile<64> { static constexpr int BM = 64, BN = 64; };
+template <> struct FwdTile<96> { static constexpr int BM = 64, BN = 64; };
+template <> struct FwdTile<128> { static constexpr int BM = 64, BN = 64; };
+template <> struct FwdTile<256> { static constexpr int BM = 64, BN = 32; };
+
+// Backward dQ: BM = 64 queries resident, BN keys per streamed block.
+template <int D> struct DqTile;
+template <> struct DqTile<16> { static constexpr int BM = 64, BN = 64; };
+template <> struct DqTile<32> { static constexpr int BM = 64, BN = 64; };
+template <> struct DqTile<64> { static constexpr int BM = 64, BN = 64; };
+template <> struct DqTile<96> { static constexpr int BM = 64, BN = 64; };
+template <> struct DqTile<128> { static constexpr int BM = 64, BN = 64; };
+template <> struct DqTile<256> { static constexpr int BM = 64, BN = 32; };
+
+// Backward dK/dV: BN = 64 keys resident, BM queries per streamed block, DA of the D columns of
+// dK and dV accumulated per block (D / DA blocks split the columns; each recomputes S and dP).
+template <int D> struct DkvTile;
+template <> struct DkvTile<16> { static constexpr int BN = 64, BM = 64, DA = 16; };
+template <> struct DkvTile<32> { static constexpr int BN = 64, BM = 64, DA = 32; };
+template <> struct DkvTile<64> { static constexpr int BN = 64, BM = 64, DA = 64; };
+template <> struct DkvTile<96> { static constexpr int BN = 64, BM = 32, DA = 96; };
+template <> struct DkvTile<128> { static constexpr int BN = 64, BM = 32, DA = 128; };
+template <> struct DkvTile<256> { static constexpr int BN = 64, BM = 32, DA = 128; };
+
+}  // namespace attn

@@ -1,0 +1,518 @@
+//! The safe layer: checked buffers in, kernels launched on the caller's stream.
+//!
+//! Forward: one flash kernel writes o and LSE. Backward, in stream order:
+//! 1. δ_i = dO_i·o_i (row kernel);
+//! 2. cosine-sim with l2-norm: 1/max(‖q‖, eps) and 1/max(‖k‖, eps) per row (row kernels);
+//! 3. dQ (flash kernel over query tiles; also dS for the bias gradient, into a zeroed f32 scratch);
+//! 4. dK, dV (flash kernel over key tiles, looping over the GQA group: no atomics);
+//! 5. cosine-sim with l2-norm: the l2-norm's Jacobian on dq̂, dk̂ (row kernels);
+//! 6. with a bias: dbias = dS summed over its broadcast dims (deterministic reduction).
+//!
+//! Inputs may be strided views (the spec's strides, last dim contiguous): nothing is copied.
+
+use crate::dispatch::{self, RowKernel, Stage};
+use crate::error::{CudaAttnError, Result};
+use crate::params::AttnParams;
+use crate::runtime::{self, Kernels};
+use attn_core::{
+    AttnBackend, AttnError, AttnSpec, BackwardIo, DType, Element, FamilySpec, ForwardIo, Op, Pass, SeqLengths,
+};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
+    SyncOnDrop, ValidAsZeroBits,
+};
+use std::sync::Arc;
+
+/// A storage element the kernels read and write: f32, f16 or bf16.
+pub trait DeviceElem: Element + DeviceRepr + ValidAsZeroBits + Unpin {}
+impl DeviceElem for f32 {}
+impl DeviceElem for half::f16 {}
+impl DeviceElem for half::bf16 {}
+
+/// The CUDA backend: launches on one stream (the caller's, e.g. candle's).
+#[derive(Clone, Debug)]
+pub struct CudaAttn {
+    stream: Arc<CudaStream>,
+}
+
+/// Forward buffers as views (a view may start at an element offset: `slice.slice(start..)`).
+pub struct ForwardViews<'a, T> {
+    pub q: CudaView<'a, T>,
+    pub k: CudaView<'a, T>,
+    pub v: CudaView<'a, T>,
+    pub bias: Option<CudaView<'a, T>>,
+    pub o: CudaViewMut<'a, T>,
+    pub lse: CudaViewMut<'a, f32>,
+}
+
+/// Backward buffers as views.
+pub struct BackwardViews<'a, T> {
+    pub q: CudaView<'a, T>,
+    pub k: CudaView<'a, T>,
+    pub v: CudaView<'a, T>,
+    pub bias: Option<CudaView<'a, T>>,
+    pub o: CudaView<'a, T>,
+    pub d_o: CudaView<'a, T>,
+    pub lse: CudaView<'a, f32>,
+    pub dq: CudaViewMut<'a, T>,
+    pub dk: CudaViewMut<'a, T>,
+    pub dv: CudaViewMut<'a, T>,
+    pub dbias: Option<CudaViewMut<'a, T>>,
+}
+
+type In<'a, T> = &'a dyn DevicePtr<T>;
+type Out<'a, T> = &'a mut dyn DevicePtrMut<T>;
+
+struct FwdArgs<'a, T> {
+    q: In<'a, T>,
+    k: In<'a, T>,
+    v: In<'a, T>,
+    bias: Option<In<'a, T>>,
+    o: Out<'a, T>,
+    lse: Out<'a, f32>,
+}
+
+struct BwdArgs<'a, T> {
+    q: In<'a, T>,
+    k: In<'a, T>,
+    v: In<'a, T>,
+    bias: Option<In<'a, T>>,
+    o: In<'a, T>,
+    d_o: In<'a, T>,
+    lse: In<'a, f32>,
+    dq: Out<'a, T>,
+    dk: Out<'a, T>,
+    dv: Out<'a, T>,
+    dbias: Option<Out<'a, T>>,
+}
+
+/// Per-call checks on device buffers, and the guards that order their use on our stream.
+struct Checker<'s> {
+    spec: &'s AttnSpec,
+    op: Op,
+    pass: Pass,
+    stream: &'s CudaStream,
+    /// Inputs must be 16-byte aligned for cp.async (tensor-core path).
+    tensor_cores: bool,
+}
+
+impl<'s> Checker<'s> {
+    fn device<T>(&self, what: &str, buf: &dyn DevicePtr<T>) -> Result<()> {
+        let ours = self.stream.context().cu_ctx();
+        if buf.stream().context().cu_ctx() != ours {
+            return Err(AttnError::InvalidArgument {
+                op: self.op,
+                arg: "device",
+                reason: format!(
+                    "`{what}` lives on CUDA device {} but the call runs on device {}",
+                    buf.stream().context().ordinal(),
+                    self.stream.context().ordinal()
+                ),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn aligned(&self, what: &str, ptr: u64, align: u64) -> Result<()> {
+        if ptr % align != 0 {
+            return Err(AttnError::Unsupported {
+                op: self.op,
+                backend: dispatch::BACKEND,
+                what: format!("`{what}` at device address {ptr:#x}, not {align}-byte aligned"),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// A read buffer: length, device, alignment; returns its address and the ordering guard.
+    fn input<'a, T>(
+        &self,
+        what: &str,
+        buf: &'a dyn DevicePtr<T>,
+        need: usize,
+    ) -> Result<(u64, SyncOnDrop<'a>)>
+    where
+        's: 'a,
+    {
+        self.spec.check_len(self.pass, what, buf.len(), need)?;
+        self.device(what, buf)?;
+        let (ptr, guard) = buf.device_ptr(self.stream);
+        let align = if self.tensor_cores && matches!(what, "q" | "k" | "v" | "o" | "d_o") {
+            16
+        } else {
+            std::mem::size_of::<T>() as u64
+        };
+        self.aligned(what, ptr, align)?;
+        Ok((ptr, guard))
+    }
+
+    /// A written buffer.
+    fn output<'a, T>(
+        &self,
+        what: &str,
+        buf: &'a mut dyn DevicePtrMut<T>,
+        need: usize,
+    ) -> Result<(u64, SyncOnDrop<'a>)>
+    where
+        's: 'a,
+    {
+        self.spec.check_len(self.pass, what, buf.len(), need)?;
+        let ours = self.stream.context().cu_ctx();
+        if buf.stream().context().cu_ctx() != ours {
+            return Err(AttnError::InvalidArgument {
+                op: self.op,
+                arg: "device",
+                reason: format!("`{what}` lives on another CUDA device than the call's stream"),
+            }
+            .into());
+        }
+        let (ptr, guard) = buf.device_ptr_mut(self.stream);
+        // Paired 2-element stores for f16/bf16 rows.
+        let align = if self.tensor_cores {
+            4
+        } else {
+            std::mem::size_of::<T>() as u64
+        };
+        self.aligned(what, ptr, align)?;
+        Ok((ptr, guard))
+    }
+}
+
+fn bias_pair<X>(spec: &AttnSpec, op: Op, buf: Option<X>, what: &str) -> Result<Option<X>> {
+    match (spec.bias(), buf) {
+        (Some(_), Some(b)) => Ok(Some(b)),
+        (None, None) => Ok(None),
+        (Some(s), None) => Err(AttnError::ShapeMismatch {
+            op,
+            what: what.into(),
+            expected: format!(
+                "a `{what}` of shape [{}, {}, {}, {}]",
+                s.batch,
+                s.heads,
+                spec.seq_q(),
+                spec.seq_k()
+            ),
+            got: "none".into(),
+        }
+        .into()),
+        (None, Some(_)) => Err(AttnError::ShapeMismatch {
+            op,
+            what: what.into(),
+            expected: format!("no `{what}` (the spec has no bias)"),
+            got: "a buffer".into(),
+        }
+        .into()),
+    }
+}
+
+/// Strides of f16/bf16 inputs must keep every row 16-byte aligned for cp.async.
+fn check_strides(spec: &AttnSpec, op: Op) -> Result<()> {
+    for (what, s) in [
+        ("q", spec.q_strides()),
+        ("k", spec.k_strides()),
+        ("v", spec.v_strides()),
+    ] {
+        if s.batch % 8 != 0 || s.seq % 8 != 0 || s.head % 8 != 0 {
+            return Err(AttnError::Unsupported {
+                op,
+                backend: dispatch::BACKEND,
+                what: format!(
+                    "`{what}` strides (batch {}, seq {}, head {}) that are not multiples of 8 elements \
+                     (rows must be 16-byte aligned for the tensor-core kernels)",
+                    s.batch, s.seq, s.head
+                ),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+fn dtype_check<T: Element>(spec: &AttnSpec, op: Op) -> Result<()> {
+    if T::DTYPE != spec.dtype() {
+        return Err(AttnError::InvalidArgument {
+            op,
+            arg: "dtype",
+            reason: format!("buffers are {} but the spec says {}", T::DTYPE, spec.dtype()),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Sequence-length arrays uploaded for one call (kept alive until the launches are enqueued;
+/// cudarc frees them in stream order).
+struct Lengths {
+    key_lens: Option<CudaSlice<i32>>,
+    cu_q: Option<CudaSlice<i32>>,
+    cu_k: Option<CudaSlice<i32>>,
+}
+
+fn to_i32s(v: &[usize]) -> Vec<i32> {
+    // Validated lengths are ≤ seq_q + seq_k or ≤ total_q/total_k, which dispatch::check_supported
+    // bounds by i32::MAX.
+    v.iter().map(|&x| i32::try_from(x).unwrap_or(i32::MAX)).collect()
+}
+
+impl CudaAttn {
+    /// The backend on GPU `ordinal`'s default stream. No driver or no such GPU → `NoGpu`.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // SAFETY: only probes whether the driver library can be loaded.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaAttnError::NoGpu {
+                reason: "the CUDA driver library (libcuda) is not installed".into(),
+            });
+        }
+        let count = CudaContext::device_count()?;
+        if ordinal >= count.max(0) as usize {
+            return Err(CudaAttnError::NoGpu {
+                reason: format!("GPU {ordinal} requested, {count} present"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        Ok(Self::with_stream(ctx.default_stream()))
+    }
+
+    /// The backend on a caller's stream (candle's, for instance). Kernels load on first use.
+    pub fn with_stream(stream: Arc<CudaStream>) -> Self {
+        CudaAttn { stream }
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Forward on views (any element offset, strides from the spec).
+    pub fn forward_views<T: DeviceElem>(&self, spec: &AttnSpec, io: ForwardViews<'_, T>) -> Result<()> {
+        let ForwardViews {
+            q,
+            k,
+            v,
+            bias,
+            mut o,
+            mut lse,
+        } = io;
+        self.forward_impl(
+            spec,
+            FwdArgs {
+                q: &q,
+                k: &k,
+                v: &v,
+                bias: bias.as_ref().map(|b| b as In<'_, T>),
+                o: &mut o,
+                lse: &mut lse,
+            },
+        )
+    }
+
+    /// Backward on views.
+    pub fn backward_views<T: DeviceElem>(&self, spec: &AttnSpec, io: BackwardViews<'_, T>) -> Result<()> {
+        let BackwardViews {
+            q,
+            k,
+            v,
+            bias,
+            o,
+            d_o,
+            lse,
+            mut dq,
+            mut dk,
+            mut dv,
+            mut dbias,
+        } = io;
+        self.backward_impl(
+            spec,
+            BwdArgs {
+                q: &q,
+                k: &k,
+                v: &v,
+                bias: bias.as_ref().map(|b| b as In<'_, T>),
+                o: &o,
+                d_o: &d_o,
+                lse: &lse,
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+                dbias: dbias.as_mut().map(|b| b as Out<'_, T>),
+            },
+        )
+    }
+
+    fn prepare(&self, spec: &AttnSpec, pass: Pass) -> Result<(Arc<Kernels>, AttnParams, Lengths)> {
+        let op = spec.op(pass);
+        dispatch::check_supported(spec, pass)?;
+        if spec.dtype() != DType::F32 {
+            check_strides(spec, op)?;
+        }
+        let kernels = runtime::kernels_for(self.stream.context(), op)?;
+        let mut params = AttnParams::from_spec(spec);
+        let mut lengths = Lengths {
+            key_lens: None,
+            cu_q: None,
+            cu_k: None,
+        };
+        match spec.lengths() {
+            SeqLengths::Dense => {}
+            SeqLengths::KeyPadding(lens) => {
+                let d = self.stream.clone_htod(&to_i32s(lens))?;
+                params.key_lens = d.device_ptr(&self.stream).0;
+                lengths.key_lens = Some(d);
+            }
+            SeqLengths::Varlen {
+                cu_seqlens_q,
+                cu_seqlens_k,
+            } => {
+                let dq = self.stream.clone_htod(&to_i32s(cu_seqlens_q))?;
+                let dk = self.stream.clone_htod(&to_i32s(cu_seqlens_k))?;
+                params.cu_q = dq.device_ptr(&self.stream).0;
+                params.cu_k = dk.device_ptr(&self.stream).0;
+                lengths.cu_q = Some(dq);
+                lengths.cu_k = Some(dk);
+            }
+        }
+        Ok((kernels, params, lengths))
+    }
+
+    fn checker<'s>(&'s self, spec: &'s AttnSpec, pass: Pass) -> Checker<'s> {
+        Checker {
+            spec,
+            op: spec.op(pass),
+            pass,
+            stream: &self.stream,
+            tensor_cores: spec.dtype() != DType::F32,
+        }
+    }
+
+    fn forward_impl<T: DeviceElem>(&self, spec: &AttnSpec, a: FwdArgs<'_, T>) -> Result<()> {
+        let pass = Pass::Forward;
+        let op = spec.op(pass);
+        dtype_check::<T>(spec, op)?;
+        let bias = bias_pair(spec, op, a.bias, "bias")?;
+        let (kernels, mut p, _lengths) = self.prepare(spec, pass)?;
+        let c = self.checker(spec, pass);
+        let (q, _gq) = c.input("q", a.q, spec.q_len())?;
+        let (k, _gk) = c.input("k", a.k, spec.k_len())?;
+        let (v, _gv) = c.input("v", a.v, spec.v_len())?;
+        let bias = bias.map(|b| c.input("bias", b, spec.bias_len())).transpose()?;
+        let (o, _go) = c.output("o", a.o, spec.o_len())?;
+        let (lse, _gl) = c.output("lse", a.lse, spec.stats_len())?;
+        (p.q, p.k, p.v, p.o, p.lse) = (q, k, v, o, lse);
+        p.bias = bias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
+        let kernel = dispatch::flash_kernel(spec, Stage::Forward)?;
+        kernels.launch(&self.stream, &kernel, &p, op)
+    }
+
+    fn backward_impl<T: DeviceElem>(&self, spec: &AttnSpec, a: BwdArgs<'_, T>) -> Result<()> {
+        let pass = Pass::Backward;
+        let op = spec.op(pass);
+        dtype_check::<T>(spec, op)?;
+        let bias = bias_pair(spec, op, a.bias, "bias")?;
+        let dbias = bias_pair(spec, op, a.dbias, "dbias")?;
+        let (kernels, mut p, _lengths) = self.prepare(spec, pass)?;
+        let c = self.checker(spec, pass);
+        let (q, _gq) = c.input("q", a.q, spec.q_len())?;
+        let (k, _gk) = c.input("k", a.k, spec.k_len())?;
+        let (v, _gv) = c.input("v", a.v, spec.v_len())?;
+        let (o, _go) = c.input("o", a.o, spec.o_len())?;
+        let (d_o, _gdo) = c.input("d_o", a.d_o, spec.o_len())?;
+        let (lse, _gl) = c.input("lse", a.lse, spec.stats_len())?;
+        let bias = bias.map(|b| c.input("bias", b, spec.bias_len())).transpose()?;
+        let (dq, _gdq) = c.output("dq", a.dq, spec.dq_len())?;
+        let (dk, _gdk) = c.output("dk", a.dk, spec.dk_len())?;
+        let (dv, _gdv) = c.output("dv", a.dv, spec.dv_len())?;
+        let dbias = dbias.map(|b| c.output("dbias", b, spec.bias_len())).transpose()?;
+        (p.q, p.k, p.v, p.o, p.d_o, p.lse) = (q, k, v, o, d_o, lse);
+        (p.dq, p.dk, p.dv) = (dq, dk, dv);
+        p.bias = bias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
+        p.dbias = dbias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
+
+        // Scratch (f32, stream-ordered allocations freed in stream order).
+        let s = &self.stream;
+        let delta = s.alloc_zeros::<f32>(spec.stats_len().max(1))?;
+        p.delta = delta.device_ptr(s).0;
+        let norms = matches!(spec.family(), FamilySpec::CosineSim { l2norm_qk: true, .. });
+        let mut scratch = Vec::new();
+        if norms {
+            let rq = s.alloc_zeros::<f32>((spec.total_q() * spec.heads_q()).max(1))?;
+            let rk = s.alloc_zeros::<f32>((spec.total_k() * spec.heads_kv()).max(1))?;
+            let dq_acc = s.alloc_zeros::<f32>(spec.dq_len().max(1))?;
+            let dk_acc = s.alloc_zeros::<f32>(spec.dk_len().max(1))?;
+            (p.rq, p.rk) = (rq.device_ptr(s).0, rk.device_ptr(s).0);
+            (p.dq_acc, p.dk_acc) = (dq_acc.device_ptr(s).0, dk_acc.device_ptr(s).0);
+            scratch.extend([rq, rk, dq_acc, dk_acc]);
+        }
+        if spec.bias().is_some() {
+            let full = spec.batch() * spec.heads_q() * spec.seq_q() * spec.seq_k();
+            let ds = s.alloc_zeros::<f32>(full.max(1))?;
+            p.ds = ds.device_ptr(s).0;
+            scratch.push(ds);
+        }
+
+        let launch = |k: dispatch::Kernel| kernels.launch(s, &k, &p, op);
+        launch(dispatch::row_kernel(spec, RowKernel::Delta))?;
+        if norms {
+            launch(dispatch::row_kernel(spec, RowKernel::InvNormQ))?;
+            launch(dispatch::row_kernel(spec, RowKernel::InvNormK))?;
+        }
+        launch(dispatch::flash_kernel(spec, Stage::BwdDq)?)?;
+        launch(dispatch::flash_kernel(spec, Stage::BwdDkdv)?)?;
+        if norms {
+            launch(dispatch::row_kernel(spec, RowKernel::L2normBwdQ))?;
+            launch(dispatch::row_kernel(spec, RowKernel::L2normBwdK))?;
+        }
+        if spec.bias().is_some() {
+            launch(dispatch::row_kernel(spec, RowKernel::DbiasReduce))?;
+        }
+        drop(scratch);
+        drop(delta);
+        Ok(())
+    }
+}
+
+impl<T: DeviceElem> AttnBackend<CudaSlice<T>, CudaSlice<f32>> for CudaAttn {
+    type Error = CudaAttnError;
+
+    fn name(&self) -> &'static str {
+        dispatch::BACKEND
+    }
+
+    fn forward(&self, spec: &AttnSpec, io: ForwardIo<'_, CudaSlice<T>, CudaSlice<f32>>) -> Result<()> {
+        self.forward_impl(
+            spec,
+            FwdArgs {
+                q: io.q,
+                k: io.k,
+                v: io.v,
+                bias: io.bias.map(|b| b as In<'_, T>),
+                o: io.o,
+                lse: io.stats,
+            },
+        )
+    }
+
+    fn backward(&self, spec: &AttnSpec, io: BackwardIo<'_, CudaSlice<T>, CudaSlice<f32>>) -> Result<()> {
+        self.backward_impl(
+            spec,
+            BwdArgs {
+                q: io.q,
+                k: io.k,
+                v: io.v,
+                bias: io.bias.map(|b| b as In<'_, T>),
+                o: io.o,
+                d_o: io.d_o,
+                lse: io.stats,
+                dq: io.dq,
+                dk: io.dk,
+                dv: io.dv,
+                dbias: io.dbias.map(|b| b as Out<'_, T>),
+            },
+        )
+    }
+}
+
+/// Whether the kernels were compiled into this build (false: every call returns `KernelsNotBuilt`).
+pub fn kernels_built() -> bool {
+    runtime::kernels_built()
+}

@@ -1,0 +1,22 @@
+//! The crate's error: the spec-level errors of attn-core plus what only a GPU backend can hit.
+
+use attn_core::{AttnError, Op};
+use cudarc::driver::DriverError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaAttnError {
+    /// A shape, argument or unsupported-combination error (names the op and the shapes).
+    #[error(transparent)]
+    Attn(#[from] AttnError),
+    /// The CUDA driver reported an error (launch failure, out of memory, ...).
+    #[error("CUDA driver error: {0}")]
+    Cuda(#[from] DriverError),
+    /// The crate was built without nvcc (or nvcc failed and `ATTN_REQUIRE_NVCC` was unset).
+    #[error("{op}: attn-cuda was built without its kernels (nvcc was not found at build time; run `cargo xtask setup-cuda` and rebuild)")]
+    KernelsNotBuilt { op: Op },
+    /// No CUDA driver library or no device on this machine.
+    #[error("no usable CUDA GPU: {reason}")]
+    NoGpu { reason: String },
+}
+
+pub type Result<T, E = CudaAttnError> = std::result::Result<T, E>;

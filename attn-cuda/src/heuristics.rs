@@ -1,0 +1,155 @@
+//! Tile shapes, shared-memory sizes and grids: pure host functions, the mirror of
+//! `kernels/include/tiles.h` and of each kernel's shared-memory carve-up.
+//!
+//! Every kernel runs 4 warps (128 threads). Shared rows are padded to `D + 8` elements.
+
+/// Threads per block of every flash and row kernel.
+pub(crate) const THREADS: u32 = 128;
+/// Rows (one warp each) per block of the SIMT and row kernels (`kSimtRows`).
+pub(crate) const SIMT_ROWS: usize = 4;
+
+/// Tile shape of one pass at one head dim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tile {
+    /// Query rows per block (resident in forward and dQ, streamed in dK/dV).
+    pub bm: usize,
+    /// Key rows per block (streamed in forward and dQ, resident in dK/dV).
+    pub bn: usize,
+    /// dK/dV columns accumulated per block (`D` except where registers force a split).
+    pub da: usize,
+}
+
+/// `FwdTile<D>`: `None` for head dims without a kernel.
+///
+/// ```text
+/// fwd_tile(128) = Tile { bm: 64, bn: 64, da: 128 }   fwd_tile(256) = Tile { bm: 64, bn: 32, .. }
+/// ```
+pub(crate) fn fwd_tile(d: usize) -> Option<Tile> {
+    match d {
+        16 | 32 | 64 | 96 | 128 => Some(Tile {
+            bm: 64,
+            bn: 64,
+            da: d,
+        }),
+        256 => Some(Tile {
+            bm: 64,
+            bn: 32,
+            da: d,
+        }),
+        _ => None,
+    }
+}
+
+/// `DqTile<D>`: the same shapes as the forward.
+pub(crate) fn dq_tile(d: usize) -> Option<Tile> {
+    fwd_tile(d)
+}
+
+/// `DkvTile<D>`: 64 resident keys; 32 streamed queries from D = 96 up (registers hold dK and dV);
+/// at D = 256 each block accumulates 128 of the columns (two column blocks per key tile).
+pub(crate) fn dkdv_tile(d: usize) -> Option<Tile> {
+    match d {
+        16 | 32 | 64 => Some(Tile {
+            bm: 64,
+            bn: 64,
+            da: d,
+        }),
+        96 | 128 => Some(Tile {
+            bm: 32,
+            bn: 64,
+            da: d,
+        }),
+        256 => Some(Tile {
+            bm: 32,
+            bn: 64,
+            da: 128,
+        }),
+        _ => None,
+    }
+}
+
+fn row_bytes(d: usize, elem: usize) -> usize {
+    (d + 8) * elem
+}
+
+/// Dynamic shared memory of the forward: Q, two K and two V buffers, 1/‖k‖ for two key blocks
+/// and 1/‖q‖ for the query tile.
+///
+/// ```text
+/// D = 128, bf16: (64 + 4·64)·136·2 + (2·64 + 64)·4 = 87 808 bytes
+/// ```
+pub(crate) fn fwd_smem(d: usize, elem: usize) -> Option<usize> {
+    let t = fwd_tile(d)?;
+    Some((t.bm + 4 * t.bn) * row_bytes(d, elem) + (2 * t.bn + t.bm) * 4)
+}
+
+/// dQ: Q and dO tiles, two K and two V buffers, 1/‖k‖ for two key blocks.
+pub(crate) fn dq_smem(d: usize, elem: usize) -> Option<usize> {
+    let t = dq_tile(d)?;
+    Some((2 * t.bm + 4 * t.bn) * row_bytes(d, elem) + 2 * t.bn * 4)
+}
+
+/// dK/dV: K and V tiles, two Q and two dO buffers, and LSE, δ, 1/‖q‖ for two query blocks.
+pub(crate) fn dkdv_smem(d: usize, elem: usize) -> Option<usize> {
+    let t = dkdv_tile(d)?;
+    Some((2 * t.bn + 4 * t.bm) * row_bytes(d, elem) + 3 * 2 * t.bm * 4)
+}
+
+/// Blocks needed to cover `n` rows `per_block` at a time.
+pub(crate) fn blocks(n: usize, per_block: usize) -> usize {
+    n.div_ceil(per_block)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_fits_the_h100_opt_in_limit() {
+        // 227 KiB of dynamic shared memory per block on sm_90 (and 163 KiB on sm_80: all of these
+        // fit both).
+        for d in [16, 32, 64, 96, 128, 256] {
+            for f in [fwd_smem, dq_smem, dkdv_smem] {
+                let bytes = f(d, 2).expect("supported head dim");
+                assert!(bytes <= 163 * 1024, "D = {d}: {bytes} bytes");
+            }
+        }
+    }
+
+    #[test]
+    fn worked_examples() {
+        assert_eq!(fwd_smem(128, 2), Some(87_808));
+        assert_eq!(
+            dkdv_tile(256),
+            Some(Tile {
+                bm: 32,
+                bn: 64,
+                da: 128
+            })
+        );
+        assert_eq!(blocks(65, 64), 2);
+    }
+
+    #[test]
+    fn unsupported_head_dims_have_no_tile() {
+        for d in [0, 8, 48, 80, 100, 192, 512] {
+            assert!(
+                fwd_tile(d).is_none() && dq_tile(d).is_none() && dkdv_tile(d).is_none(),
+                "D = {d}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_warp_owns_one_m16_tile_and_tiles_are_whole_k16_steps() {
+        for d in [16, 32, 64, 96, 128, 256] {
+            for t in [fwd_tile(d), dq_tile(d)].into_iter().flatten() {
+                assert_eq!(t.bm, 16 * THREADS as usize / 32);
+                assert_eq!(t.bn % 16, 0);
+            }
+            let t = dkdv_tile(d).expect("supported");
+            assert_eq!(t.bn, 16 * THREADS as usize / 32);
+            assert_eq!((t.bm % 16, d % t.da, t.da % 16), (0, 0, 0));
+        }
+    }
+}
