@@ -32,7 +32,7 @@ use crate::{Gradients, Inputs};
 use attn_core::{Aggregation, AttnSpec, FamilySpec, KLEIN_MAX_NORM2};
 use rayon::prelude::*;
 use rows::{Rows, Slices, Tensor};
-use score::{axpy, dot, Score};
+use score::{axpy, dot, RowScalars, Score};
 use std::ops::Range;
 
 /// Queries per forward / dq task.
@@ -79,10 +79,10 @@ struct Ctx<'a> {
     score: Score,
     /// The curvature `c` when values aggregate by Einstein midpoint.
     midpoint: Option<f64>,
-    q: Slices,
-    k: Slices,
+    q: Slices<RowScalars>,
+    k: Slices<RowScalars>,
     /// Raw value rows; the row scalar is `log γ_j` (0 for Euclidean aggregation).
-    v: Slices,
+    v: Slices<f64>,
     bias: Option<&'a [f64]>,
 }
 
@@ -114,7 +114,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// The prepared query rows of (b, h) and key and value rows of its kv head.
-    fn slice(&self, b: usize, h: usize) -> (&Rows, &Rows, &Rows) {
+    fn slice(&self, b: usize, h: usize) -> (&Rows<RowScalars>, &Rows<RowScalars>, &Rows<f64>) {
         let hk = self.spec.kv_head(h);
         (self.q.get(b, h), self.k.get(b, hk), self.v.get(b, hk))
     }
@@ -144,7 +144,7 @@ impl<'a> Ctx<'a> {
                 .for_each(|(s, x)| *s += x);
         }
         if self.midpoint.is_some() {
-            s.iter_mut().zip(keys).for_each(|(s, j)| *s += v.aux(j));
+            s.iter_mut().zip(keys).for_each(|(s, j)| *s += *v.aux(j));
         }
     }
 

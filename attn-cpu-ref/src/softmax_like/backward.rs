@@ -74,14 +74,14 @@ impl Grad<'_> {
             if !self.pair_terms(blk.b, blk.h, i, keys.clone(), &mut t) {
                 continue;
             }
-            // A_i = Σ_j w_ij k̃_j, α_i = Σ_j w_ij a_j with w = dS·σ.
-            let mut alpha = 0.0;
+            // Σ_j w_ij G(q_i, k_j) with w = dS·σ.
+            let (qt, qs) = (q.row(i), q.aux(i));
             for ((ds, sigma), j) in t.ds.iter().zip(&t.sigma).zip(keys) {
-                let w = ds * sigma;
-                axpy(dq, w, k.row(j));
-                alpha += w * k.aux(j);
+                self.ctx
+                    .score
+                    .accumulate(dq, ds * sigma, qt, qs, k.row(j), k.aux(j));
             }
-            self.ctx.score.finish(dq, alpha, q.row(i), q.aux(i));
+            self.ctx.score.finish(dq, qt, qs);
         }
         out
     }
@@ -92,10 +92,11 @@ impl Grad<'_> {
         let (d, dv) = (spec.head_dim(), spec.head_dim_v());
         let (j0, n) = (blk.rows.start, blk.rows.len());
         let mut dk = vec![0.0; n * d];
-        let mut alpha = vec![0.0; n];
         let mut dvs = vec![0.0; n * dv];
         let mut colsum = vec![0.0; n];
         let mut t = Scratch::new(spec.seq_k());
+        let k = self.ctx.k.get(blk.b, blk.h);
+        let v = self.ctx.v.get(blk.b, blk.h);
         for h in (0..spec.heads_q()).filter(|&h| spec.kv_head(h) == blk.h) {
             let q = self.ctx.q.get(blk.b, h);
             for i in 0..spec.seq_lens(blk.b).q {
@@ -105,23 +106,22 @@ impl Grad<'_> {
                     continue;
                 }
                 let g = self.g(blk.b, h, i);
-                let (qt, qa) = (q.row(i), q.aux(i));
+                let (qt, qs) = (q.row(i), q.aux(i));
                 let terms = t.p.iter().zip(&t.ds).zip(&t.sigma);
                 for (((&p, &ds), &sigma), j) in terms.zip(keys) {
                     let jj = j - j0;
                     axpy(&mut dvs[jj * dv..(jj + 1) * dv], p, g);
-                    let w = ds * sigma;
-                    axpy(&mut dk[jj * d..(jj + 1) * d], w, qt);
-                    alpha[jj] += w * qa;
+                    let dkj = &mut dk[jj * d..(jj + 1) * d];
+                    self.ctx
+                        .score
+                        .accumulate(dkj, ds * sigma, k.row(j), k.aux(j), qt, qs);
                     colsum[jj] += ds;
                 }
             }
         }
-        let k = self.ctx.k.get(blk.b, blk.h);
-        let v = self.ctx.v.get(blk.b, blk.h);
         for (jj, (dk, dvj)) in dk.chunks_exact_mut(d).zip(dvs.chunks_exact_mut(dv)).enumerate() {
             let j = j0 + jj;
-            self.ctx.score.finish(dk, alpha[jj], k.row(j), k.aux(j));
+            self.ctx.score.finish(dk, k.row(j), k.aux(j));
             if let Some(c) = self.ctx.midpoint {
                 // dv_j += (Σ_i dS_ij) c γ_j² v_j
                 axpy(dvj, colsum[jj] * log_gamma(c, v.row(j)).1, v.row(j));

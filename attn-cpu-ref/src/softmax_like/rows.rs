@@ -1,18 +1,18 @@
 //! Prepared rows: q, k and v of each (batch, head) slice gathered once, through the spec's offsets,
-//! into contiguous row-major buffers with one scalar per row (see [`super::score`]), so the inner
+//! into contiguous row-major buffers with per-row scalars `A` (see [`super::score`]), so the inner
 //! loops run on contiguous slices whatever the layout, strides or packing of the inputs.
 
 use attn_core::AttnSpec;
 use rayon::prelude::*;
 
-/// `n` rows of `dim` values, contiguous, and one scalar per row.
-pub(super) struct Rows {
+/// `n` rows of `dim` values, contiguous, and the scalars `A` of each row.
+pub(super) struct Rows<A> {
     dim: usize,
     data: Vec<f64>,
-    aux: Vec<f64>,
+    aux: Vec<A>,
 }
 
-impl Rows {
+impl<A: Copy> Rows<A> {
     /// Gather `n` rows of `dim` values from `x`, row `r` starting at `offset(r)`, and embed each one
     /// with `embed(raw, out) -> scalar`.
     fn gather(
@@ -20,8 +20,8 @@ impl Rows {
         n: usize,
         dim: usize,
         offset: impl Fn(usize) -> usize,
-        embed: impl Fn(&[f64], &mut [f64]) -> f64,
-    ) -> Rows {
+        embed: impl Fn(&[f64], &mut [f64]) -> A,
+    ) -> Rows<A> {
         let mut data = vec![0.0; n * dim];
         let aux = data
             .chunks_exact_mut(dim)
@@ -40,15 +40,15 @@ impl Rows {
     }
 
     #[inline]
-    pub(super) fn aux(&self, r: usize) -> f64 {
-        self.aux[r]
+    pub(super) fn aux(&self, r: usize) -> &A {
+        &self.aux[r]
     }
 }
 
 /// The [`Rows`] of every (batch entry, head) slice of one tensor.
-pub(super) struct Slices {
+pub(super) struct Slices<A> {
     heads: usize,
-    slices: Vec<Rows>,
+    slices: Vec<Rows<A>>,
 }
 
 /// Which tensor to gather.
@@ -59,15 +59,15 @@ pub(super) enum Tensor {
     V,
 }
 
-impl Slices {
+impl<A: Copy + Send + Sync> Slices<A> {
     /// Gather tensor `t` from `x`: every query row of q (`Hq` heads, `D` wide), or every valid key row
     /// of k (`Hkv`, `D`) or v (`Hkv`, `Dv`), embedding each row with `embed`.
     pub(super) fn gather(
         spec: &AttnSpec,
         t: Tensor,
         x: &[f64],
-        embed: impl Fn(&[f64], &mut [f64]) -> f64 + Sync,
-    ) -> Slices {
+        embed: impl Fn(&[f64], &mut [f64]) -> A + Sync,
+    ) -> Slices<A> {
         let heads = match t {
             Tensor::Q => spec.heads_q(),
             Tensor::K | Tensor::V => spec.heads_kv(),
@@ -90,7 +90,7 @@ impl Slices {
     }
 
     #[inline]
-    pub(super) fn get(&self, b: usize, h: usize) -> &Rows {
+    pub(super) fn get(&self, b: usize, h: usize) -> &Rows<A> {
         &self.slices[b * self.heads + h]
     }
 }

@@ -1,34 +1,43 @@
 //! The score `s(q, k)` of each softmax-like family and its gradient, on prepared rows.
 //!
-//! A family scores a pair in two steps: an *embedding* applied once per row, which yields the
-//! prepared vector `x̃` and one row scalar `a`, and a *pair kernel* applied per `(i, j)`:
+//! A family scores a pair in two steps: an *embedding* applied once per row ([`Score::prepare`]),
+//! which yields the prepared vector `x̃` and a few row scalars ([`RowScalars`]), and a *pair kernel*
+//! applied per `(i, j)`:
 //!
-//! | family                     | `x̃`, `a`                        | `s(q̃, k̃)`                                   |
-//! |----------------------------|---------------------------------|---------------------------------------------|
-//! | softmax                    | `x`, 0                          | `scale·q̃·k̃`, or `cap·tanh(scale·q̃·k̃/cap)`   |
-//! | cosine-sim (`l2norm_qk`)   | `x̂ = x/max(‖x‖, ε)`, `‖x‖`       | `scale·q̂·k̂`                                 |
-//! | cosine-sim (no l2norm)     | `x`, 0                          | `scale·q·k`                                 |
-//! | hyperbolic                 | `x`, `x0 = √(1/c + ‖x‖²)`        | `−β d²_L` or `−β arccosh(1 + c d²_L/2)/√c`  |
+//! | family                   | `x̃`                          | `s(q, k)`                                   |
+//! |--------------------------|------------------------------|---------------------------------------------|
+//! | softmax                  | `x`                          | `scale·q·k`, or `cap·tanh(scale·q·k/cap)`   |
+//! | cosine-sim (`l2norm_qk`) | `x̂ = x/max(‖x‖, ε)`          | `scale·q̂·k̂`                                 |
+//! | cosine-sim (no l2norm)   | `x`                          | `scale·q·k`                                 |
+//! | hyperbolic               | `x/‖x‖` (0 for x = 0)        | `−β d²_L` or `−β arccosh(1 + c d²_L/2)/√c`  |
 //!
 //! ## Gradients
-//! The backward weighs each pair with `w_ij = dS_ij·σ_ij`, where `σ` is the kernel's derivative
-//! ([`Score::scores_grad`]), accumulates `A_i = Σ_j w_ij k̃_j` and `α_i = Σ_j w_ij a_j`, and maps
-//! them to `dq_i` with [`Score::finish`] (the same on the key side with the roles swapped):
-//! - dot kernels: `σ = scale` (`scale·(1 − t²)` with a softcap, `t = tanh(scale·q̃·k̃/cap)`) and
-//!   `dq = A`, or through the l2-norm `dq = (A − q̂ (q̂·A))/‖q‖` when `‖q‖ > ε`, else `A/ε`;
-//! - hyperbolic: `∂d²_L/∂q = 2 (k0 q/q0 − k)` (the time coordinate moves with q, `∂q0/∂q = q/q0`),
-//!   so with `σ = 2 ∂s/∂d²_L` we get `dq = α q/q0 − A`. `σ = −2β` for the squared Lorentz distance;
-//!   for the geodesic, `σ = −β√c/√(z² − 1)` with `z = 1 + c d²_L/2`, and `σ = 0` where `z` is clamped
-//!   at `1 + ACOSH_EPS`.
+//! The backward weighs each pair with `w_ij = dS_ij·σ_ij`, where σ is the kernel's derivative
+//! ([`Score::scores_grad`]), adds `w_ij·G(q_i, k_j)` to an accumulator ([`Score::accumulate`]) and
+//! maps the sum to `dq_i` ([`Score::finish`]); the key side is the same with the roles swapped.
+//! - dot kernels: `σ = scale` (`scale·(1 − t²)` with a softcap, `t = tanh(scale·q̃·k̃/cap)`),
+//!   `G = k̃`; `dq = Σ w k̃`, or through the l2-norm `dq = (dq̂ − q̂ (q̂·dq̂))/‖q‖` when `‖q‖ > ε`,
+//!   else `dq̂/ε`.
+//! - hyperbolic: `σ = 2 ∂s/∂d²_L` and `G = ½ ∂d²_L/∂q = k0 q/q0 − k` (the time coordinate moves with
+//!   q: `∂q0/∂q = q/q0`). `σ = −2β` for the squared Lorentz distance; for the geodesic,
+//!   `σ = −β√c/√(z² − 1)` with `z = 1 + c d²_L/2`, and `σ = 0` where `z` is clamped at
+//!   `1 + ACOSH_EPS`.
 //!
 //! ## The Lorentz product without cancellation
-//! `d²_L = −2/c − 2⟨q,k⟩_L = 2 (q0 k0 − q·k) − 2/c` subtracts two numbers of size `‖q‖‖k‖` whose
-//! difference can be tiny (q close to k far from the origin), where the geodesic's `arccosh` is most
-//! sensitive. Expanding `q0² = 1/c + ‖q‖²` gives the identity
-//! `d²_L = ‖q − k‖² − (q0 − k0)²`, with `q0 − k0 = (q − k)·(q + k) / (q0 + k0)`.
-//! Both terms come from one fused loop over the differences `q − k` and sums `q + k`; their rounding
-//! errors scale with `‖q − k‖²` instead of `‖q‖‖k‖`, and the geodesic uses
-//! `arccosh(1 + x) = ln_1p(x + √(x (x + 2)))` on `x = c d²_L/2` directly, never forming `z − 1`.
+//! `d²_L = −2/c − 2⟨q,k⟩_L = 2 (q0 k0 − q·k) − 2/c` subtracts numbers of size `‖q‖‖k‖` whose
+//! difference is tiny when q and k are close far from the origin, which is where the geodesic's
+//! `arccosh` is most sensitive (and the naive form loses every digit: at `‖q‖ ≈ 1e5` its absolute
+//! error in `z` is `~1e-6`). We split every quantity into a radial and an angular part, each a sum
+//! of non-negative terms. With `n = ‖x‖`, `x̂ = x/n` and the gap `g = x0 − n = (1/c)/(x0 + n)`
+//! (no cancellation), `q0² = 1/c + ‖q‖²` gives
+//! - `d²_L = ‖q − k‖² − (q0 − k0)² = (nq − nk)² (1 − ρ²) + nq nk ‖q̂ − k̂‖²`, where
+//!   `ρ = (nq + nk)/(q0 + k0)` and `1 − ρ² = (gq + gk)(q0 + k0 + nq + nk)/(q0 + k0)²`;
+//! - `G = k0 q/q0 − k = (k0 nq/q0)(q̂ − k̂) + T k̂`, where `T = k0 nq/q0 − nk`
+//!   `= (nq − nk)·[(nq + nk)(1 + nq/(q0 + k0)) + k0] / (c (k0 + nk)(q0 + nq) q0)`.
+//!
+//! The only differences left are `nq − nk` and `q̂ − k̂`, whose rounding errors are those the inputs
+//! themselves carry; every other factor is a product of positive terms. The geodesic takes
+//! `arccosh(1 + x) = ln_1p(x + √(x (x + 2)))` on `x = c d²_L/2`, never forming `z − 1`.
 
 use super::rows::Rows;
 use attn_core::{FamilySpec, HypScore, ACOSH_EPS};
@@ -43,6 +52,17 @@ pub(super) enum Score {
     Cosine { scale: f64, eps: f64 },
     /// `−β d²_L` or `−β arccosh(1 + c d²_L/2)/√c` on hyperboloid points.
     Lorentz { kind: HypScore, c: f64, beta: f64 },
+}
+
+/// Scalars of one prepared row; a family leaves the fields it does not use at 0.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct RowScalars {
+    /// `‖x‖` (cosine-sim with l2norm, hyperbolic).
+    pub norm: f64,
+    /// The time coordinate `x0 = √(1/c + ‖x‖²)` (hyperbolic).
+    pub x0: f64,
+    /// `x0 − ‖x‖ = (1/c)/(x0 + ‖x‖)` (hyperbolic).
+    pub gap: f64,
 }
 
 impl Score {
@@ -85,28 +105,45 @@ impl Score {
         }
     }
 
-    /// Write the embedded row `x̃` of `x` to `out` and return its row scalar `a`.
-    pub(super) fn prepare(&self, x: &[f64], out: &mut [f64]) -> f64 {
+    /// Write the prepared row `x̃` of `x` to `out` and return its scalars.
+    pub(super) fn prepare(&self, x: &[f64], out: &mut [f64]) -> RowScalars {
         match *self {
             Score::Dot { .. } => {
                 out.copy_from_slice(x);
-                0.0
+                RowScalars::default()
             }
             Score::Cosine { eps, .. } => {
                 let norm = dot(x, x).sqrt();
                 let inv = 1.0 / norm.max(eps);
                 out.iter_mut().zip(x).for_each(|(o, x)| *o = x * inv);
-                norm
+                RowScalars {
+                    norm,
+                    ..RowScalars::default()
+                }
             }
             Score::Lorentz { c, .. } => {
-                out.copy_from_slice(x);
-                (1.0 / c + dot(x, x)).sqrt()
+                let norm = dot(x, x).sqrt();
+                let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+                out.iter_mut().zip(x).for_each(|(o, x)| *o = x * inv);
+                let x0 = (1.0 / c + norm * norm).sqrt();
+                RowScalars {
+                    norm,
+                    x0,
+                    gap: (1.0 / c) / (x0 + norm),
+                }
             }
         }
     }
 
-    /// `s[jj] = s(q̃, k̃_j)` for the keys `j = keys_range.start + jj`.
-    pub(super) fn scores(&self, q: &[f64], qa: f64, keys: &Rows, range: Range<usize>, s: &mut [f64]) {
+    /// `s[jj] = s(q, k_j)` for the keys `j = range.start + jj`.
+    pub(super) fn scores(
+        &self,
+        q: &[f64],
+        qs: &RowScalars,
+        keys: &Rows<RowScalars>,
+        range: Range<usize>,
+        s: &mut [f64],
+    ) {
         match *self {
             Score::Dot { scale, softcap: None } | Score::Cosine { scale, .. } => {
                 for (s, j) in s.iter_mut().zip(range) {
@@ -123,18 +160,19 @@ impl Score {
             }
             Score::Lorentz { kind, c, beta } => {
                 for (s, j) in s.iter_mut().zip(range) {
-                    *s = lorentz(kind, c, beta, q, qa, keys.row(j), keys.aux(j)).0;
+                    *s = lorentz(kind, c, beta, q, qs, keys.row(j), keys.aux(j)).0;
                 }
             }
         }
     }
 
     /// Like [`Score::scores`], and `sigma[jj]` = the kernel derivative σ of the module doc.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn scores_grad(
         &self,
         q: &[f64],
-        qa: f64,
-        keys: &Rows,
+        qs: &RowScalars,
+        keys: &Rows<RowScalars>,
         range: Range<usize>,
         s: &mut [f64],
         sigma: &mut [f64],
@@ -158,42 +196,73 @@ impl Score {
             }
             Score::Lorentz { kind, c, beta } => {
                 for ((s, sg), j) in s.iter_mut().zip(sigma.iter_mut()).zip(range) {
-                    (*s, *sg) = lorentz(kind, c, beta, q, qa, keys.row(j), keys.aux(j));
+                    (*s, *sg) = lorentz(kind, c, beta, q, qs, keys.row(j), keys.aux(j));
                 }
             }
         }
     }
 
-    /// Turn the accumulated `A = Σ w x̃_other` (in `acc`, overwritten) and `α = Σ w a_other` into the
-    /// gradient with respect to the raw row `x` whose embedding is `(xt, xa)`.
-    pub(super) fn finish(&self, acc: &mut [f64], alpha: f64, xt: &[f64], xa: f64) {
+    /// `acc += w·G(x, y)`: the pair term of the gradient with respect to row `x` (prepared `x`, `xs`)
+    /// against the other side's row `y` (prepared `y`, `ys`).
+    #[inline]
+    pub(super) fn accumulate(
+        &self,
+        acc: &mut [f64],
+        w: f64,
+        x: &[f64],
+        xs: &RowScalars,
+        y: &[f64],
+        ys: &RowScalars,
+    ) {
         match *self {
-            Score::Dot { .. } => {}
+            Score::Dot { .. } | Score::Cosine { .. } => axpy(acc, w, y),
+            Score::Lorentz { c, .. } => {
+                // G = (y0 nx/x0)(x̂ − ŷ) + T ŷ
+                let (nx, ny, x0, y0) = (xs.norm, ys.norm, xs.x0, ys.x0);
+                let radial = (nx + ny) * (1.0 + nx / (x0 + y0)) + y0;
+                let t = w * (nx - ny) * radial / (c * (y0 + ny) * (x0 + nx) * x0);
+                let a = w * y0 * nx / x0;
+                acc.iter_mut()
+                    .zip(x.iter().zip(y))
+                    .for_each(|(acc, (xh, yh))| *acc += a * (xh - yh) + t * yh);
+            }
+        }
+    }
+
+    /// Turn the accumulated `Σ w G` (in `acc`, overwritten) into the gradient with respect to the raw
+    /// row whose preparation is `(xt, xs)`.
+    pub(super) fn finish(&self, acc: &mut [f64], xt: &[f64], xs: &RowScalars) {
+        match *self {
+            Score::Dot { .. } | Score::Lorentz { .. } => {}
             Score::Cosine { eps, .. } => {
-                if xa > eps {
+                if xs.norm > eps {
                     // dq = (dq̂ − q̂ (q̂·dq̂)) / ‖q‖
                     let radial = dot(xt, acc);
                     acc.iter_mut()
                         .zip(xt)
-                        .for_each(|(a, x)| *a = (*a - x * radial) / xa);
+                        .for_each(|(a, x)| *a = (*a - x * radial) / xs.norm);
                 } else {
                     // ‖q‖ ≤ ε: q̂ = q/ε is linear in q.
                     acc.iter_mut().for_each(|a| *a /= eps);
                 }
             }
-            Score::Lorentz { .. } => {
-                // dq = α q/q0 − A
-                let t = alpha / xa;
-                acc.iter_mut().zip(xt).for_each(|(a, x)| *a = t * x - *a);
-            }
         }
     }
 }
 
-/// `(s, σ)` of the hyperbolic kernel for one pair (`q0`, `k0` = the time coordinates).
+/// `(s, σ)` of the hyperbolic kernel for one pair of prepared rows.
 #[inline]
-fn lorentz(kind: HypScore, c: f64, beta: f64, q: &[f64], q0: f64, k: &[f64], k0: f64) -> (f64, f64) {
-    let d2 = lorentz_sq_dist(q, q0, k, k0);
+#[allow(clippy::too_many_arguments)]
+fn lorentz(
+    kind: HypScore,
+    c: f64,
+    beta: f64,
+    q: &[f64],
+    qs: &RowScalars,
+    k: &[f64],
+    ks: &RowScalars,
+) -> (f64, f64) {
+    let d2 = lorentz_sq_dist(q, qs, k, ks);
     match kind {
         HypScore::SquaredLorentz => (-beta * d2, -2.0 * beta),
         HypScore::Geodesic => {
@@ -213,17 +282,27 @@ fn lorentz(kind: HypScore, c: f64, beta: f64, q: &[f64], q0: f64, k: &[f64], k0:
     }
 }
 
-/// `d²_L = ‖q − k‖² − (q0 − k0)²` with `q0 − k0 = (q − k)·(q + k)/(q0 + k0)` (module doc).
+/// `d²_L = (nq − nk)² (1 − ρ²) + nq nk ‖q̂ − k̂‖²` (module doc); never negative.
 #[inline]
-fn lorentz_sq_dist(q: &[f64], q0: f64, k: &[f64], k0: f64) -> f64 {
-    let (mut diff2, mut diff_sum) = (0.0, 0.0);
-    for (a, b) in q.iter().zip(k) {
-        let d = a - b;
-        diff2 += d * d;
-        diff_sum += d * (a + b);
+fn lorentz_sq_dist(q: &[f64], qs: &RowScalars, k: &[f64], ks: &RowScalars) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let (cq, ck) = (q.chunks_exact(4), k.chunks_exact(4));
+    let tail: f64 = cq
+        .remainder()
+        .iter()
+        .zip(ck.remainder())
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum();
+    for (a, b) in cq.zip(ck) {
+        for l in 0..4 {
+            acc[l] += (a[l] - b[l]) * (a[l] - b[l]);
+        }
     }
-    let dt = diff_sum / (q0 + k0);
-    diff2 - dt * dt
+    let angular = (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail;
+    let dn = qs.norm - ks.norm;
+    let t0 = qs.x0 + ks.x0;
+    let one_minus_rho2 = (qs.gap + ks.gap) * (t0 + qs.norm + ks.norm) / (t0 * t0);
+    dn * dn * one_minus_rho2 + qs.norm * ks.norm * angular
 }
 
 /// `a·b`, with four independent partial sums so the loop vectorises.
