@@ -1,0 +1,105 @@
+//! A multi-head attention layer over any family, built from a `VarBuilder`.
+//!
+//! For `x` `[B, N, hidden]`: `q = x W_qᵀ` viewed as `[B, N, Hq, D]`, `k = x W_kᵀ` and `v = x W_vᵀ`
+//! as `[B, N, Hkv, D]` (GQA when `Hkv < Hq`), `o = attention(q, k, v)` with the layer's family and
+//! causal mask, and `y = o W_oᵀ` `[B, N, hidden]`. Weights (no biases): `q_proj` `[Hq·D, hidden]`,
+//! `k_proj` and `v_proj` `[Hkv·D, hidden]`, `o_proj` `[hidden, Hq·D]`, the names candle-transformers
+//! models use.
+
+use crate::api::{attention, AttnOptions};
+use crate::error::to_candle;
+use attn_core::{shape_str, AttnError, Causal, Family, Op, Pass};
+use candle_core::{Module, Result, Tensor};
+use candle_nn::{linear_no_bias, Linear, VarBuilder};
+
+/// Sizes, family and mask of a [`MultiHeadAttention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionConfig {
+    pub hidden: usize,
+    pub heads_q: usize,
+    /// Key/value heads; `heads_q` must be a multiple (GQA; 1 is MQA).
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub family: Family,
+    pub causal: Causal,
+}
+
+/// Multi-head attention with q/k/v/o projections; see the module docs.
+#[derive(Clone, Debug)]
+pub struct MultiHeadAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    cfg: AttentionConfig,
+}
+
+impl MultiHeadAttention {
+    pub fn new(cfg: AttentionConfig, vb: VarBuilder) -> Result<Self> {
+        let op = Op::new(cfg.family.kind(), Pass::Spec);
+        if cfg.heads_kv == 0 || cfg.heads_q % cfg.heads_kv != 0 {
+            return Err(to_candle(AttnError::InvalidArgument {
+                op,
+                arg: "heads_kv",
+                reason: format!(
+                    "heads_q ({}) is not a multiple of heads_kv ({})",
+                    cfg.heads_q, cfg.heads_kv
+                ),
+            }));
+        }
+        let (q_dim, kv_dim) = (cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim);
+        Ok(MultiHeadAttention {
+            q_proj: linear_no_bias(cfg.hidden, q_dim, vb.pp("q_proj"))?,
+            k_proj: linear_no_bias(cfg.hidden, kv_dim, vb.pp("k_proj"))?,
+            v_proj: linear_no_bias(cfg.hidden, kv_dim, vb.pp("v_proj"))?,
+            o_proj: linear_no_bias(q_dim, cfg.hidden, vb.pp("o_proj"))?,
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &AttentionConfig {
+        &self.cfg
+    }
+
+    /// The forward pass where batch entry `b` attends only to its first `key_lens[b]` tokens
+    /// (right padding); `None` attends to all.
+    pub fn forward_with_key_lens(&self, x: &Tensor, key_lens: Option<Vec<usize>>) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let (b, n) = match *x.dims() {
+            [b, n, h] if h == cfg.hidden => (b, n),
+            _ => {
+                return Err(to_candle(AttnError::ShapeMismatch {
+                    op: Op::new(cfg.family.kind(), Pass::Forward),
+                    what: "x".into(),
+                    expected: format!("[batch, seq, {}]", cfg.hidden),
+                    got: shape_str(x.dims()),
+                }))
+            }
+        };
+        let q = self
+            .q_proj
+            .forward(x)?
+            .reshape((b, n, cfg.heads_q, cfg.head_dim))?;
+        let k = self
+            .k_proj
+            .forward(x)?
+            .reshape((b, n, cfg.heads_kv, cfg.head_dim))?;
+        let v = self
+            .v_proj
+            .forward(x)?
+            .reshape((b, n, cfg.heads_kv, cfg.head_dim))?;
+        let mut opts = AttnOptions::new(cfg.family).with_causal(cfg.causal);
+        if let Some(lens) = key_lens {
+            opts = opts.with_key_lens(lens);
+        }
+        let o = attention(&q, &k, &v, &opts)?;
+        self.o_proj
+            .forward(&o.reshape((b, n, cfg.heads_q * cfg.head_dim))?)
+    }
+}
+
+impl Module for MultiHeadAttention {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with_key_lens(x, None)
+    }
+}

@@ -1,0 +1,215 @@
+//! A small pre-norm causal transformer language model around [`MultiHeadAttention`], and a seeded
+//! `VarBuilder` so that training runs are reproducible.
+//!
+//! `x_0 = E_tok[t] + E_pos[n]`; per block `x ← x + Attn(LN(x))`, `x ← x + W_2 gelu(W_1 LN(x))`
+//! (`W_1` `[4·hidden, hidden]`); logits `= W_head LN(x)`, `[B, N, vocab]`. The layer norms have no
+//! bias (candle-nn's biased layer norm has no backward on contiguous inputs).
+
+use crate::layer::{AttentionConfig, MultiHeadAttention};
+use attn_core::{Causal, Family};
+use candle_core::{DType, Device, Module, Result, Shape, Tensor, Var};
+use candle_nn::init::NormalOrUniform;
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{
+    embedding, layer_norm_no_bias, linear_no_bias, Embedding, Init, LayerNorm, Linear, VarBuilder, VarMap,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Mutex;
+
+/// Sizes and attention family of a [`TransformerLm`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LmConfig {
+    pub vocab: usize,
+    /// Longest sequence (size of the learned position table).
+    pub max_len: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub family: Family,
+}
+
+#[derive(Clone, Debug)]
+struct Block {
+    norm_attn: LayerNorm,
+    attn: MultiHeadAttention,
+    norm_mlp: LayerNorm,
+    up: Linear,
+    down: Linear,
+}
+
+impl Block {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = (x + self.attn.forward(&self.norm_attn.forward(x)?)?)?;
+        let h = self.up.forward(&self.norm_mlp.forward(&x)?)?.gelu()?;
+        x + self.down.forward(&h)?
+    }
+}
+
+/// A causal language model whose every block uses [`MultiHeadAttention`] with the configured family.
+#[derive(Clone, Debug)]
+pub struct TransformerLm {
+    tok: Embedding,
+    pos: Embedding,
+    blocks: Vec<Block>,
+    norm: LayerNorm,
+    head: Linear,
+    cfg: LmConfig,
+}
+
+const NORM_EPS: f64 = 1e-5;
+
+impl TransformerLm {
+    pub fn new(cfg: LmConfig, vb: VarBuilder) -> Result<Self> {
+        let attn = AttentionConfig {
+            hidden: cfg.hidden,
+            heads_q: cfg.heads_q,
+            heads_kv: cfg.heads_kv,
+            head_dim: cfg.head_dim,
+            family: cfg.family,
+            causal: Causal::BottomRight,
+        };
+        let blocks = (0..cfg.layers)
+            .map(|l| {
+                let vb = vb.pp(format!("blocks.{l}"));
+                Ok(Block {
+                    norm_attn: layer_norm_no_bias(cfg.hidden, NORM_EPS, vb.pp("norm_attn"))?,
+                    attn: MultiHeadAttention::new(attn, vb.pp("attn"))?,
+                    norm_mlp: layer_norm_no_bias(cfg.hidden, NORM_EPS, vb.pp("norm_mlp"))?,
+                    up: linear_no_bias(cfg.hidden, 4 * cfg.hidden, vb.pp("mlp.up"))?,
+                    down: linear_no_bias(4 * cfg.hidden, cfg.hidden, vb.pp("mlp.down"))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TransformerLm {
+            tok: embedding(cfg.vocab, cfg.hidden, vb.pp("tok"))?,
+            pos: embedding(cfg.max_len, cfg.hidden, vb.pp("pos"))?,
+            blocks,
+            norm: layer_norm_no_bias(cfg.hidden, NORM_EPS, vb.pp("norm"))?,
+            head: linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?,
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &LmConfig {
+        &self.cfg
+    }
+}
+
+impl Module for TransformerLm {
+    /// Token ids `[B, N]` (u32, `N ≤ max_len`) → logits `[B, N, vocab]`.
+    fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
+        let n = tokens.dim(1)?;
+        let positions = Tensor::arange(0u32, n as u32, tokens.device())?;
+        let mut x = self
+            .tok
+            .forward(tokens)?
+            .broadcast_add(&self.pos.forward(&positions)?)?;
+        for block in &self.blocks {
+            x = block.forward(&x)?;
+        }
+        self.head.forward(&self.norm.forward(&x)?)
+    }
+}
+
+/// A `VarBuilder` whose new variables are drawn from a `StdRng` seeded with `seed` (candle's own CPU
+/// generator cannot be seeded) and stored in `map`, honouring each layer's `Init` hint.
+/// Variables already in `map` are returned as they are.
+pub fn seeded_var_builder(map: &VarMap, seed: u64, dtype: DType, device: &Device) -> VarBuilder<'static> {
+    let backend = Seeded {
+        map: map.clone(),
+        rng: Mutex::new(StdRng::seed_from_u64(seed)),
+    };
+    VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
+}
+
+struct Seeded {
+    map: VarMap,
+    rng: Mutex<StdRng>,
+}
+
+/// A standard normal draw (Box–Muller).
+fn normal(rng: &mut StdRng) -> f64 {
+    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+fn sample(init: Init, shape: &Shape, rng: &mut StdRng) -> Vec<f32> {
+    let n = shape.elem_count();
+    let mut draw = |f: &mut dyn FnMut(&mut StdRng) -> f64| (0..n).map(|_| f(rng) as f32).collect();
+    match init {
+        Init::Const(c) => vec![c as f32; n],
+        Init::Randn { mean, stdev } => draw(&mut |r| mean + stdev * normal(r)),
+        Init::Uniform { lo, up } => draw(&mut |r| r.random_range(lo..up)),
+        Init::Kaiming {
+            dist,
+            fan,
+            non_linearity,
+        } => {
+            let std = non_linearity.gain() / (fan.for_shape(shape) as f64).sqrt();
+            match dist {
+                NormalOrUniform::Uniform => {
+                    let bound = 3f64.sqrt() * std;
+                    draw(&mut |r| r.random_range(-bound..bound))
+                }
+                NormalOrUniform::Normal => draw(&mut |r| std * normal(r)),
+            }
+        }
+    }
+}
+
+impl SimpleBackend for Seeded {
+    fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> Result<Tensor> {
+        let mut vars = self
+            .map
+            .data()
+            .lock()
+            .map_err(|e| candle_core::Error::msg(e.to_string()))?;
+        if let Some(var) = vars.get(name) {
+            if var.shape() != &s {
+                return Err(candle_core::Error::UnexpectedShape {
+                    msg: format!("shape mismatch for {name}"),
+                    expected: s,
+                    got: var.shape().clone(),
+                });
+            }
+            return var.as_tensor().to_dtype(dtype);
+        }
+        let values = {
+            let mut rng = self
+                .rng
+                .lock()
+                .map_err(|e| candle_core::Error::msg(e.to_string()))?;
+            sample(h, &s, &mut rng)
+        };
+        let var = Var::from_tensor(&Tensor::from_vec(values, s, dev)?.to_dtype(dtype)?)?;
+        let t = var.as_tensor().clone();
+        vars.insert(name.to_string(), var);
+        Ok(t)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, _dev: &Device) -> Result<Tensor> {
+        let vars = self
+            .map
+            .data()
+            .lock()
+            .map_err(|e| candle_core::Error::msg(e.to_string()))?;
+        match vars.get(name) {
+            Some(var) => var.as_tensor().to_dtype(dtype),
+            None => Err(candle_core::Error::CannotFindTensor {
+                path: name.to_string(),
+            }),
+        }
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.map
+            .data()
+            .lock()
+            .map(|vars| vars.contains_key(name))
+            .unwrap_or(false)
+    }
+}
