@@ -19,9 +19,9 @@ fn softmax_gradients_match_finite_differences() {
     );
 }
 
-/// Copy every valid row of q, k and v from `from` into a case on `to` (whose other buffers start as
-/// `fill`), through each spec's offsets, with `kv_head` mapping a query-side head to `from`'s kv head
-/// when `to` has one kv head per query head.
+/// Fill `to`'s q, k and v (laid out by `to.spec`) with every valid row of `from`'s, through each
+/// spec's offsets: kv head `hk` of `to` takes kv head `kv_from(hk)` of `from`. Elements no row
+/// covers are set to `fill`.
 fn copy_inputs(from: &Case, to: &mut Case, kv_from: impl Fn(usize) -> usize, fill: f64) {
     let (s0, s1) = (&from.spec, to.spec.clone());
     to.q = vec![fill; s1.q_len()];

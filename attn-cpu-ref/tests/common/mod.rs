@@ -199,27 +199,19 @@ pub fn all_finite(f: &Forward<f64, f64>, g: &Gradients<f64>) -> Result<(), TestC
     Ok(())
 }
 
-/// Which of q, k, v (or o) a row belongs to, for [`copy_rows`].
+/// Which input tensor a row belongs to, for [`offset`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tensor {
     Q,
     K,
     V,
-    O,
 }
 
-/// The element offset of row `(b, n, h)` of `t` in `spec`'s layout (dq, dk, dv use o's contiguous
-/// layout, i.e. [`AttnSpec::dq_offset`] etc.; q, k, v use the input strides).
+/// The element offset of row `(b, n, h)` of input `t`, through the spec's input strides.
 pub fn offset(spec: &AttnSpec, t: Tensor, b: usize, n: usize, h: usize) -> usize {
     match t {
         Tensor::Q => spec.q_offset(b, n, h),
         Tensor::K => spec.k_offset(b, n, h),
         Tensor::V => spec.v_offset(b, n, h),
-        Tensor::O => spec.o_offset(b, n, h),
     }
-}
-
-/// Row `(b, n, h)` of `x`, `dim` wide, at `at`.
-pub fn row(x: &[f64], at: usize, dim: usize) -> &[f64] {
-    &x[at..at + dim]
 }
