@@ -57,6 +57,7 @@
 /// The dense quadratic form: the cross-check of the factorised path in the unit tests below.
 #[cfg(test)]
 mod dense;
+mod gemm;
 mod sweep;
 
 use crate::{Gradients, Inputs};

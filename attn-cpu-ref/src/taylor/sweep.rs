@@ -24,6 +24,7 @@
 //! fewer than `chunk` sources `[c, hi_p)`. Memory: one set of states (`O(D²·m)`) and the outputs
 //! (`O(np·(D + m))`); nothing of size `ns × np` or `ns × D²`.
 
+use super::gemm::{gemm_acc, View};
 use super::Poly;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -103,17 +104,31 @@ impl State {
 
     /// Fold the sources `x` `[n, D]`, `y` `[n, m]` into the states.
     fn add(&mut self, d: usize, m: usize, x: &[f64], y: &[f64]) {
-        // P0 += Σ y_s,  P1[a] += Σ x_sa y_s
-        for (xs, ys) in x.chunks_exact(d).zip(y.chunks_exact(m)) {
+        let n = x.len() / d;
+        // P0 += Σ_s y_s,  P1 += Xᵀ Y
+        for ys in y.chunks_exact(m) {
             axpy(&mut self.p0, 1.0, ys);
-            for (row, &xa) in self.p1.chunks_exact_mut(m).zip(xs) {
-                axpy(row, xa, ys);
-            }
         }
+        gemm_acc(
+            d,
+            m,
+            n,
+            1.0,
+            View {
+                data: x,
+                rs: 1,
+                cs: d,
+            },
+            y,
+            m,
+            &mut self.p1,
+            m,
+        );
         if self.p2.is_empty() {
             return;
         }
-        // P2[(a, b)] += Σ x_sa x_sb y_s, one rayon task per a (the pairs (a, a..D) are contiguous).
+        // P2[(a, a+i)] += Σ_s x_s(a+i) (x_sa y_s), one rayon task per a: the pairs (a, a..D) are
+        // contiguous rows, a [D−a, m] block += X[:, a..]ᵀ Ỹ_a with Ỹ_a[s] = x_sa y_s.
         let mut blocks = Vec::with_capacity(d);
         let mut rest: &mut [f64] = &mut self.p2;
         for a in 0..d {
@@ -122,13 +137,39 @@ impl State {
             rest = tail;
         }
         blocks.into_par_iter().for_each(|(a, block)| {
-            for (row, b) in block.chunks_exact_mut(m).zip(a..d) {
-                for (xs, ys) in x.chunks_exact(d).zip(y.chunks_exact(m)) {
-                    axpy(row, xs[a] * xs[b], ys);
-                }
-            }
+            let ya: Vec<f64> = x
+                .chunks_exact(d)
+                .zip(y.chunks_exact(m))
+                .flat_map(|(xs, ys)| ys.iter().map(move |v| xs[a] * v))
+                .collect();
+            let xa = View {
+                data: &x[a..],
+                rs: 1,
+                cs: d,
+            };
+            gemm_acc(d - a, m, n, 1.0, xa, &ya, m, block, m);
         });
     }
+}
+
+/// A row-major `[_, width]` buffer as a view.
+fn rows(data: &[f64], width: usize) -> View<'_> {
+    View {
+        data,
+        rs: width,
+        cs: 1,
+    }
+}
+
+/// `x` `[rows, cols]` transposed into `[cols, rows]`.
+fn transpose(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut t = vec![0.0; rows * cols];
+    for (r, xr) in x.chunks_exact(cols).enumerate() {
+        for (c, &v) in xr.iter().enumerate() {
+            t[c * rows + r] = v;
+        }
+    }
+    t
 }
 
 /// Run the sweep. `src` and `probes` must agree with `cfg` (`D`, `m`) and `hi[p] ≤ ns`.
@@ -204,52 +245,62 @@ fn eval_block(
             Vec::new()
         },
     };
-    let z = |p: usize| &probes.z[p * d..(p + 1) * d];
-    let w = |p: usize| probes.w.map(|w| &w[p * m..(p + 1) * m]);
+    let zb = &probes.z[range.start * d..range.end * d];
+    let wb = probes.w.map(|w| &w[range.start * m..range.end * m]);
 
-    // value = a0 P0 + a1 P1ᵀ z;  grad = a1 P1 w
-    for (bp, p) in range.clone().enumerate() {
-        if cfg.want_value {
-            let val = &mut out.value[bp * m..(bp + 1) * m];
+    // value = a0 P0 + a1 Z P1;  grad = a1 W P1ᵀ
+    if cfg.want_value {
+        for val in out.value.chunks_exact_mut(m) {
             axpy(val, a0, &state.p0);
-            for (row, &za) in state.p1.chunks_exact(m).zip(z(p)) {
-                axpy(val, a1 * za, row);
-            }
         }
-        if let Some(wp) = w(p) {
-            for (g, row) in out.grad[bp * d..(bp + 1) * d]
-                .iter_mut()
-                .zip(state.p1.chunks_exact(m))
-            {
-                *g += a1 * dot(row, wp);
-            }
-        }
+        gemm_acc(n, m, d, a1, rows(zb, d), &state.p1, m, &mut out.value, m);
+    }
+    if let Some(wb) = wb {
+        let p1t = transpose(&state.p1, d, m);
+        gemm_acc(n, d, m, a1, rows(wb, m), &p1t, d, &mut out.grad, d);
     }
 
-    // value += a2 Σ_{a≤b} c_ab z_a z_b P2[(a,b)];  grad += 2 a2 W z with W_ab = P2[(a,b)]·w
+    // Block a of P2 holds the pairs (a, a+i), i < D−a, as rows [D−a, m].
+    //   value += Z̃_a P2_a with Z̃_a[p, i] = a2 c_{a,a+i} z_pa z_p(a+i);
+    //   grad  += 2 a2 W z with W_{a,a+i} = T_a[p, i] = (W P2_aᵀ)[p, i], both triangles.
     if !state.p2.is_empty() {
-        let mut rows = state.p2.chunks_exact(m);
+        let mut za = vec![0.0; n * d];
+        let mut t = vec![0.0; n * d];
+        let mut row0 = 0;
         for a in 0..d {
-            for b in a..d {
-                let row = rows.next().expect("P2 holds exactly D(D+1)/2 rows of m");
-                let c = if a == b { a2 } else { 2.0 * a2 };
-                for (bp, p) in range.clone().enumerate() {
-                    let zp = z(p);
-                    if cfg.want_value {
-                        axpy(&mut out.value[bp * m..(bp + 1) * m], c * zp[a] * zp[b], row);
+            let k = d - a;
+            let block = &state.p2[row0 * m..(row0 + k) * m];
+            row0 += k;
+            if cfg.want_value {
+                for (zap, zp) in za.chunks_exact_mut(k).zip(zb.chunks_exact(d)) {
+                    for (i, zv) in zap.iter_mut().enumerate() {
+                        let c = if i == 0 { a2 } else { 2.0 * a2 };
+                        *zv = c * zp[a] * zp[a + i];
                     }
-                    if let Some(wp) = w(p) {
-                        let t = 2.0 * a2 * dot(row, wp);
-                        out.grad[bp * d + a] += t * zp[b];
-                        if a != b {
-                            out.grad[bp * d + b] += t * zp[a];
-                        }
+                }
+                gemm_acc(n, m, k, 1.0, rows(&za[..n * k], k), block, m, &mut out.value, m);
+            }
+            if let Some(wb) = wb {
+                let bt = transpose(block, k, m);
+                let ta = &mut t[..n * k];
+                ta.fill(0.0);
+                gemm_acc(n, k, m, 2.0 * a2, rows(wb, m), &bt, k, ta, k);
+                for ((tp, zp), g) in ta
+                    .chunks_exact(k)
+                    .zip(zb.chunks_exact(d))
+                    .zip(out.grad.chunks_exact_mut(d))
+                {
+                    g[a] += dot(tp, &zp[a..]);
+                    for (gb, tv) in g[a + 1..].iter_mut().zip(&tp[1..]) {
+                        *gb += tv * zp[a];
                     }
                 }
             }
         }
     }
 
+    let z = |p: usize| &probes.z[p * d..(p + 1) * d];
+    let w = |p: usize| probes.w.map(|w| &w[p * m..(p + 1) * m]);
     // Dense part: the sources [start, hi_p) of this chunk, f(t) and f'(t) with t = z·x.
     for (bp, p) in range.enumerate() {
         let zp = z(p);
