@@ -144,10 +144,13 @@ impl Params {
 }
 
 /// The factorised inputs of one (batch entry `b`, kv head `kvh`): its valid keys and the queries of
-/// the `G` query heads that read them. Probe `p = i·G + g` is query `i` of head `kvh·G + g`.
+/// the `G` query heads that read them (those with `spec.kv_head(h) = kvh`). Probe `p = i·G + g` is
+/// query `i` of head `heads[g]`.
 struct Slice {
     b: usize,
     kvh: usize,
+    /// The query heads of the group, in increasing order.
+    heads: Vec<usize>,
     nq: usize,
     nk: usize,
     /// `k̂_j` `[nk, D]` and `‖k_j‖`.
@@ -168,6 +171,8 @@ impl Slice {
         let (d, dv, g) = (spec.head_dim(), spec.head_dim_v(), spec.group());
         let lens = spec.seq_lens(b);
         let (nq, nk) = (lens.q, lens.k);
+        let heads: Vec<usize> = (0..spec.heads_q()).filter(|&h| spec.kv_head(h) == kvh).collect();
+        debug_assert_eq!(heads.len(), g);
         let mut kh = vec![0.0; nk * d];
         let mut vt = vec![1.0; nk * (dv + 1)];
         let mut k_norm = Vec::with_capacity(nk);
@@ -184,9 +189,9 @@ impl Slice {
             let range = spec.key_range(b, i);
             // Validation rejects windows for Taylor, so every key range is a prefix.
             debug_assert_eq!(range.start, 0);
-            for gi in 0..g {
+            for (gi, &h) in heads.iter().enumerate() {
                 let p = i * g + gi;
-                let qo = spec.q_offset(b, i, kvh * g + gi);
+                let qo = spec.q_offset(b, i, h);
                 q_norm.push(par.load(&x.q[qo..qo + d], &mut qh[p * d..(p + 1) * d]));
                 hi.push(range.end);
             }
@@ -195,6 +200,7 @@ impl Slice {
         Slice {
             b,
             kvh,
+            heads,
             nq,
             nk,
             kh,
@@ -256,8 +262,8 @@ pub(crate) fn forward_chunked(
         .collect();
     for (sl, value) in results {
         for i in 0..sl.nq {
-            for gi in 0..g {
-                let (p, h) = (i * g + gi, sl.kvh * g + gi);
+            for (gi, &h) in sl.heads.iter().enumerate() {
+                let p = i * g + gi;
                 let (num, den) = (&value[p * m..p * m + dv], value[p * m + dv]);
                 let oo = spec.o_offset(sl.b, i, h);
                 let out = &mut o[oo..oo + dv];
@@ -313,8 +319,8 @@ pub(crate) fn backward_chunked(
             // g̃_i = [ĝ_i, −δ_i] with ĝ_i = g_i / den_i and δ_i = ĝ_i·o_i; zero for a row with no key.
             let mut gt = vec![0.0; sl.nq * g * m];
             for i in 0..sl.nq {
-                for gi in 0..g {
-                    let (p, h) = (i * g + gi, kvh * g + gi);
+                for (gi, &h) in sl.heads.iter().enumerate() {
+                    let p = i * g + gi;
                     if sl.hi[p] == 0 {
                         continue;
                     }
@@ -335,9 +341,9 @@ pub(crate) fn backward_chunked(
         .collect();
     for (sl, sg) in results {
         for i in 0..sl.nq {
-            for gi in 0..g {
+            for (gi, &h) in sl.heads.iter().enumerate() {
                 let p = i * g + gi;
-                let off = spec.dq_offset(sl.b, i, sl.kvh * g + gi);
+                let off = spec.dq_offset(sl.b, i, h);
                 grads.dq[off..off + d].copy_from_slice(&sg.dq[p * d..(p + 1) * d]);
             }
         }

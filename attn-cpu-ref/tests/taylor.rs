@@ -5,7 +5,9 @@
 #[path = "../src/taylor/test_specs.rs"]
 mod test_specs;
 
-use attn_core::{AttnProblem, AttnSpec, Causal, DType, Family, Layout, SeqLengths, TaylorParams};
+use attn_core::{
+    AttnProblem, AttnSpec, Causal, DType, Family, InputStrides, Layout, SeqLengths, Strides, TaylorParams,
+};
 use attn_cpu_ref::testing::{check_gradients, max_abs, max_abs_diff, random_case, Case};
 use attn_cpu_ref::{backward, backward_f64, forward, forward_f64, Forward, Gradients, Inputs};
 use proptest::prelude::*;
@@ -414,6 +416,78 @@ fn taylor_bhnd_layout_equals_bnhd_transposed() {
             }
         }
         Ok(())
+    });
+}
+
+/// `[B, N, H, D]` strides with gaps after every row, head and batch entry.
+fn padded(n: usize, heads: usize, d: usize) -> Strides {
+    let head = d + 3;
+    let seq = heads * head + 1;
+    Strides {
+        batch: n * seq + 5,
+        seq,
+        head,
+        dim: 1,
+    }
+}
+
+#[test]
+fn taylor_strided_inputs_equal_their_contiguous_copy_and_padding_is_never_read() {
+    let lim = Limits {
+        batch: 2,
+        heads_kv: 2,
+        group: 2,
+        seq: 8,
+        dim: 4,
+    };
+    let strategy = (
+        problems(lim).prop_map(|p| p.with_layout(Layout::Bnhd)),
+        any::<u64>(),
+    );
+    run_cases("taylor_strided_inputs", 32, strategy, |(p, seed)| {
+        let s = spec(&p)?;
+        let case = random_case(&s, seed);
+        let (nq, nk) = if s.is_varlen() {
+            (s.total_q(), s.total_k())
+        } else {
+            (s.seq_q(), s.seq_k())
+        };
+        let strides = InputStrides {
+            q: padded(nq, p.heads_q, p.head_dim),
+            k: padded(nk, p.heads_kv, p.head_dim),
+            v: padded(nk, p.heads_kv, p.head_dim_v),
+        };
+        let ss = spec(&p.clone().with_strides(strides))?;
+        let mut strided = random_case(&ss, seed);
+        strided.d_o = case.d_o.clone();
+        strided.q = vec![f64::NAN; ss.q_len()];
+        strided.k = vec![f64::NAN; ss.k_len()];
+        strided.v = vec![f64::NAN; ss.v_len()];
+        let (d, dv) = (s.head_dim(), s.head_dim_v());
+        for b in 0..s.batch() {
+            let lens = s.seq_lens(b);
+            for h in 0..s.heads_q() {
+                for i in 0..lens.q {
+                    let (src, dst) = (s.q_offset(b, i, h), ss.q_offset(b, i, h));
+                    strided.q[dst..dst + d].copy_from_slice(row(&case.q, src, d));
+                }
+            }
+            for hk in 0..s.heads_kv() {
+                for j in 0..lens.k {
+                    let (src, dst) = (s.k_offset(b, j, hk), ss.k_offset(b, j, hk));
+                    strided.k[dst..dst + d].copy_from_slice(row(&case.k, src, d));
+                    let (src, dst) = (s.v_offset(b, j, hk), ss.v_offset(b, j, hk));
+                    strided.v[dst..dst + dv].copy_from_slice(row(&case.v, src, dv));
+                }
+            }
+        }
+        // Outputs are contiguous either way, so they compare buffer to buffer.
+        let ((f, g), (sf, sg)) = (run(&case), run(&strided));
+        close("o", &sf.o, &f.o)?;
+        close("den", &sf.stats, &f.stats)?;
+        close("dq", &sg.dq, &g.dq)?;
+        close("dk", &sg.dk, &g.dk)?;
+        close("dv", &sg.dv, &g.dv)
     });
 }
 
