@@ -56,7 +56,13 @@ fn check_inputs<T>(spec: &AttnSpec, pass: Pass, x: &Inputs<'_, T>) -> Result<()>
         (Some(s), None) => Err(AttnError::ShapeMismatch {
             op: spec.op(pass),
             what: "bias".into(),
-            expected: format!("a bias of shape [{}, {}, {}, {}]", s.batch, s.heads, spec.seq_q(), spec.seq_k()),
+            expected: format!(
+                "a bias of shape [{}, {}, {}, {}]",
+                s.batch,
+                s.heads,
+                spec.seq_q(),
+                spec.seq_k()
+            ),
             got: "none".into(),
         }),
         (None, Some(b)) => Err(AttnError::ShapeMismatch {
@@ -240,7 +246,11 @@ impl<E: Element> AttnBackend<[E], [f32]> for CpuRef {
                 } else {
                     "no dbias buffer (the spec has no bias)".into()
                 },
-                got: if dst.is_some() { "a buffer".into() } else { "none".into() },
+                got: if dst.is_some() {
+                    "a buffer".into()
+                } else {
+                    "none".into()
+                },
             }),
         }
     }

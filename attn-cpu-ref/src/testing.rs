@@ -42,7 +42,7 @@ fn uniform(rng: &mut StdRng, n: usize, amp: f64) -> Vec<f64> {
 }
 
 /// Draw a case: entries uniform in (−1, 1); Einstein-midpoint values scaled into the Klein ball
-/// (`c‖v‖² < 0.81`); a random dO (never ones: a dO of ones hides dV bugs).
+/// (`c‖v‖² < 0.81`, every row the spec addresses); a random dO (never ones: a dO of ones hides dV bugs).
 pub fn random_case(spec: &AttnSpec, seed: u64) -> Case {
     let mut rng = StdRng::seed_from_u64(seed);
     let q = uniform(&mut rng, spec.q_len(), 1.0);
@@ -55,10 +55,15 @@ pub fn random_case(spec: &AttnSpec, seed: u64) -> Case {
     } = *spec.family()
     {
         let dv = spec.head_dim_v();
-        for row in v.chunks_mut(dv) {
-            let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
-            let radius = rng.random_range(0.0..0.9) / (curvature as f64).sqrt();
-            row.iter_mut().for_each(|x| *x *= radius / norm);
+        for b in 0..spec.batch() {
+            for j in 0..spec.seq_lens(b).k {
+                for hk in 0..spec.heads_kv() {
+                    let row = &mut v[spec.v_offset(b, j, hk)..][..dv];
+                    let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
+                    let radius = rng.random_range(0.0..0.9) / (curvature as f64).sqrt();
+                    row.iter_mut().for_each(|x| *x *= radius / norm);
+                }
+            }
         }
     }
     let bias = spec.bias().map(|_| uniform(&mut rng, spec.bias_len(), 1.0));
@@ -83,36 +88,84 @@ pub fn max_abs(a: &[f64]) -> f64 {
     a.iter().map(|x| x.abs()).fold(0.0, f64::max)
 }
 
+/// Which input tensor a gradient belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tensor {
+    Q,
+    K,
+    V,
+    Bias,
+}
+
+/// `(input index, gradient index)` of every element of `t` that the spec addresses. Inputs may be
+/// strided views while gradients are contiguous, so the two indices differ in general.
+fn element_pairs(spec: &AttnSpec, t: Tensor) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::new();
+    if t == Tensor::Bias {
+        return (0..spec.bias_len()).map(|i| (i, i)).collect();
+    }
+    for b in 0..spec.batch() {
+        let lens = spec.seq_lens(b);
+        let (rows, heads, dim) = match t {
+            Tensor::Q => (lens.q, spec.heads_q(), spec.head_dim()),
+            Tensor::K => (lens.k, spec.heads_kv(), spec.head_dim()),
+            _ => (lens.k, spec.heads_kv(), spec.head_dim_v()),
+        };
+        for n in 0..rows {
+            for h in 0..heads {
+                let (x, g) = match t {
+                    Tensor::Q => (spec.q_offset(b, n, h), spec.dq_offset(b, n, h)),
+                    Tensor::K => (spec.k_offset(b, n, h), spec.dk_offset(b, n, h)),
+                    _ => (spec.v_offset(b, n, h), spec.dv_offset(b, n, h)),
+                };
+                pairs.extend((0..dim).map(|d| (x + d, g + d)));
+            }
+        }
+    }
+    pairs
+}
+
+/// The input element `xi` of tensor `t` in `case`.
+fn slot(c: &mut Case, t: Tensor, xi: usize) -> &mut f64 {
+    match t {
+        Tensor::Q => &mut c.q[xi],
+        Tensor::K => &mut c.k[xi],
+        Tensor::V => &mut c.v[xi],
+        // A dbias (and so this tensor) exists only when the spec, and so the case, has a bias.
+        Tensor::Bias => &mut c.bias.as_mut().expect("dbias implies a bias")[xi],
+    }
+}
+
 /// Compare every gradient of `case` (dq, dk, dv, dbias) from [`backward_f64`] with central finite
-/// differences of [`Case::loss`] with step `h`. An entry passes when
+/// differences of [`Case::loss`] with step `h`, element by element through the spec's offsets (so
+/// strided inputs are checked too). An entry passes when
 /// `|analytic − fd| ≤ atol + rtol·max|analytic of that tensor|`. Returns the first failure.
 pub fn check_gradients(case: &Case, h: f64, rtol: f64, atol: f64) -> Result<(), String> {
     let err = |e: attn_core::AttnError| e.to_string();
     let f = forward_f64(&case.spec, case.inputs()).map_err(err)?;
     let g = backward_f64(&case.spec, case.inputs(), &f.o, &case.d_o, &f.stats).map_err(err)?;
-    type Pick = fn(&mut Case) -> &mut Vec<f64>;
-    let tensors: [(&str, Option<&Vec<f64>>, Pick); 4] = [
-        ("dq", Some(&g.dq), |c| &mut c.q),
-        ("dk", Some(&g.dk), |c| &mut c.k),
-        ("dv", Some(&g.dv), |c| &mut c.v),
-        ("dbias", g.dbias.as_ref(), |c| c.bias.as_mut().expect("dbias implies a bias")),
+    let tensors = [
+        ("dq", Tensor::Q, Some(&g.dq)),
+        ("dk", Tensor::K, Some(&g.dk)),
+        ("dv", Tensor::V, Some(&g.dv)),
+        ("dbias", Tensor::Bias, g.dbias.as_ref()),
     ];
-    for (name, analytic, pick) in tensors {
+    let mut probe = case.clone();
+    for (name, t, analytic) in tensors {
         let Some(analytic) = analytic else { continue };
         let scale = max_abs(analytic);
-        let mut probe = case.clone();
-        for idx in 0..analytic.len() {
-            let x0 = pick(&mut probe)[idx];
-            pick(&mut probe)[idx] = x0 + h;
+        for (xi, gi) in element_pairs(&case.spec, t) {
+            let x0 = *slot(&mut probe, t, xi);
+            *slot(&mut probe, t, xi) = x0 + h;
             let lp = probe.loss().map_err(err)?;
-            pick(&mut probe)[idx] = x0 - h;
+            *slot(&mut probe, t, xi) = x0 - h;
             let lm = probe.loss().map_err(err)?;
-            pick(&mut probe)[idx] = x0;
+            *slot(&mut probe, t, xi) = x0;
             let fd = (lp - lm) / (2.0 * h);
-            let an = analytic[idx];
+            let an = analytic[gi];
             if (an - fd).abs() > atol + rtol * scale {
                 return Err(format!(
-                    "{name}[{idx}]: analytic {an:.9e} vs finite difference {fd:.9e} (tensor max {scale:.3e})"
+                    "{name}[{gi}]: analytic {an:.9e} vs finite difference {fd:.9e} (tensor max {scale:.3e})"
                 ));
             }
         }
@@ -123,7 +176,13 @@ pub fn check_gradients(case: &Case, h: f64, rtol: f64, atol: f64) -> Result<(), 
 /// The FlashAttention-style acceptance test: a result `got` passes against the f64 `reference` when
 /// `max|got − ref| ≤ 2·max|baseline − ref| + atol`, where `baseline` is an honest computation in the
 /// same storage dtype. Returns a description of the failure.
-pub fn check_close(name: &str, got: &[f64], reference: &[f64], baseline: &[f64], atol: f64) -> Result<(), String> {
+pub fn check_close(
+    name: &str,
+    got: &[f64],
+    reference: &[f64],
+    baseline: &[f64],
+    atol: f64,
+) -> Result<(), String> {
     if got.len() != reference.len() || baseline.len() != reference.len() {
         return Err(format!(
             "{name}: lengths differ: got {}, reference {}, baseline {}",
