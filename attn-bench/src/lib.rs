@@ -1,1 +1,30 @@
-//! placeholder
+//! # attn-bench
+//!
+//! One benchmark harness for every attention family: the `attn-bench` command line (`run` measures
+//! a grid against baselines and writes JSON, a markdown table and PNG plots; `check` runs one call
+//! on tensors from a safetensors file), the criterion benches of the CPU reference, and the python
+//! baselines (`python/`) that write the same JSON on a GPU machine.
+//!
+//! Every family computes, per (batch, head), `o_i = Σ_j w_ij v_j / Σ_j w_ij` over the allowed keys
+//! (REFERENCE.md). Work is counted the FlashAttention way ([`flops`]): `4·B·H·N²·D` for a
+//! softmax-like forward (½ causal, ×3.5 for forward plus backward), and for Taylor attention its own
+//! factorised count `2·B·H·(Nq + Nk)·M·(Dv + 1)` with `M` features, linear in N; for the linear
+//! family the compulsory bytes and the share of a measured bandwidth are reported too.
+//!
+//! Code map: [`grid`] (what to measure), [`impls`] (how each implementation runs a point),
+//! [`timing`] and [`machine`] (samples, peak memory, device), [`run`] (the loop), [`schema`] (the
+//! JSON rows), [`report`] and [`plots`] (outputs), [`check`] (the safetensors tool).
+
+pub mod check;
+pub mod error;
+pub mod flops;
+pub mod grid;
+pub mod impls;
+pub mod machine;
+pub mod plots;
+pub mod report;
+pub mod run;
+pub mod schema;
+pub mod timing;
+
+pub use error::BenchError;

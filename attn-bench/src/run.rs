@@ -1,0 +1,209 @@
+//! `attn-bench run`: measure every (grid point, implementation) pair and collect rows.
+//!
+//! Per pair: set-up and one untimed call under [`PeakMemory`] (the peak column), the rest of the
+//! warm-up, then `runs` timed calls summarised by [`summarize`]. Anything that stops a pair — an
+//! implementation missing from the build, an `Unsupported` error, a failure or a panic inside the
+//! implementation, a call slower than the per-point budget allows — becomes a [`Skipped`] entry with
+//! its reason, and the run goes on with the next pair.
+
+use crate::error::BenchError;
+use crate::flops::{bandwidth_pct, bytes_moved, pass_flops, tflops, tokens_per_s};
+use crate::grid::{GridConfig, GridPoint};
+use crate::impls::{family_params, prepare, ImplId, Runner};
+use crate::machine::PeakMemory;
+use crate::schema::{BenchFile, Row, Skipped};
+use crate::timing::{summarize, time_runs, TimingConfig};
+use attn_core::AttnSpec;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+/// Everything a run needs besides the grid's own description of the machine.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub grid: GridConfig,
+    pub timing: TimingConfig,
+    pub impls: Vec<ImplId>,
+    pub seed: u64,
+    /// Skip a pair whose first call predicts more than this many seconds for warm-up plus runs.
+    pub max_point_seconds: Option<f64>,
+    /// Show a progress bar (on a terminal).
+    pub progress: bool,
+}
+
+/// What the environment contributes to every row.
+#[derive(Clone, Debug)]
+pub struct RunContext {
+    pub device: String,
+    pub commit: String,
+    pub date: String,
+    /// Ceiling for `bandwidth_pct`, GB/s.
+    pub bandwidth_gbs: Option<f64>,
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".into()
+    }
+}
+
+/// Run `f`, turning a panic inside an implementation into an error with its message.
+fn guarded<T>(f: impl FnOnce() -> Result<T, BenchError>) -> Result<T, String> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(payload) => Err(format!("panicked: {}", panic_message(payload))),
+    }
+}
+
+struct Measured {
+    samples: Vec<f64>,
+    peak_mib: Option<f64>,
+}
+
+fn measure(cfg: &RunConfig, id: ImplId, point: &GridPoint, spec: &AttnSpec) -> Result<Measured, String> {
+    let mem = PeakMemory::start();
+    let mut runner: Box<dyn Runner> = guarded(|| prepare(id, point, spec, cfg.seed))?;
+    let t = Instant::now();
+    guarded(|| runner.call())?;
+    let first_s = t.elapsed().as_secs_f64();
+    let peak_mib = mem.as_ref().and_then(PeakMemory::peak_mib);
+    let remaining = cfg.timing.warmup.saturating_sub(1) + cfg.timing.runs;
+    if let Some(budget) = cfg.max_point_seconds {
+        let estimate = first_s * remaining as f64;
+        if estimate > budget {
+            return Err(format!(
+                "one call took {:.3} s: {remaining} more would take ~{estimate:.0} s, over the {budget} s per-point budget",
+                first_s
+            ));
+        }
+    }
+    let timing = TimingConfig {
+        warmup: cfg.timing.warmup.saturating_sub(1),
+        runs: cfg.timing.runs,
+    };
+    let samples = guarded(|| time_runs(timing, || runner.call()))?;
+    Ok(Measured { samples, peak_mib })
+}
+
+fn skipped(id: ImplId, p: &GridPoint, reason: String) -> Skipped {
+    Skipped {
+        implementation: id.label().into(),
+        family: p.family.label().into(),
+        dtype: p.dtype.name().into(),
+        pass: p.pass.label().into(),
+        batch: p.batch,
+        heads_q: p.heads_q,
+        heads_kv: p.heads_kv,
+        seq_q: p.seq,
+        seq_k: p.seq,
+        head_dim: p.head_dim,
+        causal: p.causal,
+        reason,
+    }
+}
+
+/// Build the row of a measured pair; `None` when the samples cannot be summarised.
+pub fn make_row(
+    ctx: &RunContext,
+    id: ImplId,
+    p: &GridPoint,
+    spec: &AttnSpec,
+    samples: &[f64],
+    peak_mib: Option<f64>,
+) -> Option<Row> {
+    let stats = summarize(samples)?;
+    let shape = p.shape();
+    let flops = pass_flops(p.family, p.pass, &shape);
+    let bytes = p
+        .family
+        .is_linear()
+        .then(|| bytes_moved(p.pass, &shape, p.dtype.size()));
+    Some(Row {
+        implementation: id.label().into(),
+        family: p.family.label().into(),
+        params: family_params(spec),
+        dtype: p.dtype.name().into(),
+        pass: p.pass.label().into(),
+        batch: p.batch,
+        heads_q: p.heads_q,
+        heads_kv: p.heads_kv,
+        seq_q: p.seq,
+        seq_k: p.seq,
+        head_dim: p.head_dim,
+        causal: p.causal,
+        ms_median: stats.median,
+        ms_min: stats.min,
+        tflops: tflops(flops, stats.median),
+        tokens_per_s: tokens_per_s(&shape, stats.median),
+        peak_mib,
+        gpu: ctx.device.clone(),
+        commit: ctx.commit.clone(),
+        date: ctx.date.clone(),
+        ms_spread: Some(stats.spread),
+        runs: Some(stats.runs),
+        bytes_moved: bytes,
+        bandwidth_pct: bytes
+            .zip(ctx.bandwidth_gbs)
+            .map(|(b, bw)| bandwidth_pct(b, stats.median, bw * 1e9)),
+        peak_source: peak_mib.map(|_| "rss_hwm_delta".into()),
+    })
+}
+
+/// Measure the grid. Reasons for skips and bad points are printed once each (above the progress
+/// bar) and recorded in the returned file.
+pub fn run(cfg: &RunConfig, ctx: &RunContext) -> BenchFile {
+    let mut file = BenchFile::new(ctx.device.clone(), ctx.commit.clone(), ctx.date.clone());
+    file.bandwidth_gbs = ctx.bandwidth_gbs;
+    let (points, bad) = cfg.grid.points();
+    for b in bad {
+        eprintln!("skipping grid point {}: {}", b.what, b.reason);
+        file.bad_points.push(format!("{}: {}", b.what, b.reason));
+    }
+    let total = (points.len() * cfg.impls.len()) as u64;
+    let bar = if cfg.progress {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden())
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} eta {eta} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut reported = HashSet::new();
+    for p in &points {
+        let spec = match p.spec() {
+            Ok(s) => s,
+            Err(e) => {
+                // points() keeps only points whose spec validates; keep going all the same.
+                file.bad_points.push(format!("{p}: {e}"));
+                continue;
+            }
+        };
+        for &id in &cfg.impls {
+            bar.set_message(format!("{id} {p}"));
+            match measure(cfg, id, p, &spec) {
+                Ok(m) => match make_row(ctx, id, p, &spec, &m.samples, m.peak_mib) {
+                    Some(row) => file.rows.push(row),
+                    None => file
+                        .skipped
+                        .push(skipped(id, p, "no finite timing samples".into())),
+                },
+                Err(reason) => {
+                    if reported.insert((id, reason.clone())) {
+                        bar.println(format!("{id}: skipped ({p}): {reason}"));
+                    }
+                    file.skipped.push(skipped(id, p, reason));
+                }
+            }
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    file
+}
