@@ -19,14 +19,43 @@ pub(crate) struct Tile {
     pub da: usize,
 }
 
-/// `FwdTile<D>`: `None` for head dims without a kernel.
+/// `FwdTile<D>`: `None` for head dims without a kernel. Two 16-row mma tiles per warp (BM = 128)
+/// up to D = 128; one at D = 256, where the O accumulator alone takes 128 registers.
 ///
 /// ```text
-/// fwd_tile(128) = Tile { bm: 64, bn: 64, da: 128 }   fwd_tile(256) = Tile { bm: 64, bn: 32, .. }
+/// fwd_tile(128) = Tile { bm: 128, bn: 32, da: 128 }   fwd_tile(256) = Tile { bm: 64, bn: 32, .. }
 /// ```
 pub(crate) fn fwd_tile(d: usize) -> Option<Tile> {
     match d {
-        16 | 32 | 64 | 96 | 128 => Some(Tile {
+        16 | 32 | 64 | 96 => Some(Tile {
+            bm: 128,
+            bn: 64,
+            da: d,
+        }),
+        128 => Some(Tile {
+            bm: 128,
+            bn: 32,
+            da: d,
+        }),
+        256 => Some(Tile {
+            bm: 64,
+            bn: 32,
+            da: d,
+        }),
+        _ => None,
+    }
+}
+
+/// `DqTile<D>`: two 16-row tiles per warp (BM = 128 resident queries) up to D = 64, one above
+/// (the dQ accumulator and the S, dP tiles share the registers); BN streamed keys.
+pub(crate) fn dq_tile(d: usize) -> Option<Tile> {
+    match d {
+        16 | 32 | 64 => Some(Tile {
+            bm: 128,
+            bn: 32,
+            da: d,
+        }),
+        96 | 128 => Some(Tile {
             bm: 64,
             bn: 64,
             da: d,
@@ -40,18 +69,19 @@ pub(crate) fn fwd_tile(d: usize) -> Option<Tile> {
     }
 }
 
-/// `DqTile<D>`: the same shapes as the forward.
-pub(crate) fn dq_tile(d: usize) -> Option<Tile> {
-    fwd_tile(d)
-}
-
-/// `DkvTile<D>`: 64 resident keys; 32 streamed queries from D = 96 up (registers hold dK and dV);
-/// at D = 256 each block accumulates 128 of the columns (two column blocks per key tile).
+/// `DkvTile<D>`: 128 resident keys (two 16-key tiles per warp) up to D = 64, 64 above; 32 streamed
+/// queries (64 at D = 16); at D = 256 each block accumulates 128 of the columns (two column blocks
+/// per key tile), as dK and dV must both fit in registers.
 pub(crate) fn dkdv_tile(d: usize) -> Option<Tile> {
     match d {
-        16 | 32 | 64 => Some(Tile {
+        16 => Some(Tile {
             bm: 64,
-            bn: 64,
+            bn: 128,
+            da: d,
+        }),
+        32 | 64 => Some(Tile {
+            bm: 32,
+            bn: 128,
             da: d,
         }),
         96 | 128 => Some(Tile {
@@ -76,7 +106,7 @@ fn row_bytes(d: usize, elem: usize) -> usize {
 /// and 1/‖q‖ for the query tile.
 ///
 /// ```text
-/// D = 128, bf16: (64 + 4·64)·136·2 + (2·64 + 64)·4 = 87 808 bytes
+/// D = 128, bf16: (128 + 4·32)·136·2 + (2·32 + 128)·4 = 70 400 bytes
 /// ```
 pub(crate) fn fwd_smem(d: usize, elem: usize) -> Option<usize> {
     let t = fwd_tile(d)?;
@@ -118,7 +148,7 @@ mod tests {
 
     #[test]
     fn worked_examples() {
-        assert_eq!(fwd_smem(128, 2), Some(87_808));
+        assert_eq!(fwd_smem(128, 2), Some(70_400));
         assert_eq!(
             dkdv_tile(256),
             Some(Tile {
@@ -128,6 +158,58 @@ mod tests {
             })
         );
         assert_eq!(blocks(65, 64), 2);
+    }
+
+    /// `(D, [(field, value)])` for every `template <> struct {name}<D> { ... }` line of tiles.h.
+    fn kernel_tiles(name: &str) -> Vec<(usize, Vec<(String, usize)>)> {
+        let header = include_str!("../kernels/include/tiles.h");
+        let prefix = format!("template <> struct {name}<");
+        header
+            .lines()
+            .filter_map(|line| line.strip_prefix(&prefix))
+            .map(|rest| {
+                let (d, body) = rest.split_once('>').expect("D>");
+                let body = body.split_once("int ").expect("constexpr int").1;
+                let body = body.split(';').next().expect("fields");
+                let fields = body
+                    .split(',')
+                    .map(|kv| {
+                        let (k, v) = kv.split_once('=').expect("k = v");
+                        (k.trim().to_string(), v.trim().parse().expect("number"))
+                    })
+                    .collect();
+                (d.parse().expect("head dim"), fields)
+            })
+            .collect()
+    }
+
+    fn field(fields: &[(String, usize)], k: &str, default: usize) -> usize {
+        fields
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| *v)
+            .unwrap_or(default)
+    }
+
+    #[test]
+    fn host_tiles_mirror_the_kernel_specialisations() {
+        for (name, host) in [
+            ("FwdTile", fwd_tile as fn(usize) -> Option<Tile>),
+            ("DqTile", dq_tile),
+            ("DkvTile", dkdv_tile),
+        ] {
+            let tiles = kernel_tiles(name);
+            assert_eq!(tiles.len(), 6, "{name}: one specialisation per head dim");
+            for (d, fields) in tiles {
+                let t = host(d).unwrap_or_else(|| panic!("{name}<{d}> has no host tile"));
+                let expect = Tile {
+                    bm: field(&fields, "BM", 0),
+                    bn: field(&fields, "BN", 0),
+                    da: field(&fields, "DA", d),
+                };
+                assert_eq!(t, expect, "{name}<{d}>");
+            }
+        }
     }
 
     #[test]
@@ -144,11 +226,13 @@ mod tests {
     fn each_warp_owns_one_m16_tile_and_tiles_are_whole_k16_steps() {
         for d in [16, 32, 64, 96, 128, 256] {
             for t in [fwd_tile(d), dq_tile(d)].into_iter().flatten() {
-                assert_eq!(t.bm, 16 * THREADS as usize / 32);
+                let warps = THREADS as usize / 32;
+                assert!(t.bm == 16 * warps || t.bm == 32 * warps, "{t:?}");
                 assert_eq!(t.bn % 16, 0);
             }
             let t = dkdv_tile(d).expect("supported");
-            assert_eq!(t.bn, 16 * THREADS as usize / 32);
+            let warps = THREADS as usize / 32;
+            assert!(t.bn == 16 * warps || t.bn == 32 * warps, "{t:?}");
             assert_eq!((t.bm % 16, d % t.da, t.da % 16), (0, 0, 0));
         }
     }

@@ -144,7 +144,14 @@ impl AttnParams {
                 p.scale = scale;
                 p.eps = eps;
                 p.l2norm = i32::from(l2norm_qk);
-                let bounded = l2norm_qk && spec.bias().is_none() && scale <= FIXED_MAX_SCALE_LIMIT;
+                // f16 has 5 exponent bits: with the fixed offset, a row whose best score sits well
+                // below `scale` has every P under f16's normal range (6e-5) before P·V, and loses
+                // its digits; the running max keeps each row's largest P at 1. bf16 shares f32's
+                // exponent range and keeps the fixed offset.
+                let bounded = l2norm_qk
+                    && spec.bias().is_none()
+                    && scale <= FIXED_MAX_SCALE_LIMIT
+                    && spec.dtype() != attn_core::DType::F16;
                 if bounded {
                     p.running_max = 0;
                     p.max_offset = scale;
@@ -183,6 +190,11 @@ mod tests {
         };
         let fixed = p(Family::cosine_sim(), false);
         assert_eq!((fixed.running_max, fixed.max_offset), (0, 10.0));
+        let f16 = AttnProblem::new(Family::cosine_sim(), DType::F16, 1, 1, 1, 4, 4, 16);
+        assert_eq!(
+            AttnParams::from_spec(&f16.validate().expect("valid")).running_max,
+            1
+        );
         assert_eq!(p(Family::cosine_sim(), true).running_max, 1);
         let unnormalised = Family::CosineSim(attn_core::CosineParams {
             l2norm_qk: false,

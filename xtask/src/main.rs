@@ -5,7 +5,9 @@
 //! - `test-gpu`: build and run the GPU tests of attn-cuda (`--ignored`) where a GPU is present;
 //!   say clearly that it skipped, and why, where none is.
 //! - `gpu-bundle`: build the GPU test binaries (release, `ATTN_REQUIRE_NVCC=1`), strip them and pack
-//!   them with a run script into `target/gpu-bundle/`, for a GPU machine without a Rust toolchain.
+//!   them with a run script into `target/gpu-bundle/`, and that folder into
+//!   `target/gpu-bundle.tar.xz` (the embedded fatbins compress ~8×), for a GPU machine without a
+//!   Rust toolchain: `tar -xJf gpu-bundle.tar.xz && gpu-bundle/run.sh`.
 //!
 //! Plain Rust on std: one `match` on the subcommand, cargo called through `$CARGO`.
 
@@ -23,8 +25,9 @@ const NVCC_WHEELS: [&str; 5] = [
     "nvidia-cuda-cccl==13.0.85",
 ];
 
-/// The test binaries of attn-cuda that need a GPU (each a `tests/*.rs` file).
-const GPU_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_runtime"];
+/// The test binaries of attn-cuda that need a GPU (each a `tests/*.rs` file). `gpu_bench` is the
+/// kernel stopwatch (`--bench`); without that flag it does nothing.
+const GPU_TEST_BINARIES: [&str; 3] = ["gpu_softmax_like", "gpu_runtime", "gpu_bench"];
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -255,16 +258,29 @@ fn gpu_bundle() -> Result<()> {
     let script = bundle.join("run.sh");
     fs::write(&script, RUN_SCRIPT).map_err(|e| format!("cannot write {}: {e}", script.display()))?;
     run(Command::new("chmod").arg("+x").arg(&script))?;
-    let mut total = 0u64;
-    for entry in fs::read_dir(&bin_dir).map_err(|e| e.to_string())?.flatten() {
-        total += entry.metadata().map(|m| m.len()).unwrap_or(0);
-    }
+    let archive = target.join("gpu-bundle.tar.xz");
+    let packed = Command::new("tar")
+        .arg("-C")
+        .arg(&target)
+        .args(["-cf", "-", "gpu-bundle"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run tar: {e}"))?;
+    let out_file =
+        fs::File::create(&archive).map_err(|e| format!("cannot create {}: {e}", archive.display()))?;
+    let tar_out = packed.stdout.ok_or("tar gave no output pipe")?;
+    run(Command::new("xz")
+        .args(["-T2", "-3"])
+        .stdin(tar_out)
+        .stdout(out_file))?;
+    let size = fs::metadata(&archive).map(|m| m.len()).unwrap_or(0);
     println!(
-        "xtask gpu-bundle: {} ({} binaries, {:.1} MiB); run it there with {}/run.sh",
+        "xtask gpu-bundle: {} ({} binaries) packed as {} ({:.1} MiB); on the GPU machine: \
+         tar -xJf gpu-bundle.tar.xz && gpu-bundle/run.sh",
         bundle.display(),
         bins.len(),
-        total as f64 / (1024.0 * 1024.0),
-        bundle.display()
+        archive.display(),
+        size as f64 / (1024.0 * 1024.0)
     );
     Ok(())
 }

@@ -38,10 +38,10 @@ __device__ __forceinline__ float lse_log2(const AttnParams& p, const SeqInfo& si
 
 template <typename T, int D, class Score>
 __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
-    constexpr int BM = DqTile<D>::BM, BN = DqTile<D>::BN;
+    constexpr int MT = DqTile<D>::MT, BM = DqTile<D>::BM, BN = DqTile<D>::BN;
     constexpr int ld = SmemRow<D>::ld;
     constexpr int NT = BN / 8, DT = D / 8;
-    static_assert(BM == 16 * kWarps, "one 16-row mma tile per warp");
+    static_assert(BM == 16 * MT * kWarps, "MT 16-row mma tiles per warp");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw);  // [BM][ld]
@@ -82,20 +82,25 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     cp_async_commit();
 
     const int g = lane / 4, t4 = lane % 4;
-    int row[2], lo[2], hi[2];
-    float lse2[2], delta[2], rq[2];
+    const int wrow = warp * 16 * MT;
+    int row[MT][2], lo[MT][2], hi[MT][2];
+    float lse2[MT][2], delta[MT][2], rq[MT][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        row[r] = i0 + warp * 16 + g + 8 * r;
-        const bool valid = row[r] < si.len_q;
-        lo[r] = valid ? si.key_lo(p, row[r]) : 0;
-        hi[r] = valid ? si.key_hi(p, row[r]) : 0;
-        lse2[r] = lse_log2(p, si, h, row[r]);
-        delta[r] = valid ? p.delta[si.stats_index(p, h, row[r])] : 0.f;
-        rq[r] = norms && valid ? p.rq[si.dq_off(p, row[r], h) / D] : 1.f;
-    }
-    float acc_dq[DT][4];
-    zero(acc_dq);
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = i0 + wrow + mt * 16 + g + 8 * r;
+            const bool valid = i < si.len_q;
+            row[mt][r] = i;
+            lo[mt][r] = valid ? si.key_lo(p, i) : 0;
+            hi[mt][r] = valid ? si.key_hi(p, i) : 0;
+            lse2[mt][r] = lse_log2(p, si, h, i);
+            delta[mt][r] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
+            rq[mt][r] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
+        }
+    float acc_dq[MT][DT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) zero(acc_dq[mt]);
 
     for (int it = 0; it < n_count; ++it) {
         const int n = n_first + it, buf = it & 1;
@@ -106,24 +111,33 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
         cp_async_wait<1>();
         __syncthreads();
 
-        // S = Q Kᵀ and dP = dO Vᵀ   [16, BN] per warp
-        float s[NT][4], dp[NT][4];
-        zero(s);
-        zero(dp);
+        // S = Q Kᵀ and dP = dO Vᵀ   [16·MT, BN] per warp
+        float s[MT][NT][4], dp[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            zero(s[mt]);
+            zero(dp[mt]);
+        }
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t aq[4], ado[4];
-            load_a(aq, sQ, ld, warp * 16, kk * 16, lane);
-            load_a(ado, sdO, ld, warp * 16, kk * 16, lane);
+            uint32_t aq[MT][4], ado[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                load_a(aq[mt], sQ, ld, wrow + mt * 16, kk * 16, lane);
+                load_a(ado[mt], sdO, ld, wrow + mt * 16, kk * 16, lane);
+            }
 #pragma unroll
             for (int nn = 0; nn < BN / 16; ++nn) {
                 uint32_t bk[4], bv[4];
                 load_b_nk(bk, sKb, ld, nn * 16, kk * 16, lane);
                 load_b_nk(bv, sVb, ld, nn * 16, kk * 16, lane);
-                mma16816<T>(s[2 * nn], aq, bk[0], bk[1]);
-                mma16816<T>(s[2 * nn + 1], aq, bk[2], bk[3]);
-                mma16816<T>(dp[2 * nn], ado, bv[0], bv[1]);
-                mma16816<T>(dp[2 * nn + 1], ado, bv[2], bv[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816<T>(s[mt][2 * nn], aq[mt], bk[0], bk[1]);
+                    mma16816<T>(s[mt][2 * nn + 1], aq[mt], bk[2], bk[3]);
+                    mma16816<T>(dp[mt][2 * nn], ado[mt], bv[0], bv[1]);
+                    mma16816<T>(dp[mt][2 * nn + 1], ado[mt], bv[2], bv[3]);
+                }
             }
         }
 
@@ -131,35 +145,41 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e / 2;
-                const int cl = nt * 8 + 2 * t4 + (e & 1);
-                const int col = j0 + cl;
-                const bool allowed = full || (col >= lo[r] && col < hi[r]);
-                const float rk = norms ? sRk[buf * BN + cl] : 1.f;
-                float dtanh;
-                float x = score<Score>(p, s[nt][e], rq[r], rk, dtanh);
-                if (allowed && p.bias != nullptr)
-                    x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[r], col)]);
-                const float pr = allowed ? exp2f(x * kLog2e - lse2[r]) : 0.f;
-                const float ds = pr * (dp[nt][e] - delta[r]);
-                if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[r], col)] = ds;
-                s[nt][e] = ds * dtanh * rk;
-            }
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const int cl = nt * 8 + 2 * t4 + (e & 1);
+                    const int col = j0 + cl;
+                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                    const float rk = norms ? sRk[buf * BN + cl] : 1.f;
+                    float dtanh;
+                    float x = score<Score>(p, s[mt][nt][e], rq[mt][r], rk, dtanh);
+                    if (allowed && p.bias != nullptr)
+                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
+                    const float pr = allowed ? exp2f(x * kLog2e - lse2[mt][r]) : 0.f;
+                    const float ds = pr * (dp[mt][nt][e] - delta[mt][r]);
+                    if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
+                    s[mt][nt][e] = ds * dtanh * rk;
+                }
 
-        // dQ += dS' K   [16, D] per warp
+        // dQ += dS' K   [16·MT, D] per warp
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t a[4];
-            pack_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) pack_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
             for (int dd = 0; dd < D / 16; ++dd) {
                 uint32_t bf[4];
                 load_b_kn(bf, sKb, ld, kk * 16, dd * 16, lane);
-                mma16816<T>(acc_dq[2 * dd], a, bf[0], bf[1]);
-                mma16816<T>(acc_dq[2 * dd + 1], a, bf[2], bf[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816<T>(acc_dq[mt][2 * dd], a[mt], bf[0], bf[1]);
+                    mma16816<T>(acc_dq[mt][2 * dd + 1], a[mt], bf[2], bf[3]);
+                }
             }
         }
         __syncthreads();
@@ -168,32 +188,34 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
 
     // dq = scale · acc (cosine: dq̂ in f32, projected through the l2-norm by a row kernel)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if (row[r] >= si.len_q) continue;
-        const long long off = si.dq_off(p, row[r], h);
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            const float x0 = acc_dq[dt][2 * r] * p.scale, x1 = acc_dq[dt][2 * r + 1] * p.scale;
-            const int col = dt * 8 + 2 * t4;
-            if (norms) {
-                *reinterpret_cast<float2*>(p.dq_acc + off + col) = make_float2(x0, x1);
-            } else {
-                using V2 = typename Vec2<T>::type;
-                const uint32_t packed = pack2<T>(x0, x1);
-                *reinterpret_cast<V2*>(static_cast<T*>(p.dq) + off + col) = *reinterpret_cast<const V2*>(&packed);
+        for (int r = 0; r < 2; ++r) {
+            if (row[mt][r] >= si.len_q) continue;
+            const long long off = si.dq_off(p, row[mt][r], h);
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                const float x0 = acc_dq[mt][dt][2 * r] * p.scale, x1 = acc_dq[mt][dt][2 * r + 1] * p.scale;
+                const int col = dt * 8 + 2 * t4;
+                if (norms) {
+                    *reinterpret_cast<float2*>(p.dq_acc + off + col) = make_float2(x0, x1);
+                } else {
+                    using V2 = typename Vec2<T>::type;
+                    const uint32_t packed = pack2<T>(x0, x1);
+                    *reinterpret_cast<V2*>(static_cast<T*>(p.dq) + off + col) = *reinterpret_cast<const V2*>(&packed);
+                }
             }
         }
-    }
 }
 
 template <typename T, int D, class Score>
 __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
-    constexpr int BN = DkvTile<D>::BN, BM = DkvTile<D>::BM, DA = DkvTile<D>::DA;
+    constexpr int MT = DkvTile<D>::MT, BN = DkvTile<D>::BN, BM = DkvTile<D>::BM, DA = DkvTile<D>::DA;
     constexpr int ld = SmemRow<D>::ld;
-    constexpr int MT = BM / 8;   // n8 tiles of Sᵀ per warp (queries)
+    constexpr int QT = BM / 8;   // n8 tiles of Sᵀ per 16-key tile (queries)
     constexpr int AT = DA / 8;   // n8 tiles of the dK, dV accumulators
     constexpr int kSplits = D / DA;
-    static_assert(BN == 16 * kWarps, "one 16-key mma tile per warp");
+    static_assert(BN == 16 * MT * kWarps, "MT 16-key mma tiles per warp");
     static_assert(D % DA == 0 && DA % 16 == 0 && BM % 16 == 0, "whole k16 steps");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -242,16 +264,22 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     cp_async_commit();
 
     const int g = lane / 4, t4 = lane % 4;
-    int key[2];
-    float rk[2];
+    const int wrow = warp * 16 * MT;
+    int key[MT][2];
+    float rk[MT][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        key[r] = j0 + warp * 16 + g + 8 * r;
-        rk[r] = norms && key[r] < si.len_k ? p.rk[si.dk_off(p, key[r], hk) / D] : 1.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            key[mt][r] = j0 + wrow + mt * 16 + g + 8 * r;
+            rk[mt][r] = norms && key[mt][r] < si.len_k ? p.rk[si.dk_off(p, key[mt][r], hk) / D] : 1.f;
+        }
+    float acc_dk[MT][AT][4], acc_dv[MT][AT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        zero(acc_dk[mt]);
+        zero(acc_dv[mt]);
     }
-    float acc_dk[AT][4], acc_dv[AT][4];
-    zero(acc_dk);
-    zero(acc_dv);
 
     for (int it = 0; it < iters; ++it) {
         const int buf = it & 1;
@@ -264,24 +292,33 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
         cp_async_wait<1>();
         __syncthreads();
 
-        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ   [16 keys, BM queries] per warp
-        float st[MT][4], dpt[MT][4];
-        zero(st);
-        zero(dpt);
+        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ   [16·MT keys, BM queries] per warp
+        float st[MT][QT][4], dpt[MT][QT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            zero(st[mt]);
+            zero(dpt[mt]);
+        }
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t ak[4], av[4];
-            load_a(ak, sK, ld, warp * 16, kk * 16, lane);
-            load_a(av, sV, ld, warp * 16, kk * 16, lane);
+            uint32_t ak[MT][4], av[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                load_a(ak[mt], sK, ld, wrow + mt * 16, kk * 16, lane);
+                load_a(av[mt], sV, ld, wrow + mt * 16, kk * 16, lane);
+            }
 #pragma unroll
             for (int mm = 0; mm < BM / 16; ++mm) {
                 uint32_t bq[4], bo[4];
                 load_b_nk(bq, sQb, ld, mm * 16, kk * 16, lane);
                 load_b_nk(bo, sdOb, ld, mm * 16, kk * 16, lane);
-                mma16816<T>(st[2 * mm], ak, bq[0], bq[1]);
-                mma16816<T>(st[2 * mm + 1], ak, bq[2], bq[3]);
-                mma16816<T>(dpt[2 * mm], av, bo[0], bo[1]);
-                mma16816<T>(dpt[2 * mm + 1], av, bo[2], bo[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816<T>(st[mt][2 * mm], ak[mt], bq[0], bq[1]);
+                    mma16816<T>(st[mt][2 * mm + 1], ak[mt], bq[2], bq[3]);
+                    mma16816<T>(dpt[mt][2 * mm], av[mt], bo[0], bo[1]);
+                    mma16816<T>(dpt[mt][2 * mm + 1], av[mt], bo[2], bo[3]);
+                }
             }
         }
 
@@ -290,39 +327,47 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e / 2;
-                const int cl = mt * 8 + 2 * t4 + (e & 1);
-                const int i = i0 + cl;
-                const int j = key[r];
-                const bool allowed =
-                    full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
-                const float rqi = sRq[buf * BM + cl];
-                float dtanh;
-                float x = score<Score>(p, st[mt][e], rqi, rk[r], dtanh);
-                if (allowed && p.bias != nullptr)
-                    x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
-                const float pr = allowed ? exp2f(x * kLog2e - sLse[buf * BM + cl]) : 0.f;
-                const float ds = pr * (dpt[mt][e] - sDelta[buf * BM + cl]);
-                st[mt][e] = pr;
-                dpt[mt][e] = ds * dtanh * rqi;
-            }
+            for (int qt = 0; qt < QT; ++qt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const int cl = qt * 8 + 2 * t4 + (e & 1);
+                    const int i = i0 + cl;
+                    const int j = key[mt][r];
+                    const bool allowed =
+                        full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
+                    const float rqi = sRq[buf * BM + cl];
+                    float dtanh;
+                    float x = score<Score>(p, st[mt][qt][e], rqi, rk[mt][r], dtanh);
+                    if (allowed && p.bias != nullptr)
+                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
+                    const float pr = allowed ? exp2f(x * kLog2e - sLse[buf * BM + cl]) : 0.f;
+                    const float ds = pr * (dpt[mt][qt][e] - sDelta[buf * BM + cl]);
+                    st[mt][qt][e] = pr;
+                    dpt[mt][qt][e] = ds * dtanh * rqi;
+                }
 
-        // dV += Pᵀ dO and dK += dS'ᵀ Q   [16 keys, DA] per warp
+        // dV += Pᵀ dO and dK += dS'ᵀ Q   [16·MT keys, DA] per warp
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
-            uint32_t ap[4], ads[4];
-            pack_a<T>(ap, st[2 * kk], st[2 * kk + 1]);
-            pack_a<T>(ads, dpt[2 * kk], dpt[2 * kk + 1]);
+            uint32_t ap[MT][4], ads[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pack_a<T>(ap[mt], st[mt][2 * kk], st[mt][2 * kk + 1]);
+                pack_a<T>(ads[mt], dpt[mt][2 * kk], dpt[mt][2 * kk + 1]);
+            }
 #pragma unroll
             for (int dd = 0; dd < DA / 16; ++dd) {
                 uint32_t bo[4], bq[4];
                 load_b_kn(bo, sdOb, ld, kk * 16, d0 + dd * 16, lane);
                 load_b_kn(bq, sQb, ld, kk * 16, d0 + dd * 16, lane);
-                mma16816<T>(acc_dv[2 * dd], ap, bo[0], bo[1]);
-                mma16816<T>(acc_dv[2 * dd + 1], ap, bo[2], bo[3]);
-                mma16816<T>(acc_dk[2 * dd], ads, bq[0], bq[1]);
-                mma16816<T>(acc_dk[2 * dd + 1], ads, bq[2], bq[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816<T>(acc_dv[mt][2 * dd], ap[mt], bo[0], bo[1]);
+                    mma16816<T>(acc_dv[mt][2 * dd + 1], ap[mt], bo[2], bo[3]);
+                    mma16816<T>(acc_dk[mt][2 * dd], ads[mt], bq[0], bq[1]);
+                    mma16816<T>(acc_dk[mt][2 * dd + 1], ads[mt], bq[2], bq[3]);
+                }
             }
         }
         __syncthreads();
@@ -332,24 +377,26 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     // dv = acc_dv, dk = scale · acc_dk (cosine: dk̂ in f32, projected by a row kernel)
     using V2 = typename Vec2<T>::type;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if (key[r] >= si.key_rows(p)) continue;
-        const long long offk = si.dk_off(p, key[r], hk) + d0;
-        const long long offv = si.dv_off(p, key[r], hk) + d0;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int at = 0; at < AT; ++at) {
-            const int col = at * 8 + 2 * t4;
-            const uint32_t pv = pack2<T>(acc_dv[at][2 * r], acc_dv[at][2 * r + 1]);
-            *reinterpret_cast<V2*>(static_cast<T*>(p.dv) + offv + col) = *reinterpret_cast<const V2*>(&pv);
-            const float x0 = acc_dk[at][2 * r] * p.scale, x1 = acc_dk[at][2 * r + 1] * p.scale;
-            if (norms) {
-                *reinterpret_cast<float2*>(p.dk_acc + offk + col) = make_float2(x0, x1);
-            } else {
-                const uint32_t pk = pack2<T>(x0, x1);
-                *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
+        for (int r = 0; r < 2; ++r) {
+            if (key[mt][r] >= si.key_rows(p)) continue;
+            const long long offk = si.dk_off(p, key[mt][r], hk) + d0;
+            const long long offv = si.dv_off(p, key[mt][r], hk) + d0;
+#pragma unroll
+            for (int at = 0; at < AT; ++at) {
+                const int col = at * 8 + 2 * t4;
+                const uint32_t pv = pack2<T>(acc_dv[mt][at][2 * r], acc_dv[mt][at][2 * r + 1]);
+                *reinterpret_cast<V2*>(static_cast<T*>(p.dv) + offv + col) = *reinterpret_cast<const V2*>(&pv);
+                const float x0 = acc_dk[mt][at][2 * r] * p.scale, x1 = acc_dk[mt][at][2 * r + 1] * p.scale;
+                if (norms) {
+                    *reinterpret_cast<float2*>(p.dk_acc + offk + col) = make_float2(x0, x1);
+                } else {
+                    const uint32_t pk = pack2<T>(x0, x1);
+                    *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
+                }
             }
         }
-    }
 }
 
 }  // namespace attn

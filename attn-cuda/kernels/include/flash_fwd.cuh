@@ -1,8 +1,9 @@
 // Forward pass of the flash skeleton (FlashAttention-2), tensor cores, f16/bf16 in, f32 accumulate.
 //
-// One block = one (batch b, query head h, query tile of BM rows). The Q tile stays in shared memory;
+// One block = one (batch b, query head h, query tile of BM = 64·MT rows: MT 16-row mma tiles per
+// warp, so each K/V fragment read from shared memory feeds MT MMAs). The Q tile stays in shared memory;
 // K and V blocks of BN keys stream through two shared buffers with cp.async (the next block loads
-// while this one computes). Per key block, per warp (16 query rows):
+// while this one computes). Per key block, per warp (16·MT query rows):
 //   S = Q Kᵀ            [16, BN]   mma.sync m16n8k16, A and B by ldmatrix
 //   s = score(S) + bias, masked → −∞     (Score: softmax or cosine-sim)
 //   online softmax: m, l, P = 2^(s − m)  (registers)
@@ -19,11 +20,11 @@ namespace attn {
 
 template <typename T, int D, class Score>
 __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
-    constexpr int BM = FwdTile<D>::BM, BN = FwdTile<D>::BN;
+    constexpr int MT = FwdTile<D>::MT, BM = FwdTile<D>::BM, BN = FwdTile<D>::BN;
     constexpr int ld = SmemRow<D>::ld;
-    constexpr int NT = BN / 8;  // n8 tiles of S per warp
-    constexpr int DT = D / 8;   // n8 tiles of O per warp
-    static_assert(BM == 16 * kWarps, "one 16-row mma tile per warp");
+    constexpr int NT = BN / 8;  // n8 tiles of S per 16-row tile
+    constexpr int DT = D / 8;   // n8 tiles of O per 16-row tile
+    static_assert(BM == 16 * MT * kWarps, "MT 16-row mma tiles per warp");
     static_assert(BN % 16 == 0 && D % 16 == 0, "tiles are whole k16 steps");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -58,24 +59,36 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     }
     cp_async_commit();
 
-    // This thread's two rows and their key ranges.
+    // This thread's rows (2 per 16-row tile) and their key ranges.
     const int g = lane / 4, t4 = lane % 4;
-    int row[2], lo[2], hi[2];
+    const int wrow = warp * 16 * MT;  // first row of this warp within the tile
+    int row[MT][2], lo[MT][2], hi[MT][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        row[r] = i0 + warp * 16 + g + 8 * r;
-        const bool valid = row[r] < si.len_q;
-        lo[r] = valid ? si.key_lo(p, row[r]) : 0;
-        hi[r] = valid ? si.key_hi(p, row[r]) : 0;
-    }
-    float acc_o[DT][4];
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
+        for (int r = 0; r < 2; ++r) {
+            row[mt][r] = i0 + wrow + mt * 16 + g + 8 * r;
+            const bool valid = row[mt][r] < si.len_q;
+            lo[mt][r] = valid ? si.key_lo(p, row[mt][r]) : 0;
+            hi[mt][r] = valid ? si.key_hi(p, row[mt][r]) : 0;
+        }
+    float acc_o[MT][DT][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
     const float m_init = p.running_max ? -CUDART_INF_F : p.max_offset * kLog2e;
-    float m[2] = {m_init, m_init}, l[2] = {0.f, 0.f};
-    float rq[2] = {1.f, 1.f};
+    float m[MT][2], l[MT][2], rq[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            m[mt][r] = m_init;
+            l[mt][r] = 0.f;
+            rq[mt][r] = 1.f;
+        }
 
     for (int it = 0; it < n_count; ++it) {
         const int n = n_first + it, buf = it & 1;
@@ -93,27 +106,35 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
             if (it == 0) tile_inv_norms<T, BM, D, kThreads>(sRq, sQ, p.eps, tid);
             __syncthreads();
             if (it == 0) {
-                rq[0] = sRq[warp * 16 + g];
-                rq[1] = sRq[warp * 16 + g + 8];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) rq[mt][r] = sRq[wrow + mt * 16 + g + 8 * r];
             }
         }
 
-        // S = Q Kᵀ   [16, BN] per warp
-        float s[NT][4];
+        // S = Q Kᵀ   [16·MT, BN] per warp
+        float s[MT][NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[4];
-            load_a(a, sQ, ld, warp * 16, kk * 16, lane);
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) load_a(a[mt], sQ, ld, wrow + mt * 16, kk * 16, lane);
 #pragma unroll
             for (int nn = 0; nn < BN / 16; ++nn) {
                 uint32_t bf[4];
                 load_b_nk(bf, sKb, ld, nn * 16, kk * 16, lane);
-                mma16816<T>(s[2 * nn], a, bf[0], bf[1]);
-                mma16816<T>(s[2 * nn + 1], a, bf[2], bf[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816<T>(s[mt][2 * nn], a[mt], bf[0], bf[1]);
+                    mma16816<T>(s[mt][2 * nn + 1], a[mt], bf[2], bf[3]);
+                }
             }
         }
 
@@ -121,33 +142,40 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e / 2;
-                const int cl = nt * 8 + 2 * t4 + (e & 1);
-                const int col = j0 + cl;
-                const bool allowed = full || (col >= lo[r] && col < hi[r]);
-                float dtanh;
-                float x = score<Score>(p, s[nt][e], rq[r], norms ? sRk[buf * BN + cl] : 1.f, dtanh);
-                if (allowed && p.bias != nullptr)
-                    x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[r], col)]);
-                s[nt][e] = allowed ? x * kLog2e : -CUDART_INF_F;
-            }
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const int cl = nt * 8 + 2 * t4 + (e & 1);
+                    const int col = j0 + cl;
+                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                    float dtanh;
+                    float x = score<Score>(p, s[mt][nt][e], rq[mt][r], norms ? sRk[buf * BN + cl] : 1.f, dtanh);
+                    if (allowed && p.bias != nullptr)
+                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
+                    s[mt][nt][e] = allowed ? x * kLog2e : -CUDART_INF_F;
+                }
 
-        online_softmax_step<NT, DT>(s, acc_o, m, l, p.running_max != 0);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) online_softmax_step<NT, DT>(s[mt], acc_o[mt], m[mt], l[mt], p.running_max != 0);
 
-        // O += P V   [16, D] per warp
+        // O += P V   [16·MT, D] per warp
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t a[4];
-            pack_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) pack_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
             for (int dd = 0; dd < D / 16; ++dd) {
                 uint32_t bf[4];
                 load_b_kn(bf, sVb, ld, kk * 16, dd * 16, lane);
-                mma16816<T>(acc_o[2 * dd], a, bf[0], bf[1]);
-                mma16816<T>(acc_o[2 * dd + 1], a, bf[2], bf[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816<T>(acc_o[mt][2 * dd], a[mt], bf[0], bf[1]);
+                    mma16816<T>(acc_o[mt][2 * dd + 1], a[mt], bf[2], bf[3]);
+                }
             }
         }
         __syncthreads();  // every warp is done with this buffer before it is refilled
@@ -157,22 +185,25 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     // Epilogue: o = O / l, LSE = m + ln l
     T* o = static_cast<T*>(p.o);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float lsum = quad_sum(l[r]);
-        if (row[r] >= si.len_q) continue;
-        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-        T* orow = o + si.o_off(p, row[r], h);
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            using V2 = typename Vec2<T>::type;
-            const uint32_t packed = pack2<T>(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
-            *reinterpret_cast<V2*>(orow + dt * 8 + 2 * t4) = *reinterpret_cast<const V2*>(&packed);
+        for (int r = 0; r < 2; ++r) {
+            const float lsum = quad_sum(l[mt][r]);
+            const int i = row[mt][r];
+            if (i >= si.len_q) continue;
+            const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+            T* orow = o + si.o_off(p, i, h);
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                using V2 = typename Vec2<T>::type;
+                const uint32_t packed = pack2<T>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+                *reinterpret_cast<V2*>(orow + dt * 8 + 2 * t4) = *reinterpret_cast<const V2*>(&packed);
+            }
+            if (t4 == 0) {
+                const float ref = m[mt][r] == -CUDART_INF_F ? 0.f : m[mt][r];
+                p.lse[si.stats_index(p, h, i)] = lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
+            }
         }
-        if (t4 == 0) {
-            const float ref = m[r] == -CUDART_INF_F ? 0.f : m[r];
-            p.lse[si.stats_index(p, h, row[r])] = lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
-        }
-    }
 }
 
 }  // namespace attn

@@ -8,32 +8,34 @@ namespace attn {
 constexpr int kThreads = 128;
 constexpr int kWarps = 4;
 
-// Forward: BM = 64 queries resident, BN keys per streamed K/V block.
+// Forward: MT 16-row mma tiles per warp (each K/V fragment loaded from shared memory feeds MT
+// MMAs), BM = 64·MT queries resident, BN keys per streamed K/V block.
 template <int D> struct FwdTile;
-template <> struct FwdTile<16> { static constexpr int BM = 64, BN = 64; };
-template <> struct FwdTile<32> { static constexpr int BM = 64, BN = 64; };
-template <> struct FwdTile<64> { static constexpr int BM = 64, BN = 64; };
-template <> struct FwdTile<96> { static constexpr int BM = 64, BN = 64; };
-template <> struct FwdTile<128> { static constexpr int BM = 64, BN = 64; };
-template <> struct FwdTile<256> { static constexpr int BM = 64, BN = 32; };
+template <> struct FwdTile<16> { static constexpr int MT = 2, BM = 128, BN = 64; };
+template <> struct FwdTile<32> { static constexpr int MT = 2, BM = 128, BN = 64; };
+template <> struct FwdTile<64> { static constexpr int MT = 2, BM = 128, BN = 64; };
+template <> struct FwdTile<96> { static constexpr int MT = 2, BM = 128, BN = 64; };
+template <> struct FwdTile<128> { static constexpr int MT = 2, BM = 128, BN = 32; };
+template <> struct FwdTile<256> { static constexpr int MT = 1, BM = 64, BN = 32; };
 
-// Backward dQ: BM = 64 queries resident, BN keys per streamed block.
+// Backward dQ: MT 16-row tiles per warp, BM = 64·MT queries resident, BN keys per streamed block.
 template <int D> struct DqTile;
-template <> struct DqTile<16> { static constexpr int BM = 64, BN = 64; };
-template <> struct DqTile<32> { static constexpr int BM = 64, BN = 64; };
-template <> struct DqTile<64> { static constexpr int BM = 64, BN = 64; };
-template <> struct DqTile<96> { static constexpr int BM = 64, BN = 64; };
-template <> struct DqTile<128> { static constexpr int BM = 64, BN = 64; };
-template <> struct DqTile<256> { static constexpr int BM = 64, BN = 32; };
+template <> struct DqTile<16> { static constexpr int MT = 2, BM = 128, BN = 32; };
+template <> struct DqTile<32> { static constexpr int MT = 2, BM = 128, BN = 32; };
+template <> struct DqTile<64> { static constexpr int MT = 2, BM = 128, BN = 32; };
+template <> struct DqTile<96> { static constexpr int MT = 1, BM = 64, BN = 64; };
+template <> struct DqTile<128> { static constexpr int MT = 1, BM = 64, BN = 64; };
+template <> struct DqTile<256> { static constexpr int MT = 1, BM = 64, BN = 32; };
 
-// Backward dK/dV: BN = 64 keys resident, BM queries per streamed block, DA of the D columns of
-// dK and dV accumulated per block (D / DA blocks split the columns; each recomputes S and dP).
+// Backward dK/dV: MT 16-key tiles per warp, BN = 64·MT keys resident, BM queries per streamed
+// block, DA of the D columns of dK and dV accumulated per block (D / DA blocks split the columns;
+// each recomputes S and dP).
 template <int D> struct DkvTile;
-template <> struct DkvTile<16> { static constexpr int BN = 64, BM = 64, DA = 16; };
-template <> struct DkvTile<32> { static constexpr int BN = 64, BM = 64, DA = 32; };
-template <> struct DkvTile<64> { static constexpr int BN = 64, BM = 64, DA = 64; };
-template <> struct DkvTile<96> { static constexpr int BN = 64, BM = 32, DA = 96; };
-template <> struct DkvTile<128> { static constexpr int BN = 64, BM = 32, DA = 128; };
-template <> struct DkvTile<256> { static constexpr int BN = 64, BM = 32, DA = 128; };
+template <> struct DkvTile<16> { static constexpr int MT = 2, BN = 128, BM = 64, DA = 16; };
+template <> struct DkvTile<32> { static constexpr int MT = 2, BN = 128, BM = 32, DA = 32; };
+template <> struct DkvTile<64> { static constexpr int MT = 2, BN = 128, BM = 32, DA = 64; };
+template <> struct DkvTile<96> { static constexpr int MT = 1, BN = 64, BM = 32, DA = 96; };
+template <> struct DkvTile<128> { static constexpr int MT = 1, BN = 64, BM = 32, DA = 128; };
+template <> struct DkvTile<256> { static constexpr int MT = 1, BN = 64, BM = 32, DA = 128; };
 
 }  // namespace attn

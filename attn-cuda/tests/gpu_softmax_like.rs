@@ -1,0 +1,237 @@
+//! Softmax and cosine-sim kernels against the f64 CPU reference: every family × dtype × head dim ×
+//! mask option, random shapes with tails (N not a multiple of any tile), random dO, outputs
+//! poisoned with NaN before each launch. See `common` for the tolerance.
+//!
+//! GPU-only: `cargo xtask test-gpu` (or the bundle of `cargo xtask gpu-bundle`) runs them with
+//! `--ignored`.
+
+mod common;
+
+use attn_core::{
+    AttnProblem, AttnSpec, Causal, CosineParams, DType, Family, InputStrides, Layout, SoftmaxParams, Strides,
+};
+use common::check_all_dtypes;
+
+const SOFTMAX_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
+const COSINE_DIMS: [usize; 6] = [16, 32, 64, 96, 128, 256];
+
+/// A small deterministic generator for shapes (the tensors come from `random_case`).
+struct Shapes(u64);
+impl Shapes {
+    fn next(&mut self, lo: usize, hi: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        lo + ((self.0 >> 33) as usize) % (hi - lo + 1)
+    }
+    /// A length in [lo, hi] that is not a multiple of 16 (so every tile shape has a tail).
+    fn tail(&mut self, lo: usize, hi: usize) -> usize {
+        let n = self.next(lo, hi);
+        if n % 16 == 0 {
+            n + 3
+        } else {
+            n
+        }
+    }
+}
+
+/// Sequence lengths scale down with the head dim so the f64 reference stays quick.
+fn max_len(d: usize) -> usize {
+    if d >= 256 {
+        90
+    } else {
+        150
+    }
+}
+
+fn run_with_offset(
+    name: &str,
+    family: Family,
+    dims: &[usize],
+    offset: usize,
+    make: &dyn Fn(Family, DType, usize, &mut Shapes) -> AttnProblem,
+) {
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for (n, &d) in dims.iter().enumerate() {
+        let seed = 1000 + 17 * n as u64;
+        let build = |dtype: DType| -> Option<AttnSpec> {
+            let mut shapes = Shapes(seed);
+            Some(
+                make(family, dtype, d, &mut shapes)
+                    .validate()
+                    .expect("valid test problem"),
+            )
+        };
+        cases += check_all_dtypes(&build, seed, offset, &mut failures);
+    }
+    println!("{name}: {cases} cases, {} failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{name}: {} of {cases} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+fn dense_gqa(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
+}
+
+fn causal_top_left_q_shorter(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let nk = s.tail(70, max_len(d));
+    let nq = s.tail(20, nk - 20);
+    AttnProblem::new(f, dt, 2, 2, 1, nq, nk, d).with_causal(Causal::TopLeft)
+}
+
+fn causal_bottom_right_q_longer(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    // Nq > Nk: the first Nq − Nk queries see no key (zeros, LSE = −∞, zero gradients).
+    let nq = s.tail(70, max_len(d));
+    let nk = s.tail(20, nq - 20);
+    AttnProblem::new(f, dt, 1, 3, 3, nq, nk, d).with_causal(Causal::BottomRight)
+}
+
+fn key_padding_and_window(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
+    // Batch entry 2 has no valid key at all.
+    let lens = vec![nk, s.next(1, nk - 1), 0];
+    AttnProblem::new(f, dt, 3, 2, 2, nq, nk, d)
+        .with_key_lens(lens)
+        .with_window(Some(s.next(5, 40)), Some(s.next(0, 12)))
+}
+
+fn varlen_causal(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let lq = [s.tail(20, max_len(d)), 0, s.tail(5, 60), s.tail(30, max_len(d))];
+    let lk = [s.tail(20, max_len(d)), s.next(1, 30), s.tail(5, 60), lq[3]];
+    let cu = |l: &[usize]| -> Vec<usize> {
+        let mut c = vec![0];
+        for x in l {
+            c.push(c.last().expect("non-empty") + x);
+        }
+        c
+    };
+    let (mq, mk) = (*lq.iter().max().expect("4"), *lk.iter().max().expect("4"));
+    AttnProblem::new(f, dt, 4, 4, 2, mq, mk, d)
+        .with_varlen(cu(&lq), cu(&lk))
+        .with_causal(Causal::BottomRight)
+}
+
+fn mqa_bhnd(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
+    AttnProblem::new(f, dt, 2, 4, 1, nq, nk, d)
+        .with_layout(Layout::Bhnd)
+        .with_causal(Causal::TopLeft)
+}
+
+/// `[B, N, H, D]` views whose rows are padded (seq stride H·D + 16) and whose heads are spread
+/// (head stride D + 8): strided, last dim contiguous.
+fn strided_views(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
+    let (b, hq, hkv) = (2, 2, 1);
+    let st = |n: usize, h: usize| {
+        let head = d + 8;
+        let seq = h * head + 16;
+        Strides {
+            batch: n * seq + 8,
+            seq,
+            head,
+            dim: 1,
+        }
+    };
+    AttnProblem::new(f, dt, b, hq, hkv, nq, nk, d)
+        .with_strides(InputStrides {
+            q: st(nq, hq),
+            k: st(nk, hkv),
+            v: st(nk, hkv),
+        })
+        .with_causal(Causal::BottomRight)
+}
+
+fn bias_broadcast_batch(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
+        .with_bias(1, 4)
+        .with_causal(Causal::TopLeft)
+}
+
+fn bias_broadcast_heads(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d).with_bias(2, 1)
+}
+
+fn softmax_softcap() -> Family {
+    Family::Softmax(SoftmaxParams {
+        scale: Some(1.5),
+        softcap: Some(2.0),
+    })
+}
+
+fn softmax_sharp() -> Family {
+    // A large scale makes the attention peaked: exercises the running max and its rescaling.
+    Family::Softmax(SoftmaxParams {
+        scale: Some(4.0),
+        softcap: None,
+    })
+}
+
+fn cosine_unnormalised() -> Family {
+    Family::CosineSim(CosineParams {
+        scale: 0.5,
+        l2norm_qk: false,
+        ..CosineParams::default()
+    })
+}
+
+fn cosine_large_scale() -> Family {
+    // Above the fixed-offset limit: the kernel tracks the running max.
+    Family::CosineSim(CosineParams {
+        scale: 40.0,
+        ..CosineParams::default()
+    })
+}
+
+macro_rules! gpu_tests {
+    ($($name:ident: $family:expr, $dims:expr, $make:expr, $offset:expr;)*) => {$(
+        #[test]
+        #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+        fn $name() {
+            run_with_offset(stringify!($name), $family, &$dims, $offset, &$make);
+        }
+    )*};
+}
+
+gpu_tests! {
+    softmax_dense_gqa_with_tails_matches_reference: Family::softmax(), SOFTMAX_DIMS, dense_gqa, 0;
+    softmax_sharp_scores_match_reference: softmax_sharp(), SOFTMAX_DIMS, dense_gqa, 0;
+    softmax_causal_top_left_q_shorter_than_k_matches_reference: Family::softmax(), SOFTMAX_DIMS, causal_top_left_q_shorter, 0;
+    softmax_causal_bottom_right_q_longer_than_k_zeroes_empty_rows: Family::softmax(), SOFTMAX_DIMS, causal_bottom_right_q_longer, 0;
+    softmax_key_padding_and_sliding_window_match_reference: Family::softmax(), SOFTMAX_DIMS, key_padding_and_window, 0;
+    softmax_packed_varlen_causal_matches_reference: Family::softmax(), SOFTMAX_DIMS, varlen_causal, 0;
+    softmax_mqa_bhnd_layout_matches_reference: Family::softmax(), SOFTMAX_DIMS, mqa_bhnd, 0;
+    softmax_strided_views_at_an_offset_match_reference: Family::softmax(), SOFTMAX_DIMS, strided_views, 8;
+    softmax_softcap_and_batch_broadcast_bias_match_reference: softmax_softcap(), SOFTMAX_DIMS, bias_broadcast_batch, 0;
+    softmax_head_broadcast_bias_gradient_matches_reference: Family::softmax(), SOFTMAX_DIMS, bias_broadcast_heads, 0;
+    cosine_dense_gqa_with_tails_matches_reference: Family::cosine_sim(), COSINE_DIMS, dense_gqa, 0;
+    cosine_causal_top_left_q_shorter_than_k_matches_reference: Family::cosine_sim(), COSINE_DIMS, causal_top_left_q_shorter, 0;
+    cosine_causal_bottom_right_q_longer_than_k_zeroes_empty_rows: Family::cosine_sim(), COSINE_DIMS, causal_bottom_right_q_longer, 0;
+    cosine_key_padding_and_sliding_window_match_reference: Family::cosine_sim(), COSINE_DIMS, key_padding_and_window, 0;
+    cosine_packed_varlen_causal_matches_reference: Family::cosine_sim(), COSINE_DIMS, varlen_causal, 0;
+    cosine_mqa_bhnd_layout_matches_reference: Family::cosine_sim(), COSINE_DIMS, mqa_bhnd, 0;
+    cosine_strided_views_at_an_offset_match_reference: Family::cosine_sim(), COSINE_DIMS, strided_views, 8;
+    cosine_bias_uses_the_running_max_and_matches_reference: Family::cosine_sim(), COSINE_DIMS, bias_broadcast_batch, 0;
+    cosine_head_broadcast_bias_gradient_matches_reference: Family::cosine_sim(), COSINE_DIMS, bias_broadcast_heads, 0;
+    cosine_without_l2norm_matches_reference: cosine_unnormalised(), COSINE_DIMS, dense_gqa, 0;
+    cosine_large_scale_uses_the_running_max_and_matches_reference: cosine_large_scale(), COSINE_DIMS, causal_top_left_q_shorter, 0;
+}
+
+#[test]
+fn shape_generator_always_leaves_a_tail() {
+    let mut s = Shapes(7);
+    for _ in 0..1000 {
+        let n = s.tail(16, 300);
+        assert_ne!(n % 16, 0, "{n}");
+        assert!((16..=303).contains(&n));
+    }
+}
