@@ -15,6 +15,7 @@
 
 use attn_core::{AttnBackend, AttnError, AttnSpec, BackwardIo, Element, ForwardIo, Pass, Result};
 
+pub mod decode;
 mod softmax_like;
 mod taylor;
 pub mod testing;
