@@ -39,7 +39,8 @@ enum Cmd {
 #[derive(Args)]
 struct RunArgs {
     /// Starting grid: `flash` (16k tokens per batch, hidden 2048, N 512..16384 + long N) or
-    /// `cpu-small` (B=1, H=2, D=64, N 128..1024, f32); the options below override it.
+    /// `cpu-small` (B=1, H=2, D=32, N 128..512 + 1024 for the crossover, f32); the options below
+    /// override it.
     #[arg(long, default_value = "flash")]
     preset: String,
     /// Families: softmax, cosine_sim, taylor1, taylor2, hyperbolic_geodesic, hyperbolic_sq_lorentz.

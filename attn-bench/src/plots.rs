@@ -90,6 +90,20 @@ fn series(rows: &[&Row], key: impl Fn(&Row) -> String, y: impl Fn(&Row) -> Optio
 
 type PlotResult<T> = Result<T, String>;
 
+/// Line colours (Tableau 10), distinct on white.
+const PALETTE: [(u8, u8, u8); 10] = [
+    (31, 119, 180),
+    (214, 39, 40),
+    (44, 160, 44),
+    (255, 127, 14),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+];
+
 fn panel(
     area: &DrawingArea<BitMapBackend<'_>, Shift>,
     title: &str,
@@ -114,7 +128,10 @@ fn panel(
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(60)
-        .build_cartesian_2d((x0 / 1.2..x1 * 1.2).log_scale(), (y0 / 1.5..y1 * 1.5).log_scale())
+        .build_cartesian_2d(
+            (x0 / 1.2..x1 * 1.2).log_scale().base(2.0),
+            (y0 / 1.5..y1 * 1.5).log_scale(),
+        )
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
@@ -125,7 +142,8 @@ fn panel(
         .draw()
         .map_err(|e| e.to_string())?;
     for (i, s) in lines.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let (r, g, b) = PALETTE[i % PALETTE.len()];
+        let color = RGBColor(r, g, b).to_rgba();
         chart
             .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
             .map_err(|e| e.to_string())?

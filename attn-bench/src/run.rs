@@ -196,7 +196,13 @@ pub fn run(cfg: &RunConfig, ctx: &RunContext) -> BenchFile {
                 },
                 Err(reason) => {
                     if reported.insert((id, reason.clone())) {
-                        bar.println(format!("{id}: skipped ({p}): {reason}"));
+                        let line = format!("{id}: skipped ({p}): {reason}");
+                        // A hidden bar (no terminal) drops println: write to stderr directly.
+                        if bar.is_hidden() {
+                            eprintln!("{line}");
+                        } else {
+                            bar.println(line);
+                        }
                     }
                     file.skipped.push(skipped(id, p, reason));
                 }
