@@ -200,6 +200,8 @@ status=0
 summary=""
 for bin in "$here"/bin/*; do
   name="$(basename "$bin")"
+  # gpu_bench is the kernel stopwatch (bin/gpu_bench --bench), not a test harness.
+  [ "$name" = gpu_bench ] && continue
   if [ -n "${SANITIZE:-}" ]; then
     out="$(compute-sanitizer --tool "$SANITIZE" --error-exitcode 99 "$bin" --ignored --test-threads=1 "$@" 2>&1)"
   else

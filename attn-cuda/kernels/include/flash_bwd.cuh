@@ -84,7 +84,7 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     const int g = lane / 4, t4 = lane % 4;
     const int wrow = warp * 16 * MT;
     int row[MT][2], lo[MT][2], hi[MT][2];
-    float lse2[MT][2], delta[MT][2], rq[MT][2];
+    float lse2[MT][2], delta[MT][2], rq[MT][2], cq[MT][2];  // cq: scale·log2 e·rq (fast path)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -97,6 +97,7 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
             lse2[mt][r] = lse_log2(p, si, h, i);
             delta[mt][r] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             rq[mt][r] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
+            cq[mt][r] = p.scale * kLog2e * rq[mt][r];
         }
     float acc_dq[MT][DT][4];
 #pragma unroll
@@ -141,29 +142,45 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
             }
         }
 
-        // P = exp(s − LSE), dS = P ∘ (dP − δ), dS' into s
+        // P = exp(s − LSE), dS = P ∘ (dP − δ), dS' into s. Fast path (no mask, bias, softcap or
+        // bias gradient in this tile): one FMA and one exp2 per element.
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+        const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+        if (fast) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+                for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const int cl = nt * 8 + 2 * t4 + (e & 1);
-                    const int col = j0 + cl;
-                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
-                    const float rk = norms ? sRk[buf * BN + cl] : 1.f;
-                    float dtanh;
-                    float x = score<Score>(p, s[mt][nt][e], rq[mt][r], rk, dtanh);
-                    if (allowed && p.bias != nullptr)
-                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
-                    const float pr = allowed ? exp2f(x * kLog2e - lse2[mt][r]) : 0.f;
-                    const float ds = pr * (dp[mt][nt][e] - delta[mt][r]);
-                    if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
-                    s[mt][nt][e] = ds * dtanh * rk;
-                }
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e / 2;
+                        const float rk = norms ? sRk[buf * BN + nt * 8 + 2 * t4 + (e & 1)] : 1.f;
+                        const float pr = exp2f(fmaf(s[mt][nt][e] * rk, cq[mt][r], -lse2[mt][r]));
+                        s[mt][nt][e] = pr * (dp[mt][nt][e] - delta[mt][r]) * rk;
+                    }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e / 2;
+                        const int cl = nt * 8 + 2 * t4 + (e & 1);
+                        const int col = j0 + cl;
+                        const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                        const float rk = norms ? sRk[buf * BN + cl] : 1.f;
+                        float dtanh;
+                        float x = score<Score>(p, s[mt][nt][e], rq[mt][r], rk, dtanh);
+                        if (allowed && p.bias != nullptr)
+                            x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
+                        const float pr = allowed ? exp2f(x * kLog2e - lse2[mt][r]) : 0.f;
+                        const float ds = pr * (dp[mt][nt][e] - delta[mt][r]);
+                        if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
+                        s[mt][nt][e] = ds * dtanh * rk;
+                    }
+        }
 
         // dQ += dS' K   [16·MT, D] per warp
 #pragma unroll
@@ -322,30 +339,49 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
             }
         }
 
-        // Pᵀ into st, dS'ᵀ into dpt
+        // Pᵀ into st, dS'ᵀ into dpt (fast path: one FMA and one exp2 per element)
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+        const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+        if (fast) {
+            const float c0 = p.scale * kLog2e;
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int qt = 0; qt < QT; ++qt)
+                for (int qt = 0; qt < QT; ++qt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const int cl = qt * 8 + 2 * t4 + (e & 1);
-                    const int i = i0 + cl;
-                    const int j = key[mt][r];
-                    const bool allowed =
-                        full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
-                    const float rqi = sRq[buf * BM + cl];
-                    float dtanh;
-                    float x = score<Score>(p, st[mt][qt][e], rqi, rk[mt][r], dtanh);
-                    if (allowed && p.bias != nullptr)
-                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
-                    const float pr = allowed ? exp2f(x * kLog2e - sLse[buf * BM + cl]) : 0.f;
-                    const float ds = pr * (dpt[mt][qt][e] - sDelta[buf * BM + cl]);
-                    st[mt][qt][e] = pr;
-                    dpt[mt][qt][e] = ds * dtanh * rqi;
-                }
+                    for (int e = 0; e < 4; ++e) {
+                        const int cl = qt * 8 + 2 * t4 + (e & 1);
+                        const float rqi = sRq[buf * BM + cl];
+                        const float f = norms ? c0 * rqi * rk[mt][e / 2] : c0;
+                        const float pr = exp2f(fmaf(st[mt][qt][e], f, -sLse[buf * BM + cl]));
+                        const float ds = pr * (dpt[mt][qt][e] - sDelta[buf * BM + cl]);
+                        st[mt][qt][e] = pr;
+                        dpt[mt][qt][e] = norms ? ds * rqi : ds;
+                    }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int qt = 0; qt < QT; ++qt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e / 2;
+                        const int cl = qt * 8 + 2 * t4 + (e & 1);
+                        const int i = i0 + cl;
+                        const int j = key[mt][r];
+                        const bool allowed =
+                            full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
+                        const float rqi = sRq[buf * BM + cl];
+                        float dtanh;
+                        float x = score<Score>(p, st[mt][qt][e], rqi, rk[mt][r], dtanh);
+                        if (allowed && p.bias != nullptr)
+                            x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
+                        const float pr = allowed ? exp2f(x * kLog2e - sLse[buf * BM + cl]) : 0.f;
+                        const float ds = pr * (dpt[mt][qt][e] - sDelta[buf * BM + cl]);
+                        st[mt][qt][e] = pr;
+                        dpt[mt][qt][e] = ds * dtanh * rqi;
+                    }
+        }
 
         // dV += Pᵀ dO and dK += dS'ᵀ Q   [16·MT keys, DA] per warp
 #pragma unroll

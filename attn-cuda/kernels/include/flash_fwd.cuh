@@ -138,28 +138,50 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
             }
         }
 
-        // s = score + bias, masked → −∞, in log2 units
+        // Scores. Fast path (a tile with no mask, bias or softcap): keep the raw products (times
+        // 1/‖k‖ for cosine-sim) and fold scale·log2 e (times 1/‖q‖) into the exponential's FMA.
+        // General path: s = score + bias, masked → −∞, in log2 units.
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+        const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+        float c[MT][2];
+        if (fast) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt) {
+                c[mt][0] = p.scale * kLog2e * rq[mt][0];
+                c[mt][1] = p.scale * kLog2e * rq[mt][1];
+                if (norms) {
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+                    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const int cl = nt * 8 + 2 * t4 + (e & 1);
-                    const int col = j0 + cl;
-                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
-                    float dtanh;
-                    float x = score<Score>(p, s[mt][nt][e], rq[mt][r], norms ? sRk[buf * BN + cl] : 1.f, dtanh);
-                    if (allowed && p.bias != nullptr)
-                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
-                    s[mt][nt][e] = allowed ? x * kLog2e : -CUDART_INF_F;
+                        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= sRk[buf * BN + nt * 8 + 2 * t4 + (e & 1)];
                 }
+            }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                c[mt][0] = c[mt][1] = 1.f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e / 2;
+                        const int cl = nt * 8 + 2 * t4 + (e & 1);
+                        const int col = j0 + cl;
+                        const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                        float dtanh;
+                        float x =
+                            score<Score>(p, s[mt][nt][e], rq[mt][r], norms ? sRk[buf * BN + cl] : 1.f, dtanh);
+                        if (allowed && p.bias != nullptr)
+                            x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
+                        s[mt][nt][e] = allowed ? x * kLog2e : -CUDART_INF_F;
+                    }
+            }
+        }
 
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) online_softmax_step<NT, DT>(s[mt], acc_o[mt], m[mt], l[mt], p.running_max != 0);
+        for (int mt = 0; mt < MT; ++mt)
+            online_softmax_step<NT, DT>(s[mt], acc_o[mt], m[mt], l[mt], p.running_max != 0, c[mt]);
 
         // O += P V   [16·MT, D] per warp
 #pragma unroll

@@ -23,11 +23,13 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Update the running state of this thread's two rows with a block of scores s[NT][4] (log2 units,
-// −∞ where masked), replace s by the unnormalised probabilities 2^(s − m'), and rescale o[DT][4].
+// Update the running state of this thread's two rows with a block of values x[NT][4] whose scores
+// in log2 units are c[r]·x (c > 0: the fast path keeps the raw products and folds the scale into
+// the exponential's FMA; the general path passes scores already in log2 units with c = 1; −∞
+// where masked), replace x by the unnormalised probabilities 2^(c·x − m'), and rescale o[DT][4].
 template <int NT, int DT>
 __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o)[DT][4], float (&m)[2], float (&l)[2],
-                                                    bool running_max) {
+                                                    bool running_max, const float (&c)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float m_new = m[r];
@@ -35,7 +37,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o
             float mx = -CUDART_INF_F;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            m_new = fmaxf(m[r], quad_max(mx));
+            m_new = fmaxf(m[r], quad_max(mx) * c[r]);
         }
         const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;
         if (running_max) {
@@ -51,8 +53,8 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            s[nt][2 * r] = exp2f(s[nt][2 * r] - ref);
-            s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - ref);
+            s[nt][2 * r] = exp2f(fmaf(s[nt][2 * r], c[r], -ref));
+            s[nt][2 * r + 1] = exp2f(fmaf(s[nt][2 * r + 1], c[r], -ref));
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
         l[r] += sum;  // thread-partial; reduced across the quad once, at the end
