@@ -15,15 +15,16 @@ use std::process::Command;
 use std::thread;
 
 /// The kernel files: (module name, source). One family per file.
-const KERNELS: [(&str, &str); 4] = [
+const KERNELS: [(&str, &str); 5] = [
     ("softmax", "kernels/softmax.cu"),
     ("cosine_sim", "kernels/cosine_sim.cu"),
     ("simt_f32", "kernels/simt_f32.cu"),
     ("common", "kernels/common.cu"),
+    ("taylor", "kernels/taylor.cu"),
 ];
 
 /// Headers every kernel file may include.
-const HEADERS: [&str; 10] = [
+const HEADERS: [&str; 15] = [
     "kernels/include/params.h",
     "kernels/include/mask.h",
     "kernels/include/mma.h",
@@ -34,6 +35,11 @@ const HEADERS: [&str; 10] = [
     "kernels/include/flash_fwd.cuh",
     "kernels/include/flash_bwd.cuh",
     "kernels/include/simt_f32.cuh",
+    "kernels/include/taylor_common.cuh",
+    "kernels/include/taylor_rows.cuh",
+    "kernels/include/taylor_dense.cuh",
+    "kernels/include/taylor_state.cuh",
+    "kernels/include/taylor_decode.cuh",
 ];
 
 const GENCODE: [&str; 3] = [

@@ -389,6 +389,17 @@ impl CudaAttn {
         let pass = Pass::Forward;
         let op = spec.op(pass);
         dtype_check::<T>(spec, op)?;
+        if matches!(spec.family(), FamilySpec::Taylor { .. }) {
+            let t = crate::taylor::Forward {
+                q: a.q,
+                k: a.k,
+                v: a.v,
+                bias: a.bias,
+                o: a.o,
+                stats: a.lse,
+            };
+            return crate::taylor::forward(self, spec, t);
+        }
         let bias = bias_pair(spec, op, a.bias, "bias")?;
         let (kernels, mut p, _lengths) = self.prepare(spec, pass)?;
         let c = self.checker(spec, pass);
@@ -408,6 +419,22 @@ impl CudaAttn {
         let pass = Pass::Backward;
         let op = spec.op(pass);
         dtype_check::<T>(spec, op)?;
+        if matches!(spec.family(), FamilySpec::Taylor { .. }) {
+            let t = crate::taylor::Backward {
+                q: a.q,
+                k: a.k,
+                v: a.v,
+                bias: a.bias,
+                o: a.o,
+                d_o: a.d_o,
+                stats: a.lse,
+                dq: a.dq,
+                dk: a.dk,
+                dv: a.dv,
+                dbias: a.dbias,
+            };
+            return crate::taylor::backward(self, spec, t);
+        }
         let bias = bias_pair(spec, op, a.bias, "bias")?;
         let dbias = bias_pair(spec, op, a.dbias, "dbias")?;
         let (kernels, mut p, _lengths) = self.prepare(spec, pass)?;

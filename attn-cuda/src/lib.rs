@@ -29,7 +29,9 @@ mod error;
 mod heuristics;
 mod params;
 mod runtime;
+mod taylor;
 
 pub use backend::{kernels_built, BackwardViews, CudaAttn, DeviceElem, ForwardViews};
 pub use cudarc;
 pub use error::{CudaAttnError, Result};
+pub use taylor::{DecodeShape, TaylorDecodeState};

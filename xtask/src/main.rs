@@ -27,7 +27,7 @@ const NVCC_WHEELS: [&str; 5] = [
 
 /// The test binaries of attn-cuda that need a GPU (each a `tests/*.rs` file). `gpu_bench` is the
 /// kernel stopwatch (`--bench`); without that flag it does nothing.
-const GPU_TEST_BINARIES: [&str; 3] = ["gpu_softmax_like", "gpu_runtime", "gpu_bench"];
+const GPU_TEST_BINARIES: [&str; 4] = ["gpu_softmax_like", "gpu_runtime", "gpu_bench", "gpu_taylor"];
 
 type Result<T> = std::result::Result<T, String>;
 

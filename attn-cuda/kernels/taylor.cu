@@ -1,0 +1,72 @@
+// Taylor linear attention (REFERENCE.md §3): every kernel of the family, for f16, bf16 (tensor cores,
+// f32 sums) and f32 (CUDA cores, exact f32) at head dims 16, 32, 64, 128 (value head dim = head dim).
+// The host (attn_cuda::taylor) runs them in this order:
+//   forward:  prep_keys, prep_queries → dense_value → state_value (fwd roles) → finalize_fwd
+//   backward: prep_keys, prep_queries, prep_grads
+//             → dense_grad, state_grad (fwd roles: dû)  → dense_value, state_value (reverse roles: dṽ)
+//             → dense_grad, state_grad (reverse roles: dk̂) → finalize_dq, finalize_dkdv
+//   decode:   decode_prefill (after a forward, from its scratch); decode_step → finalize_fwd
+// Names: attn_taylor_{prep_keys,prep_queries,prep_grads,finalize_fwd,finalize_dq,finalize_dkdv}_{dt},
+//        attn_taylor_{dense,state}_{value,grad}_{dt}_d{D}, attn_taylor_decode_step_{dt}_d{D},
+//        attn_taylor_decode_prefill_d{D}.
+#include "include/taylor_decode.cuh"
+#include "include/taylor_dense.cuh"
+#include "include/taylor_rows.cuh"
+#include "include/taylor_state.cuh"
+
+#define ATTN_TAYLOR_ROW(NAME, DT, T)                                                                          \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_##NAME##_##DT(const __grid_constant__ TaylorParams p) {                                   \
+        attn::taylor_##NAME<T>(p);                                                                           \
+    }
+
+#define ATTN_TAYLOR_ROWS(DT, T)               \
+    ATTN_TAYLOR_ROW(prep_keys, DT, T)         \
+    ATTN_TAYLOR_ROW(prep_queries, DT, T)      \
+    ATTN_TAYLOR_ROW(prep_grads, DT, T)        \
+    ATTN_TAYLOR_ROW(finalize_fwd, DT, T)      \
+    ATTN_TAYLOR_ROW(finalize_dq, DT, T)       \
+    ATTN_TAYLOR_ROW(finalize_dkdv, DT, T)
+
+ATTN_TAYLOR_ROWS(f32, float)
+ATTN_TAYLOR_ROWS(f16, __half)
+ATTN_TAYLOR_ROWS(bf16, __nv_bfloat16)
+
+// DENSE(value|grad) is the tensor-core kernel for f16/bf16 and the SIMT one for f32.
+#define ATTN_TAYLOR_SWEEP(DT, T, D, DENSE_VALUE, DENSE_GRAD)                                                  \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_dense_value_##DT##_d##D(const __grid_constant__ TaylorParams p) {                         \
+        DENSE_VALUE(p);                                                                                      \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_dense_grad_##DT##_d##D(const __grid_constant__ TaylorParams p) {                          \
+        DENSE_GRAD(p);                                                                                       \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_state_value_##DT##_d##D(const __grid_constant__ TaylorParams p) {                         \
+        attn::taylor_state<T, D, false>(p);                                                                  \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_state_grad_##DT##_d##D(const __grid_constant__ TaylorParams p) {                          \
+        attn::taylor_state<T, D, true>(p);                                                                   \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_decode_step_##DT##_d##D(const __grid_constant__ TaylorParams p) {                         \
+        attn::taylor_decode_step<T, D>(p);                                                                   \
+    }
+
+#define ATTN_TAYLOR_DIM(D)                                                                                     \
+    ATTN_TAYLOR_SWEEP(f32, float, D, (attn::taylor_dense_simt<D, false>), (attn::taylor_dense_simt<D, true>)) \
+    ATTN_TAYLOR_SWEEP(f16, __half, D, (attn::taylor_dense_mma<__half, D, false>),                            \
+                      (attn::taylor_dense_mma<__half, D, true>))                                             \
+    ATTN_TAYLOR_SWEEP(bf16, __nv_bfloat16, D, (attn::taylor_dense_mma<__nv_bfloat16, D, false>),             \
+                      (attn::taylor_dense_mma<__nv_bfloat16, D, true>))                                      \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_decode_prefill_d##D(const __grid_constant__ TaylorParams p) {                             \
+        attn::taylor_decode_prefill<D>(p);                                                                   \
+    }
+
+ATTN_TAYLOR_DIM(16)
+ATTN_TAYLOR_DIM(32)
+ATTN_TAYLOR_DIM(64)
+ATTN_TAYLOR_DIM(128)

@@ -1,0 +1,293 @@
+//! Recurrent Taylor decode on the GPU: a state a caller carries between calls, a prefill that returns
+//! it, and a step that appends tokens (the CPU reference is `attn_cpu_ref::decode`).
+//!
+//! The state holds, per (batch entry, kv head), `S[f][·] = Σ_j φ_f(k̂_j) ṽ_j` over every feature `f`
+//! of the head (`8·tiles`: 1 + D for order 1, + the D(D+1)/2 pairs for order 2, in 8-wide tiles) and the
+//! `M = Dv + 1` columns of `ṽ = [v, 1]`, in f32. A new token `i` folds in as `S += φ(k̂_i) ṽ_iᵀ` and
+//! each query head of its group reads `[num, den] = Σ_f ψ_f(u_i) S[f]`: `O(features·M)` per kv head and
+//! token, i.e. `O(D^p·Dv)`.
+
+use super::heuristics::{self, DECODE_FEATURES};
+use super::{check, Call, Forward};
+use crate::backend::{CudaAttn, DeviceElem, ForwardViews};
+use crate::error::Result;
+use attn_core::{AttnError, AttnSpec, Causal, DType, FamilySpec, Pass, SeqLengths, TaylorOrder};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+/// What a [`TaylorDecodeState`] was built for; every step's spec must match it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeShape {
+    pub family: FamilySpec,
+    pub dtype: DType,
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+}
+
+impl DecodeShape {
+    fn of(spec: &AttnSpec) -> Self {
+        DecodeShape {
+            family: *spec.family(),
+            dtype: spec.dtype(),
+            batch: spec.batch(),
+            heads_q: spec.heads_q(),
+            heads_kv: spec.heads_kv(),
+            head_dim: spec.head_dim(),
+            head_dim_v: spec.head_dim_v(),
+        }
+    }
+
+    fn order(&self) -> u8 {
+        match self.family {
+            FamilySpec::Taylor {
+                order: TaylorOrder::One,
+                ..
+            } => 1,
+            _ => 2,
+        }
+    }
+
+    /// Feature rows of the state per (batch entry, kv head).
+    pub fn features(&self) -> usize {
+        8 * heuristics::tiles(self.head_dim, self.order())
+    }
+
+    /// The first field where `spec` differs, as an error naming `state`.
+    fn check(&self, spec: &AttnSpec) -> Result<()> {
+        let other = DecodeShape::of(spec);
+        let fields: [(&str, String, String); 7] = [
+            (
+                "family",
+                format!("{:?}", self.family),
+                format!("{:?}", other.family),
+            ),
+            ("dtype", self.dtype.to_string(), other.dtype.to_string()),
+            ("batch", self.batch.to_string(), other.batch.to_string()),
+            ("heads_q", self.heads_q.to_string(), other.heads_q.to_string()),
+            ("heads_kv", self.heads_kv.to_string(), other.heads_kv.to_string()),
+            ("head_dim", self.head_dim.to_string(), other.head_dim.to_string()),
+            (
+                "head_dim_v",
+                self.head_dim_v.to_string(),
+                other.head_dim_v.to_string(),
+            ),
+        ];
+        match fields.iter().find(|(_, s, o)| s != o) {
+            None => Ok(()),
+            Some((what, s, o)) => Err(AttnError::InvalidArgument {
+                op: spec.op(Pass::Decode),
+                arg: "state",
+                reason: format!("the state was built for {what} = {s}, the spec has {what} = {o}"),
+            }
+            .into()),
+        }
+    }
+}
+
+/// The running sums of a Taylor decode, on the device that built them.
+pub struct TaylorDecodeState {
+    shape: DecodeShape,
+    lens: Vec<usize>,
+    sums: CudaSlice<f32>,
+}
+
+impl TaylorDecodeState {
+    pub fn shape(&self) -> &DecodeShape {
+        &self.shape
+    }
+    /// Tokens folded so far into batch entry `b`.
+    pub fn len(&self, b: usize) -> usize {
+        self.lens[b]
+    }
+    /// Whether no batch entry has a token yet.
+    pub fn is_empty(&self) -> bool {
+        self.lens.iter().all(|&l| l == 0)
+    }
+    /// The sums, `[B, Hkv, features, Dv + 1]` f32.
+    pub fn sums(&self) -> &CudaSlice<f32> {
+        &self.sums
+    }
+}
+
+impl CudaAttn {
+    /// A state with no token folded yet, for the family and shapes of `spec` (a Taylor spec).
+    pub fn taylor_decode_empty(&self, spec: &AttnSpec) -> Result<TaylorDecodeState> {
+        check_shape(spec)?;
+        let shape = DecodeShape::of(spec);
+        let n = spec.batch() * spec.heads_kv() * shape.features() * heuristics::width(spec.head_dim());
+        Ok(TaylorDecodeState {
+            shape,
+            lens: vec![0; spec.batch()],
+            sums: self.stream().alloc_zeros::<f32>(n.max(1))?,
+        })
+    }
+
+    /// Prefill: the forward of a prompt (any Taylor spec: causal or not, key padding, packed varlen),
+    /// writing `o` and the denominators into `io`, and the decode state over each batch entry's valid keys.
+    pub fn taylor_prefill<T: DeviceElem>(
+        &self,
+        spec: &AttnSpec,
+        io: ForwardViews<'_, T>,
+    ) -> Result<TaylorDecodeState> {
+        let pass = Pass::Forward;
+        check::<T>(spec, pass)?;
+        let mut state = self.taylor_decode_empty(spec)?;
+        let call = Call::new(self, spec, pass)?;
+        let (mut p, _lengths) = call.params()?;
+        let ForwardViews {
+            q,
+            k,
+            v,
+            bias,
+            mut o,
+            mut lse,
+        } = io;
+        let scratch = super::forward_impl(
+            &call,
+            &mut p,
+            Forward {
+                q: &q,
+                k: &k,
+                v: &v,
+                bias: bias.as_ref().map(|b| b as &dyn DevicePtr<T>),
+                o: &mut o,
+                stats: &mut lse,
+            },
+        )?;
+        let d = spec.head_dim();
+        p.kx = scratch.kx.device_ptr(call.stream).0;
+        p.ky = scratch.ky.device_ptr(call.stream).0;
+        p.state = state.sums.device_ptr(call.stream).0;
+        p.features = state.shape.features() as i32;
+        call.run(
+            super::Launch {
+                name: format!("attn_taylor_decode_prefill_d{d}"),
+                grid: (
+                    heuristics::blocks(state.shape.features(), DECODE_FEATURES),
+                    spec.heads_kv(),
+                    spec.batch(),
+                ),
+                smem: 0,
+            },
+            &p,
+        )?;
+        for (b, len) in state.lens.iter_mut().enumerate() {
+            *len = spec.seq_lens(b).k;
+        }
+        Ok(state)
+    }
+
+    /// A decode step: append the tokens `io` holds (described by `spec`: a dense batch of `t` new tokens
+    /// per entry, `seq_q = seq_k = t`, causal) to `state`, and write their o and denominators into `io`.
+    /// New token `i` sees every key folded before the call and the new keys `0..=i`.
+    pub fn taylor_decode_step<T: DeviceElem>(
+        &self,
+        state: &mut TaylorDecodeState,
+        spec: &AttnSpec,
+        io: ForwardViews<'_, T>,
+    ) -> Result<()> {
+        let pass = Pass::Decode;
+        check::<T>(spec, pass)?;
+        state.shape.check(spec)?;
+        check_step(spec)?;
+        if io.bias.is_some() {
+            super::no_bias(spec, pass, "bias", true)?;
+        }
+        let call = Call::new(self, spec, pass)?;
+        let (mut p, _lengths) = call.params()?;
+        let c = call.checker(pass);
+        let (q, _gq) = c.input("q", &io.q, spec.q_len())?;
+        let (k, _gk) = c.input("k", &io.k, spec.k_len())?;
+        let (v, _gv) = c.input("v", &io.v, spec.v_len())?;
+        let ForwardViews { mut o, mut lse, .. } = io;
+        let (o, _go) = c.output("o", &mut o, spec.o_len())?;
+        let (stats, _gs) = c.output("stats", &mut lse, spec.stats_len())?;
+        (p.base.q, p.base.k, p.base.v, p.base.o, p.base.lse) = (q, k, v, o, stats);
+        let (d, m) = (spec.head_dim(), heuristics::width(spec.head_dim()));
+        let (_acc, acc) = call.scratch(spec.total_q() * spec.heads_q() * m)?;
+        p.acc_q = acc;
+        let (sums, _gsum) = state.sums.device_ptr_mut(call.stream);
+        p.state = sums;
+        p.features = state.shape.features() as i32;
+        call.run(
+            super::Launch {
+                name: format!("attn_taylor_decode_step_{}_d{d}", super::dtype_tag(spec.dtype())),
+                grid: (
+                    heuristics::blocks(state.shape.features(), DECODE_FEATURES),
+                    spec.heads_kv(),
+                    spec.batch(),
+                ),
+                smem: heuristics::decode_step_smem(d, spec.group()),
+            },
+            &p,
+        )?;
+        call.run(call.rows("finalize_fwd", false), &p)?;
+        state.lens.iter_mut().for_each(|l| *l += spec.seq_q());
+        Ok(())
+    }
+}
+
+/// A decode state exists for Taylor specs the kernels support.
+fn check_shape(spec: &AttnSpec) -> Result<()> {
+    let op = spec.op(Pass::Decode);
+    if !matches!(spec.family(), FamilySpec::Taylor { .. }) {
+        return Err(AttnError::InvalidArgument {
+            op,
+            arg: "family",
+            reason: format!(
+                "recurrent decode exists for Taylor linear attention only, not {}",
+                spec.family_kind().name()
+            ),
+        }
+        .into());
+    }
+    if !heuristics::HEAD_DIMS.contains(&spec.head_dim()) || spec.head_dim_v() != spec.head_dim() {
+        return Err(super::unsupported(
+            op,
+            format!(
+                "taylor decode with head dims ({}, {}) (supported: equal, one of {:?})",
+                spec.head_dim(),
+                spec.head_dim_v(),
+                heuristics::HEAD_DIMS
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// What a decode step is: dense, one key per new query, causal.
+fn check_step(spec: &AttnSpec) -> Result<()> {
+    let op = spec.op(Pass::Decode);
+    if !matches!(spec.lengths(), SeqLengths::Dense) {
+        return Err(AttnError::InvalidArgument {
+            op,
+            arg: "lengths",
+            reason: "a decode step appends the same number of tokens to every batch entry (no key padding or packed varlen)"
+                .into(),
+        }
+        .into());
+    }
+    if spec.seq_q() != spec.seq_k() {
+        return Err(AttnError::ShapeMismatch {
+            op,
+            what: "seq_k".into(),
+            expected: format!("one key per new query (seq_k = seq_q = {})", spec.seq_q()),
+            got: format!("seq_k = {}", spec.seq_k()),
+        }
+        .into());
+    }
+    if spec.causal() == Causal::None {
+        return Err(AttnError::InvalidArgument {
+            op,
+            arg: "causal",
+            reason:
+                "a decode step is causal: each new token sees the keys before it (TopLeft or BottomRight)"
+                    .into(),
+        }
+        .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,126 @@
+//! Loading the `taylor` fatbin and launching its kernels: the only `unsafe` launches of the Taylor family.
+//!
+//! The module is loaded once per CUDA context (the fatbins embedded by build.rs) and its functions are
+//! looked up once and configured for their dynamic shared memory.
+
+use crate::error::{CudaAttnError, Result};
+use crate::taylor::heuristics::THREADS;
+use crate::taylor::params::TaylorParams;
+use attn_core::{AttnError, Op};
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+/// The fatbin's name in build.rs's kernel list.
+const FATBIN: &str = "taylor";
+
+/// One kernel launch: name, grid `(x, heads, batch)` and dynamic shared memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Launch {
+    pub name: String,
+    pub grid: (usize, usize, usize),
+    pub smem: usize,
+}
+
+/// The loaded module of one context and the functions looked up so far.
+pub(crate) struct Kernels {
+    module: Arc<CudaModule>,
+    /// name → (function, dynamic shared memory it is configured for)
+    functions: Mutex<HashMap<String, (CudaFunction, usize)>>,
+}
+
+type Cache = Mutex<Vec<(usize, Arc<Kernels>)>>;
+
+fn cache() -> &'static Cache {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// The Taylor kernels of `ctx`, loading the module on first use.
+pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>> {
+    let bytes = embedded::FATBINS
+        .and_then(|all| all.iter().find(|(name, _)| *name == FATBIN))
+        .map(|(_, b)| *b)
+        .ok_or(CudaAttnError::KernelsNotBuilt { op })?;
+    let key = ctx.cu_ctx() as usize;
+    // A poisoned lock only means another thread panicked mid-lookup; the cache holds fully built entries.
+    let mut entries = cache().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, k)) = entries.iter().find(|(c, _)| *c == key) {
+        return Ok(k.clone());
+    }
+    let kernels = Arc::new(Kernels {
+        module: ctx.load_module(Ptx::from_binary(bytes.to_vec()))?,
+        functions: Mutex::new(HashMap::new()),
+    });
+    entries.push((key, kernels.clone()));
+    Ok(kernels)
+}
+
+impl Kernels {
+    fn function(&self, launch: &Launch) -> Result<CudaFunction> {
+        let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((f, smem)) = functions.get(&launch.name) {
+            if *smem >= launch.smem {
+                return Ok(f.clone());
+            }
+        }
+        let f = self.module.load_function(&launch.name)?;
+        if launch.smem > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                launch.smem as i32,
+            )?;
+        }
+        functions.insert(launch.name.clone(), (f.clone(), launch.smem));
+        Ok(f)
+    }
+
+    /// Launch one kernel with `params` on `stream`. The caller guarantees that every pointer in `params`
+    /// addresses a live device buffer of the length the spec requires (checked before params are built).
+    pub(crate) fn launch(
+        &self,
+        stream: &CudaStream,
+        launch: &Launch,
+        params: &TaylorParams,
+        op: Op,
+    ) -> Result<()> {
+        let f = self.function(launch)?;
+        let (gx, gy, gz) = launch.grid;
+        let dim = |n: usize, max: usize, what: &str| -> Result<u32> {
+            if n == 0 || n > max {
+                return Err(AttnError::Unsupported {
+                    op,
+                    backend: crate::dispatch::BACKEND,
+                    what: format!("{} grid of {n} blocks along {what} (limit {max})", launch.name),
+                }
+                .into());
+            }
+            Ok(n as u32)
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (
+                dim(gx, i32::MAX as usize, "x")?,
+                dim(gy, 65_535, "heads")?,
+                dim(gz, 65_535, "batch")?,
+            ),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: launch.smem as u32,
+        };
+        let mut builder = stream.launch_builder(&f);
+        builder.arg(params);
+        // SAFETY: `params` is the #[repr(C)] mirror of the kernel's only parameter; every pointer in it
+        // was taken from a buffer whose length was checked against the spec (or allocated here for the
+        // call's scratch), and those buffers outlive the enqueued launch (the caller holds them and their
+        // stream guards until every launch of the call is enqueued; cudarc frees in stream order). Grid and
+        // shared memory come from `taylor::heuristics`, the mirror of the kernels' tiles; a kernel given
+        // less shared memory than its layout traps rather than writing past it.
+        unsafe { builder.launch(cfg) }?;
+        Ok(())
+    }
+}

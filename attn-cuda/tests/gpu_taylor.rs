@@ -1,0 +1,712 @@
+//! Taylor linear attention kernels against the f64 CPU reference: orders 1 and 2 × dtypes × head dims ×
+//! mask options (causal top-left and bottom-right with `Nq ≠ Nk`, key padding, packed varlen, GQA/MQA,
+//! layouts, strided views), sequences long enough to split the states over blocks, random dO, outputs
+//! poisoned with NaN before each launch (`common::run_gpu`); recurrent decode against
+//! `attn_cpu_ref::decode`; bad input as typed errors.
+//!
+//! Tolerance (REFERENCE.md): `err(kernel) ≤ 2·err(naive) + atol` with `atol = 4·u·max|ref|`, where the
+//! naive baseline ([`naive_taylor`]) is quadratic Taylor attention in the storage dtype: q̂, k̂, the
+//! scores S, the weights f(S), num, den, o and every gradient product rounded to the dtype, sums in f32.
+//!
+//! GPU-only: `cargo xtask test-gpu` (or the bundle of `cargo xtask gpu-bundle`) runs them with `--ignored`.
+
+mod common;
+
+use attn_core::{
+    AttnError, AttnProblem, AttnSpec, Causal, DType, Element, Family, FamilySpec, InputStrides, Layout,
+    Strides, TaylorParams,
+};
+use attn_cpu_ref::decode::{prefill_f64, step_f64};
+use attn_cpu_ref::testing::{check_close, max_abs, random_case, Case};
+use attn_cpu_ref::{backward_f64, forward_f64, Inputs};
+use attn_cuda::{CudaAttnError, DeviceElem, ForwardViews};
+use common::{gpu, run_gpu, Outputs};
+use half::{bf16, f16};
+
+const DIMS: [usize; 4] = [16, 32, 64, 128];
+
+/// Quadratic Taylor attention in dtype `T` (see the module doc), forward and backward.
+fn naive_taylor<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
+    let rt = |v: f32| T::from_f32(v).to_f32();
+    let FamilySpec::Taylor {
+        a,
+        scale,
+        qk_l2norm,
+        eps,
+        ..
+    } = *spec.family()
+    else {
+        panic!("naive_taylor needs a Taylor spec")
+    };
+    let f = |s: f32| a[0] + s * (a[1] + a[2] * s);
+    let df = |s: f32| a[1] + 2.0 * a[2] * s;
+    let (d, dv) = (spec.head_dim(), spec.head_dim_v());
+    let prep = |buf: &[f64], off: usize| -> (Vec<f32>, f32) {
+        let row: Vec<f32> = buf[off..off + d].iter().map(|&v| v as f32).collect();
+        let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+        if qk_l2norm {
+            (row.iter().map(|v| rt(v / norm.max(eps))).collect(), norm)
+        } else {
+            (row, norm)
+        }
+    };
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let mut out = Outputs {
+        o: vec![0.0; spec.o_len()],
+        lse: vec![0.0; spec.stats_len()],
+        dq: vec![0.0; spec.dq_len()],
+        dk: vec![0.0; spec.dk_len()],
+        dv: vec![0.0; spec.dv_len()],
+        dbias: None,
+    };
+    let mut dk_acc = vec![0f32; spec.dk_len()];
+    let mut dv_acc = vec![0f32; spec.dv_len()];
+    for b in 0..spec.batch() {
+        let lens = spec.seq_lens(b);
+        for h in 0..spec.heads_q() {
+            let hk = spec.kv_head(h);
+            for i in 0..lens.q {
+                let keys = spec.key_range(b, i);
+                if keys.is_empty() {
+                    continue;
+                }
+                let (qh, qnorm) = prep(x.q, spec.q_offset(b, i, h));
+                let kr: Vec<Vec<f32>> = keys
+                    .clone()
+                    .map(|j| prep(x.k, spec.k_offset(b, j, hk)).0)
+                    .collect();
+                let vr: Vec<Vec<f32>> = keys
+                    .clone()
+                    .map(|j| {
+                        let o = spec.v_offset(b, j, hk);
+                        x.v[o..o + dv].iter().map(|&v| v as f32).collect()
+                    })
+                    .collect();
+                let s: Vec<f32> = kr.iter().map(|k| rt(scale * dot(&qh, k))).collect();
+                let w: Vec<f32> = s.iter().map(|&s| rt(f(s))).collect();
+                let den = rt(w.iter().sum());
+                let oo = spec.o_offset(b, i, h);
+                let mut o_row = vec![0f32; dv];
+                for (c, o) in o_row.iter_mut().enumerate() {
+                    let num = rt(w.iter().zip(&vr).map(|(w, v)| w * v[c]).sum());
+                    *o = rt(num / den);
+                    out.o[oo + c] = *o as f64;
+                }
+                out.lse[spec.stats_index(b, h, i)] = den as f64;
+                // Backward: ĝ = dO/den, δ = ĝ·o, dA = ĝ·v − δ, dS = f'(S)·dA.
+                let gh: Vec<f32> = d_o[oo..oo + dv].iter().map(|&g| rt(g as f32 / den)).collect();
+                let delta = rt(dot(&gh, &o_row));
+                let mut dqh = vec![0f32; d];
+                for (jj, j) in keys.clone().enumerate() {
+                    let da = rt(rt(dot(&gh, &vr[jj])) - delta);
+                    let ds = rt(df(s[jj]) * da);
+                    let (ko, vo) = (spec.dk_offset(b, j, hk), spec.dv_offset(b, j, hk));
+                    for c in 0..d {
+                        dqh[c] += ds * kr[jj][c];
+                        dk_acc[ko + c] += ds * qh[c];
+                    }
+                    for c in 0..dv {
+                        dv_acc[vo + c] += w[jj] * gh[c];
+                    }
+                }
+                let dqh: Vec<f32> = dqh.iter().map(|&v| rt(scale * v)).collect();
+                let dq = l2norm_bwd(&qh, &dqh, qnorm, eps, qk_l2norm);
+                let qo = spec.dq_offset(b, i, h);
+                for (dst, &x) in out.dq[qo..qo + d].iter_mut().zip(&dq) {
+                    *dst = rt(x) as f64;
+                }
+            }
+        }
+        let rows_k = if spec.is_varlen() { lens.k } else { spec.seq_k() };
+        for hk in 0..spec.heads_kv() {
+            for j in 0..rows_k {
+                let ko = spec.dk_offset(b, j, hk);
+                let dkh: Vec<f32> = dk_acc[ko..ko + d].iter().map(|&v| rt(scale * v)).collect();
+                let dk = if j < lens.k {
+                    let (kh, norm) = prep(x.k, spec.k_offset(b, j, hk));
+                    l2norm_bwd(&kh, &dkh, norm, eps, qk_l2norm)
+                } else {
+                    dkh
+                };
+                let vo = spec.dv_offset(b, j, hk);
+                for (dst, &x) in out.dk[ko..ko + d].iter_mut().zip(&dk) {
+                    *dst = rt(x) as f64;
+                }
+                for c in 0..dv {
+                    out.dv[vo + c] = rt(dv_acc[vo + c]) as f64;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖` where `‖x‖ > eps`, else `dx̂ / eps`; the identity without the l2-norm.
+fn l2norm_bwd(xh: &[f32], dxh: &[f32], norm: f32, eps: f32, l2: bool) -> Vec<f32> {
+    if !l2 {
+        dxh.to_vec()
+    } else if norm > eps {
+        let xd: f32 = xh.iter().zip(dxh).map(|(a, b)| a * b).sum();
+        xh.iter().zip(dxh).map(|(x, g)| (g - x * xd) / norm).collect()
+    } else {
+        dxh.iter().map(|g| g / eps).collect()
+    }
+}
+
+fn round_all<T: Element>(case: &mut Case, amp: f64) {
+    for x in [&mut case.q, &mut case.k] {
+        x.iter_mut().for_each(|v| *v = T::from_f64(*v * amp).to_f64());
+    }
+    for x in [&mut case.v, &mut case.d_o] {
+        x.iter_mut().for_each(|v| *v = T::from_f64(*v).to_f64());
+    }
+}
+
+/// One case: random inputs (q, k scaled by `amp`), rounded to `T`; the f64 reference; the naive baseline;
+/// the GPU (inputs at element `offset` of their buffers). Every tensor compared by name.
+fn check_taylor<T: DeviceElem>(spec: &AttnSpec, seed: u64, offset: usize, amp: f64) -> Result<(), String> {
+    let mut case = random_case(spec, seed);
+    round_all::<T>(&mut case, amp);
+    let reference = forward_f64(spec, case.inputs()).map_err(|e| e.to_string())?;
+    let grads = backward_f64(spec, case.inputs(), &reference.o, &case.d_o, &reference.stats)
+        .map_err(|e| e.to_string())?;
+    let base = naive_taylor::<T>(spec, case.inputs(), &case.d_o);
+    let got = run_gpu::<T>(spec, &case, offset)?;
+    let u = T::DTYPE.unit_roundoff();
+    let atol = |r: &[f64]| 4.0 * u * max_abs(r).max(1e-3);
+    let ctx = |e: String| format!("{} {} seed {seed}: {e}", spec.family().label(), T::DTYPE);
+    check_close("o", &got.o, &reference.o, &base.o, atol(&reference.o)).map_err(ctx)?;
+    check_close(
+        "den",
+        &got.lse,
+        &reference.stats,
+        &base.lse,
+        atol(&reference.stats),
+    )
+    .map_err(ctx)?;
+    check_close("dq", &got.dq, &grads.dq, &base.dq, atol(&grads.dq)).map_err(ctx)?;
+    check_close("dk", &got.dk, &grads.dk, &base.dk, atol(&grads.dk)).map_err(ctx)?;
+    check_close("dv", &got.dv, &grads.dv, &base.dv, atol(&grads.dv)).map_err(ctx)
+}
+
+fn check_dtype(spec: &AttnSpec, seed: u64, offset: usize, amp: f64) -> Result<(), String> {
+    match spec.dtype() {
+        DType::F32 => check_taylor::<f32>(spec, seed, offset, amp),
+        DType::F16 => check_taylor::<f16>(spec, seed, offset, amp),
+        DType::BF16 => check_taylor::<bf16>(spec, seed, offset, amp),
+    }
+}
+
+/// A small deterministic generator for shapes (the tensors come from `random_case`).
+struct Shapes(u64);
+impl Shapes {
+    fn next(&mut self, lo: usize, hi: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        lo + ((self.0 >> 33) as usize) % (hi - lo + 1)
+    }
+    /// A length in [lo, hi] that is not a multiple of 16 (so every chunk and tile has a tail).
+    fn tail(&mut self, lo: usize, hi: usize) -> usize {
+        let n = self.next(lo, hi);
+        if n % 16 == 0 {
+            n + 3
+        } else {
+            n
+        }
+    }
+}
+
+/// Sequence lengths: long enough for several chunks of the state sweep (C = 64, or 32 at D = 128).
+fn max_len(d: usize) -> usize {
+    if d >= 128 {
+        110
+    } else {
+        200
+    }
+}
+
+/// Order 1 keeps `f > 0` with l2-normalised q, k and `a1·scale < a0`; order 2 takes the defaults.
+fn family(order: u8) -> Family {
+    if order == 1 {
+        Family::Taylor(TaylorParams {
+            order: 1,
+            a: [1.0, 0.8, 0.0],
+            scale: Some(0.9),
+            qk_l2norm: true,
+        })
+    } else {
+        Family::taylor(2)
+    }
+}
+
+fn custom_order2() -> Family {
+    Family::Taylor(TaylorParams {
+        order: 2,
+        a: [0.7, -0.4, 0.35],
+        scale: Some(0.3),
+        qk_l2norm: true,
+    })
+}
+
+type Make = fn(Family, DType, usize, &mut Shapes) -> AttnProblem;
+
+/// Run every (order or family) × dtype × head dim of one option group; collect every failure.
+fn run_group(name: &str, families: &[Family], make: Make, offset: usize, amp: f64) {
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for (fi, &fam) in families.iter().enumerate() {
+        for (n, &d) in DIMS.iter().enumerate() {
+            for dtype in DType::ALL {
+                let seed = 100 * fi as u64 + 17 * n as u64 + 1;
+                let spec = make(fam, dtype, d, &mut Shapes(seed))
+                    .validate()
+                    .expect("valid test problem");
+                cases += 1;
+                if let Err(e) = check_dtype(&spec, seed, offset, amp) {
+                    failures.push(format!("D={d} {dtype}: {e}"));
+                }
+            }
+        }
+    }
+    println!("{name}: {cases} cases, {} failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{name}: {} of {cases} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+fn dense_gqa(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(70, max_len(d)));
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
+}
+
+fn causal_top_left_q_shorter(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let nk = s.tail(90, max_len(d));
+    let nq = s.tail(20, nk - 20);
+    AttnProblem::new(f, dt, 2, 2, 1, nq, nk, d).with_causal(Causal::TopLeft)
+}
+
+fn causal_top_left_q_longer(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    // Nq > Nk, top-left: the last Nq − Nk queries all see every key.
+    let nq = s.tail(90, max_len(d));
+    let nk = s.tail(40, nq - 20);
+    AttnProblem::new(f, dt, 1, 2, 2, nq, nk, d).with_causal(Causal::TopLeft)
+}
+
+fn causal_bottom_right_q_longer(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    // Nq > Nk: the first Nq − Nk queries see no key (zeros, den = 0, zero gradients).
+    let nq = s.tail(90, max_len(d));
+    let nk = s.tail(40, nq - 20);
+    AttnProblem::new(f, dt, 1, 3, 3, nq, nk, d).with_causal(Causal::BottomRight)
+}
+
+fn causal_bottom_right_kv_longer(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let nk = s.tail(90, max_len(d));
+    let nq = s.tail(10, nk - 30);
+    AttnProblem::new(f, dt, 2, 4, 1, nq, nk, d).with_causal(Causal::BottomRight)
+}
+
+fn key_padding_causal(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let n = s.tail(70, max_len(d));
+    // Batch entry 2 has no valid key at all.
+    let lens = vec![n, s.next(1, n - 1), 0];
+    AttnProblem::new(f, dt, 3, 2, 2, n, n, d)
+        .with_key_lens(lens)
+        .with_causal(Causal::BottomRight)
+}
+
+fn key_padding_dense(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(30, max_len(d)), s.tail(70, max_len(d)));
+    let lens = vec![s.next(1, nk), nk];
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d).with_key_lens(lens)
+}
+
+fn varlen_causal(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let lq = [s.tail(20, max_len(d)), 0, s.tail(5, 60), s.tail(30, max_len(d))];
+    let lk = [s.tail(20, max_len(d)), s.next(1, 30), s.tail(5, 60), lq[3]];
+    let cu = |l: &[usize]| -> Vec<usize> {
+        let mut c = vec![0];
+        for x in l {
+            c.push(c.last().expect("non-empty") + x);
+        }
+        c
+    };
+    let (mq, mk) = (*lq.iter().max().expect("4"), *lk.iter().max().expect("4"));
+    AttnProblem::new(f, dt, 4, 4, 2, mq, mk, d)
+        .with_varlen(cu(&lq), cu(&lk))
+        .with_causal(Causal::BottomRight)
+}
+
+fn mqa_bhnd(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(70, max_len(d)));
+    AttnProblem::new(f, dt, 2, 4, 1, nq, nk, d)
+        .with_layout(Layout::Bhnd)
+        .with_causal(Causal::TopLeft)
+}
+
+/// `[B, N, H, D]` views with padded rows and spread heads: strided, last dim contiguous.
+fn strided_views(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(70, max_len(d)));
+    let (b, hq, hkv) = (2, 2, 1);
+    let st = |n: usize, h: usize| {
+        let head = d + 8;
+        let seq = h * head + 16;
+        Strides {
+            batch: n * seq + 8,
+            seq,
+            head,
+            dim: 1,
+        }
+    };
+    AttnProblem::new(f, dt, b, hq, hkv, nq, nk, d)
+        .with_strides(InputStrides {
+            q: st(nq, hq),
+            k: st(nk, hkv),
+            v: st(nk, hkv),
+        })
+        .with_causal(Causal::BottomRight)
+}
+
+/// One head, a sequence of ~1000: the state sweep splits it across up to 8 blocks per feature slab.
+fn long_causal(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let n = s.tail(900, 1100);
+    AttnProblem::new(f, dt, 1, 2, 1, n, n, d).with_causal(Causal::TopLeft)
+}
+
+fn long_dense(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(200, 400), s.tail(900, 1100));
+    AttnProblem::new(f, dt, 1, 1, 1, nq, nk, d)
+}
+
+const ORDERS: [Family; 2] = [
+    Family::Taylor(TaylorParams {
+        order: 1,
+        a: [1.0, 0.8, 0.0],
+        scale: Some(0.9),
+        qk_l2norm: true,
+    }),
+    Family::Taylor(TaylorParams {
+        order: 2,
+        a: [1.0, 1.0, 0.5],
+        scale: None,
+        qk_l2norm: false,
+    }),
+];
+
+macro_rules! gpu_tests {
+    ($($name:ident: $families:expr, $make:expr, $offset:expr;)*) => {$(
+        #[test]
+        #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+        fn $name() {
+            run_group(stringify!($name), &$families, $make, $offset, 1.0);
+        }
+    )*};
+}
+
+gpu_tests! {
+    taylor_dense_gqa_with_tails_matches_reference: ORDERS, dense_gqa, 0;
+    taylor_causal_top_left_q_shorter_than_k_matches_reference: ORDERS, causal_top_left_q_shorter, 0;
+    taylor_causal_top_left_q_longer_than_k_matches_reference: ORDERS, causal_top_left_q_longer, 0;
+    taylor_causal_bottom_right_q_longer_than_k_zeroes_empty_rows: ORDERS, causal_bottom_right_q_longer, 0;
+    taylor_causal_kv_longer_than_q_matches_reference: ORDERS, causal_bottom_right_kv_longer, 0;
+    taylor_key_padding_causal_matches_reference: ORDERS, key_padding_causal, 0;
+    taylor_key_padding_dense_matches_reference: ORDERS, key_padding_dense, 0;
+    taylor_packed_varlen_causal_matches_reference: ORDERS, varlen_causal, 0;
+    taylor_mqa_bhnd_layout_matches_reference: ORDERS, mqa_bhnd, 0;
+    taylor_strided_views_at_an_offset_match_reference: ORDERS, strided_views, 8;
+    taylor_custom_coefficients_with_l2norm_match_reference: [custom_order2()], causal_top_left_q_shorter, 0;
+    taylor_long_causal_split_states_match_reference: ORDERS, long_causal, 0;
+    taylor_long_dense_split_states_match_reference: ORDERS, long_dense, 0;
+}
+
+/// Order 2 keeps f ≥ 1/2 for any score: with q, k scaled by 30 (|s| in the thousands) every output and
+/// gradient stays finite and within tolerance (f32 and bf16; f16 cannot hold f(s) ~ 1e6).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_order2_large_scores_stay_finite_and_match_reference() {
+    let mut failures = Vec::new();
+    for (n, &d) in DIMS.iter().enumerate() {
+        for dtype in [DType::F32, DType::BF16] {
+            let seed = 900 + n as u64;
+            let spec = causal_top_left_q_shorter(family(2), dtype, d, &mut Shapes(seed))
+                .validate()
+                .expect("valid");
+            if let Err(e) = check_dtype(&spec, seed, 0, 30.0) {
+                failures.push(format!("D={d} {dtype}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Order 1 has no floor on f: with a1·scale = a0 the weights f = a0(1 + ŝ) reach 0 where q̂ = −k̂ and the
+/// denominators get small. The kernels return num/den as computed, like the reference: checked in f32
+/// on rows whose denominators are small but not 0.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_order1_small_denominators_follow_the_reference() {
+    let fam = Family::Taylor(TaylorParams {
+        order: 1,
+        a: [1.0, 1.0, 0.0],
+        scale: Some(1.0),
+        qk_l2norm: true,
+    });
+    let spec = AttnProblem::new(fam, DType::F32, 1, 1, 1, 40, 70, 32)
+        .with_causal(Causal::BottomRight)
+        .validate()
+        .expect("valid");
+    let mut case = random_case(&spec, 4);
+    // Every key close to −q_0: query 0's weights are all near 0.
+    let q0: Vec<f64> = case.q[..32].to_vec();
+    for j in 0..70 {
+        let ko = spec.k_offset(0, j, 0);
+        for (kc, &qc) in case.k[ko..ko + 32].iter_mut().zip(&q0) {
+            *kc = -qc + 0.05 * *kc;
+        }
+    }
+    let reference = forward_f64(&spec, case.inputs()).expect("reference");
+    let got = run_gpu::<f32>(&spec, &case, 0).expect("gpu");
+    // Query 0 sees 31 keys whose weights are each well under 0.05.
+    let den0 = reference.stats[spec.stats_index(0, 0, 0)];
+    assert!(
+        den0 > 0.0 && den0 < 1.5,
+        "query 0 has a small denominator: {den0}"
+    );
+    assert!(got.o.iter().chain(&got.lse).all(|x| x.is_finite()));
+    // f = 1 + s cancels in f32 (|s| ≈ 1), so query 0's output carries ~1e-3 relative error, as any
+    // f32 computation of it would; a wrong sum would be off by O(1).
+    for (i, (g, r)) in got.o.iter().zip(&reference.o).enumerate() {
+        assert!((g - r).abs() <= 2e-2 * (1.0 + r.abs()), "o[{i}]: {g} vs {r}");
+    }
+}
+
+/// Recurrent decode on the GPU: a prefilled causal prompt continued one token at a time, then two at a
+/// time, against the CPU decode reference (f64) on the same rounded inputs.
+fn decode_case<T: DeviceElem>(order: u8, d: usize) -> Result<(), String> {
+    let dt = T::DTYPE;
+    let (b, hq, hk, p) = (2, 4, 2, 70);
+    let fam = family(order);
+    let mk = |n: usize| {
+        AttnProblem::new(fam, dt, b, hq, hk, n, n, d)
+            .with_causal(Causal::TopLeft)
+            .validate()
+            .expect("valid")
+    };
+    let g = gpu();
+    let s = g.stream();
+    let up = |x: &[f64]| {
+        s.clone_htod(&x.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>())
+            .expect("upload")
+    };
+    let prompt = mk(p);
+    let mut pc = random_case(&prompt, 31);
+    round_all::<T>(&mut pc, 1.0);
+    let (_, mut cpu) = prefill_f64(&prompt, pc.inputs()).map_err(|e| e.to_string())?;
+    let (q, k, v) = (up(&pc.q), up(&pc.k), up(&pc.v));
+    let mut o = s.alloc_zeros::<T>(prompt.o_len()).expect("alloc");
+    let mut den = s.alloc_zeros::<f32>(prompt.stats_len()).expect("alloc");
+    let views = ForwardViews {
+        q: q.slice(..),
+        k: k.slice(..),
+        v: v.slice(..),
+        bias: None,
+        o: o.slice_mut(..),
+        lse: den.slice_mut(..),
+    };
+    let mut state = g.taylor_prefill(&prompt, views).map_err(|e| e.to_string())?;
+    let u = dt.unit_roundoff();
+    for (step, t) in [1, 1, 1, 2, 2, 1].into_iter().enumerate() {
+        let spec = mk(t);
+        let mut c = random_case(&spec, 40 + step as u64);
+        round_all::<T>(&mut c, 1.0);
+        let want = step_f64(&mut cpu, &spec, c.inputs()).map_err(|e| e.to_string())?;
+        let (q, k, v) = (up(&c.q), up(&c.k), up(&c.v));
+        let mut o = s
+            .clone_htod(&vec![T::from_f64(f64::NAN); spec.o_len()])
+            .expect("upload");
+        let mut den = s.clone_htod(&vec![f32::NAN; spec.stats_len()]).expect("upload");
+        let views = ForwardViews {
+            q: q.slice(..),
+            k: k.slice(..),
+            v: v.slice(..),
+            bias: None,
+            o: o.slice_mut(..),
+            lse: den.slice_mut(..),
+        };
+        g.taylor_decode_step(&mut state, &spec, views)
+            .map_err(|e| e.to_string())?;
+        let got_o: Vec<f64> = s
+            .clone_dtoh(&o)
+            .expect("download")
+            .iter()
+            .map(|x| x.to_f64())
+            .collect();
+        let got_den: Vec<f64> = s
+            .clone_dtoh(&den)
+            .expect("download")
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let (eo, ed) = (
+            attn_cpu_ref::testing::max_abs_diff(&got_o, &want.o),
+            attn_cpu_ref::testing::max_abs_diff(&got_den, &want.stats),
+        );
+        let (to, td) = (
+            (2.0 * u + 1e-5) * max_abs(&want.o).max(1e-3),
+            1e-5 * max_abs(&want.stats).max(1.0),
+        );
+        if !(eo <= to && ed <= td) || got_o.iter().any(|x| !x.is_finite()) {
+            return Err(format!(
+                "order {order} D={d} {dt} step {step}: o error {eo:.3e} (tol {to:.3e}), den error {ed:.3e} (tol {td:.3e})"
+            ));
+        }
+    }
+    for bi in 0..b {
+        if state.len(bi) != p + 8 {
+            return Err(format!("state length {} after {} tokens", state.len(bi), p + 8));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_decode_token_by_token_matches_the_cpu_decode() {
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for order in [1, 2] {
+        for d in DIMS {
+            for r in [
+                decode_case::<f32>(order, d),
+                decode_case::<f16>(order, d),
+                decode_case::<bf16>(order, d),
+            ] {
+                cases += 1;
+                if let Err(e) = r {
+                    failures.push(e);
+                }
+            }
+        }
+    }
+    println!("decode: {cases} cases, {} failed", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn views_for<'a, T: DeviceElem>(
+    bufs: &'a mut [attn_cuda::cudarc::driver::CudaSlice<T>; 4],
+    den: &'a mut attn_cuda::cudarc::driver::CudaSlice<f32>,
+) -> ForwardViews<'a, T> {
+    let [q, k, v, o] = bufs;
+    ForwardViews {
+        q: q.slice(..),
+        k: k.slice(..),
+        v: v.slice(..),
+        bias: None,
+        o: o.slice_mut(..),
+        lse: den.slice_mut(..),
+    }
+}
+
+fn expect_unsupported(r: Result<(), CudaAttnError>, what: &str) {
+    match r {
+        Err(CudaAttnError::Attn(AttnError::Unsupported { what: w, .. })) => {
+            assert!(w.contains(what), "{w}")
+        }
+        other => panic!("expected Unsupported({what}), got {other:?}"),
+    }
+}
+
+/// Head dims without kernels, `Dv ≠ D` and mismatched decode states are typed errors naming the argument.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_bad_input_is_a_typed_error() {
+    let g = gpu();
+    let s = g.stream();
+    let bufs = |spec: &AttnSpec| -> [attn_cuda::cudarc::driver::CudaSlice<bf16>; 4] {
+        [spec.q_len(), spec.k_len(), spec.v_len(), spec.o_len()]
+            .map(|n| s.alloc_zeros::<bf16>(n.max(1)).expect("alloc"))
+    };
+    let run = |spec: &AttnSpec| -> Result<(), CudaAttnError> {
+        let mut b = bufs(spec);
+        let mut den = s.alloc_zeros::<f32>(spec.stats_len()).expect("alloc");
+        g.forward_views(spec, views_for(&mut b, &mut den))
+    };
+    let p = |d: usize| AttnProblem::new(Family::taylor(2), DType::BF16, 1, 2, 1, 8, 8, d);
+    expect_unsupported(run(&p(48).validate().expect("valid")), "head dim 48");
+    expect_unsupported(
+        run(&p(64).with_head_dim_v(32).validate().expect("valid")),
+        "value head dim 32",
+    );
+
+    // Order 3 and an order-2 a2 that lets f reach 0 are rejected when the spec is built.
+    let bad = |a: [f32; 3], order: u8| {
+        AttnProblem::new(
+            Family::Taylor(TaylorParams {
+                order,
+                a,
+                scale: None,
+                qk_l2norm: false,
+            }),
+            DType::BF16,
+            1,
+            1,
+            1,
+            4,
+            4,
+            16,
+        )
+        .validate()
+    };
+    assert!(matches!(
+        bad([1.0, 1.0, 0.5], 3),
+        Err(AttnError::InvalidArgument { arg: "order", .. })
+    ));
+    assert!(matches!(
+        bad([1.0, 1.0, -0.5], 2),
+        Err(AttnError::InvalidArgument { arg: "a", .. })
+    ));
+
+    // A decode state and a step spec that disagree.
+    let prompt = p(32).with_causal(Causal::TopLeft).validate().expect("valid");
+    let mut b = bufs(&prompt);
+    let mut den = s.alloc_zeros::<f32>(prompt.stats_len()).expect("alloc");
+    let mut state = g
+        .taylor_prefill(&prompt, views_for(&mut b, &mut den))
+        .expect("prefill");
+    let other = AttnProblem::new(Family::taylor(2), DType::BF16, 1, 2, 2, 1, 1, 32)
+        .with_causal(Causal::TopLeft)
+        .validate()
+        .expect("valid");
+    let mut b = bufs(&other);
+    let mut den = s.alloc_zeros::<f32>(other.stats_len()).expect("alloc");
+    match g.taylor_decode_step(&mut state, &other, views_for(&mut b, &mut den)) {
+        Err(CudaAttnError::Attn(AttnError::InvalidArgument {
+            arg: "state", reason, ..
+        })) => {
+            assert!(reason.contains("heads_kv"), "{reason}")
+        }
+        other => panic!("expected a state mismatch, got {other:?}"),
+    }
+    let open = AttnProblem::new(Family::taylor(2), DType::BF16, 1, 2, 1, 1, 1, 32)
+        .validate()
+        .expect("valid");
+    let mut b = bufs(&open);
+    match g.taylor_decode_step(&mut state, &open, views_for(&mut b, &mut den)) {
+        Err(CudaAttnError::Attn(AttnError::InvalidArgument { arg: "causal", .. })) => {}
+        other => panic!("expected a causal error, got {other:?}"),
+    }
+    assert_eq!(state.len(0), 8, "failed steps leave the state as it was");
+}
+
+#[test]
+fn shape_generator_always_leaves_a_tail() {
+    let mut s = Shapes(7);
+    for _ in 0..1000 {
+        let n = s.tail(16, 300);
+        assert_ne!(n % 16, 0, "{n}");
+    }
+}
