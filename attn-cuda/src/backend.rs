@@ -457,20 +457,25 @@ impl CudaAttn {
 
         // Scratch (f32, stream-ordered allocations freed in stream order).
         let s = &self.stream;
-        let delta = s.alloc_zeros::<f32>(spec.stats_len().max(1))?;
+        // SAFETY (each uninitialised allocation below): every element is written by a kernel
+        // enqueued before any kernel that reads it: δ by the delta kernel (every query row), the
+        // reciprocal norms by the inv-norm kernels (every q row, every k row dk holds), dq̂ by the
+        // dQ kernel and dk̂ by the dK/dV kernel (every row of dq and dk, zeros for padded keys).
+        let delta = unsafe { s.alloc::<f32>(spec.stats_len().max(1)) }?;
         p.delta = delta.device_ptr(s).0;
         let norms = matches!(spec.family(), FamilySpec::CosineSim { l2norm_qk: true, .. });
         let mut scratch = Vec::new();
         if norms {
-            let rq = s.alloc_zeros::<f32>((spec.total_q() * spec.heads_q()).max(1))?;
-            let rk = s.alloc_zeros::<f32>((spec.total_k() * spec.heads_kv()).max(1))?;
-            let dq_acc = s.alloc_zeros::<f32>(spec.dq_len().max(1))?;
-            let dk_acc = s.alloc_zeros::<f32>(spec.dk_len().max(1))?;
+            let rq = unsafe { s.alloc::<f32>((spec.total_q() * spec.heads_q()).max(1)) }?;
+            let rk = unsafe { s.alloc::<f32>((spec.total_k() * spec.heads_kv()).max(1)) }?;
+            let dq_acc = unsafe { s.alloc::<f32>(spec.dq_len().max(1)) }?;
+            let dk_acc = unsafe { s.alloc::<f32>(spec.dk_len().max(1)) }?;
             (p.rq, p.rk) = (rq.device_ptr(s).0, rk.device_ptr(s).0);
             (p.dq_acc, p.dk_acc) = (dq_acc.device_ptr(s).0, dk_acc.device_ptr(s).0);
             scratch.extend([rq, rk, dq_acc, dk_acc]);
         }
         if spec.bias().is_some() {
+            // Zeroed: the dQ kernel writes dS only where the mask allows a pair.
             let full = spec.batch() * spec.heads_q() * spec.seq_q() * spec.seq_k();
             let ds = s.alloc_zeros::<f32>(full.max(1))?;
             p.ds = ds.device_ptr(s).0;

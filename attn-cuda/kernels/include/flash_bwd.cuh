@@ -156,7 +156,7 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
                     for (int e = 0; e < 4; ++e) {
                         const int r = e / 2;
                         const float rk = norms ? sRk[buf * BN + nt * 8 + 2 * t4 + (e & 1)] : 1.f;
-                        const float pr = exp2f(fmaf(s[mt][nt][e] * rk, cq[mt][r], -lse2[mt][r]));
+                        const float pr = exp2_fast(fmaf(s[mt][nt][e] * rk, cq[mt][r], -lse2[mt][r]));
                         s[mt][nt][e] = pr * (dp[mt][nt][e] - delta[mt][r]) * rk;
                     }
         } else {
@@ -175,7 +175,7 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
                         float x = score<Score>(p, s[mt][nt][e], rq[mt][r], rk, dtanh);
                         if (allowed && p.bias != nullptr)
                             x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
-                        const float pr = allowed ? exp2f(x * kLog2e - lse2[mt][r]) : 0.f;
+                        const float pr = allowed ? exp2_fast(x * kLog2e - lse2[mt][r]) : 0.f;
                         const float ds = pr * (dp[mt][nt][e] - delta[mt][r]);
                         if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
                         s[mt][nt][e] = ds * dtanh * rk;
@@ -353,7 +353,7 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
                         const int cl = qt * 8 + 2 * t4 + (e & 1);
                         const float rqi = sRq[buf * BM + cl];
                         const float f = norms ? c0 * rqi * rk[mt][e / 2] : c0;
-                        const float pr = exp2f(fmaf(st[mt][qt][e], f, -sLse[buf * BM + cl]));
+                        const float pr = exp2_fast(fmaf(st[mt][qt][e], f, -sLse[buf * BM + cl]));
                         const float ds = pr * (dpt[mt][qt][e] - sDelta[buf * BM + cl]);
                         st[mt][qt][e] = pr;
                         dpt[mt][qt][e] = norms ? ds * rqi : ds;
@@ -376,7 +376,7 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
                         float x = score<Score>(p, st[mt][qt][e], rqi, rk[mt][r], dtanh);
                         if (allowed && p.bias != nullptr)
                             x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
-                        const float pr = allowed ? exp2f(x * kLog2e - sLse[buf * BM + cl]) : 0.f;
+                        const float pr = allowed ? exp2_fast(x * kLog2e - sLse[buf * BM + cl]) : 0.f;
                         const float ds = pr * (dpt[mt][qt][e] - sDelta[buf * BM + cl]);
                         st[mt][qt][e] = pr;
                         dpt[mt][qt][e] = ds * dtanh * rqi;

@@ -13,6 +13,14 @@ namespace attn {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// 2^x with one MUFU.EX2 (flushes results below 2^-126 to zero, which the softmax cannot tell from
+// an underflow; −∞ → 0). exp2f without fast-math adds range handling around the same instruction.
+__device__ __forceinline__ float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Reductions across the 4 lanes of a quad (the lanes that share an mma row).
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -41,7 +49,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o
         }
         const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;
         if (running_max) {
-            const float alpha = exp2f(m[r] - ref);
+            const float alpha = exp2_fast(m[r] - ref);
             l[r] *= alpha;
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
@@ -53,8 +61,8 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            s[nt][2 * r] = exp2f(fmaf(s[nt][2 * r], c[r], -ref));
-            s[nt][2 * r + 1] = exp2f(fmaf(s[nt][2 * r + 1], c[r], -ref));
+            s[nt][2 * r] = exp2_fast(fmaf(s[nt][2 * r], c[r], -ref));
+            s[nt][2 * r + 1] = exp2_fast(fmaf(s[nt][2 * r + 1], c[r], -ref));
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
         l[r] += sum;  // thread-partial; reduced across the quad once, at the end
