@@ -170,6 +170,33 @@ mod tests {
         assert_eq!(slabs(96, 2), None);
     }
 
+    /// `(D, C, NT)` of every `template <> struct TaylorTile<D> { ... C = .., NT = ..; };` line.
+    fn kernel_tiles() -> Vec<(usize, usize, usize)> {
+        let header = include_str!("../../kernels/include/taylor_common.cuh");
+        header
+            .lines()
+            .filter_map(|line| line.strip_prefix("template <> struct TaylorTile<"))
+            .map(|rest| {
+                let (d, body) = rest.split_once('>').expect("D>");
+                let field = |name: &str| -> usize {
+                    let at = body.find(&format!("{name} = ")).expect("field") + name.len() + 3;
+                    let digits: String = body[at..].chars().take_while(|c| c.is_ascii_digit()).collect();
+                    digits.parse().expect("number")
+                };
+                (d.parse().expect("head dim"), field("C"), field("NT"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn host_tiles_mirror_the_kernel_specialisations() {
+        let tiles = kernel_tiles();
+        assert_eq!(tiles.len(), HEAD_DIMS.len(), "one TaylorTile per head dim");
+        for (d, c, nt) in tiles {
+            assert_eq!(state_tile(d), Some(StateTile { c, nt }), "TaylorTile<{d}>");
+        }
+    }
+
     #[test]
     fn splits_cover_every_chunk_and_never_exceed_eight() {
         for chunks in [1, 2, 7, 64, 1000, 16_384] {
