@@ -26,6 +26,8 @@
 //! `CudaAttn::taylor_decode_step`.
 
 mod decode;
+#[cfg(test)]
+mod emulate;
 mod heuristics;
 mod launch;
 mod params;

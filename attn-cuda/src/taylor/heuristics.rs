@@ -154,6 +154,128 @@ mod tests {
         }
     }
 
+    /// A line-for-line port of `feature_tile`, `source_features`, `probe_features` and
+    /// `probe_feature_grad` (taylor_common.cuh): `(kind, a, b0)` with kind 0 zero, 1 const, 2 linear, 3 quad.
+    fn feature_tile(t: usize, d: usize, order: u8) -> (u8, usize, usize) {
+        let w = d / 8;
+        if t == 0 {
+            return (1, 0, 0);
+        }
+        if t <= w {
+            return (2, 0, 8 * (t - 1));
+        }
+        if order == 1 {
+            return (0, 0, 0);
+        }
+        let mut q = t - 1 - w;
+        for grp in 0..w {
+            let wg = w - grp;
+            if q < 8 * wg {
+                return (3, 8 * grp + q / wg, 8 * grp + 8 * (q % wg));
+            }
+            q -= 8 * wg;
+        }
+        (0, 0, 0)
+    }
+
+    fn quad_weight(a: usize, b: usize) -> f64 {
+        match b.cmp(&a) {
+            std::cmp::Ordering::Greater => 2.0,
+            std::cmp::Ordering::Equal => 1.0,
+            std::cmp::Ordering::Less => 0.0,
+        }
+    }
+
+    fn source_feature((kind, a, b0): (u8, usize, usize), e: usize, x: &[f64]) -> f64 {
+        match kind {
+            1 if e == 0 => 1.0,
+            2 => x[b0 + e],
+            3 => x[a] * x[b0 + e],
+            _ => 0.0,
+        }
+    }
+
+    fn probe_feature((kind, a, b0): (u8, usize, usize), e: usize, z: &[f64], c: [f64; 3]) -> f64 {
+        match kind {
+            1 if e == 0 => c[0],
+            2 => c[1] * z[b0 + e],
+            3 => c[2] * quad_weight(a, b0 + e) * z[a] * z[b0 + e],
+            _ => 0.0,
+        }
+    }
+
+    fn probe_feature_grad(
+        (kind, a, b0): (u8, usize, usize),
+        d: usize,
+        z: &[f64],
+        t: &[f64],
+        c: [f64; 3],
+    ) -> f64 {
+        let mut g = 0.0;
+        if kind == 2 && (b0..b0 + 8).contains(&d) {
+            g = c[1] * t[d - b0];
+        } else if kind == 3 {
+            if d == a {
+                g += (0..8)
+                    .map(|e| quad_weight(a, b0 + e) * z[b0 + e] * t[e])
+                    .sum::<f64>();
+            }
+            if (b0..b0 + 8).contains(&d) {
+                g += quad_weight(a, d) * z[a] * t[d - b0];
+            }
+            g *= c[2];
+        }
+        g
+    }
+
+    /// `Σ_f ψ_f(z) φ_f(x) = f(z·x)` and `Σ_f ∇ψ_f(z) φ_f(x) = f'(z·x) x` over the tiles of a head (the
+    /// identities the kernels' value and gradient reads rest on), at every head dim and order.
+    #[test]
+    fn feature_tiles_factor_the_polynomial_and_its_gradient() {
+        let c = [0.7, -0.45, 0.3];
+        let mut seed = 12345u64;
+        let mut draw = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+        };
+        for d in HEAD_DIMS {
+            for order in [1u8, 2] {
+                let a2 = if order == 2 { c[2] } else { 0.0 };
+                let coef = [c[0], c[1], a2];
+                let z: Vec<f64> = (0..d).map(|_| draw()).collect();
+                let x: Vec<f64> = (0..d).map(|_| draw()).collect();
+                let s: f64 = z.iter().zip(&x).map(|(a, b)| a * b).sum();
+                let tiles_here = tiles(d, order);
+                let mut value = 0.0;
+                let mut grad = vec![0.0; d];
+                for t in 0..tiles_here + 3 {
+                    let ft = feature_tile(t, d, order);
+                    let phi: Vec<f64> = (0..8).map(|e| source_feature(ft, e, &x)).collect();
+                    value += (0..8)
+                        .map(|e| probe_feature(ft, e, &z, coef) * phi[e])
+                        .sum::<f64>();
+                    for (dd, g) in grad.iter_mut().enumerate() {
+                        *g += probe_feature_grad(ft, dd, &z, &phi, coef);
+                    }
+                    if t >= tiles_here {
+                        assert_eq!(ft.0, 0, "tile {t} past the end of D = {d}, order {order}");
+                    }
+                }
+                let f = c[0] + c[1] * s + a2 * s * s;
+                let df = c[1] + 2.0 * a2 * s;
+                assert!(
+                    (value - f).abs() < 1e-12,
+                    "D = {d}, order {order}: {value} vs {f}"
+                );
+                for (dd, g) in grad.iter().enumerate() {
+                    assert!((g - df * x[dd]).abs() < 1e-12, "D = {d}, order {order}, d = {dd}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn shared_memory_fits_the_sm80_limit_and_slabs_hold_whole_steps() {
         for d in HEAD_DIMS {
