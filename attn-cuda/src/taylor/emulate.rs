@@ -556,6 +556,52 @@ mod tests {
         })
     }
 
+    /// `Σ_f ψ_f(z) φ_f(x) = f(z·x)` and `Σ_f ∇ψ_f(z) φ_f(x) = f'(z·x) x` over the tiles of a head (the
+    /// identities the kernels' value and gradient reads rest on), at every head dim and order.
+    #[test]
+    fn feature_tiles_factor_the_polynomial_and_its_gradient() {
+        let c = [0.7, -0.45, 0.3];
+        let mut seed = 12345u64;
+        let mut draw = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+        };
+        for d in heuristics::HEAD_DIMS {
+            for order in [1u8, 2] {
+                let a2 = if order == 2 { c[2] } else { 0.0 };
+                let coef = [c[0], c[1], a2];
+                let z: Vec<f64> = (0..d).map(|_| draw()).collect();
+                let x: Vec<f64> = (0..d).map(|_| draw()).collect();
+                let s: f64 = z.iter().zip(&x).map(|(a, b)| a * b).sum();
+                let tiles_here = heuristics::tiles(d, order);
+                let mut value = 0.0;
+                let mut grad = vec![0.0; d];
+                for t in 0..tiles_here + 3 {
+                    let ft = feature_tile(t, d, order);
+                    let phis: Vec<f64> = (0..8).map(|e| phi(ft, e, &x)).collect();
+                    value += (0..8).map(|e| psi(ft, e, &z, coef) * phis[e]).sum::<f64>();
+                    for (dd, g) in grad.iter_mut().enumerate() {
+                        *g += psi_grad(ft, dd, &z, &phis, coef);
+                    }
+                    if t >= tiles_here {
+                        assert_eq!(ft.0, 0, "tile {t} past the end of D = {d}, order {order}");
+                    }
+                }
+                let f = c[0] + c[1] * s + a2 * s * s;
+                let df = c[1] + 2.0 * a2 * s;
+                assert!(
+                    (value - f).abs() < 1e-12,
+                    "D = {d}, order {order}: {value} vs {f}"
+                );
+                for (dd, g) in grad.iter().enumerate() {
+                    assert!((g - df * x[dd]).abs() < 1e-12, "D = {d}, order {order}, d = {dd}");
+                }
+            }
+        }
+    }
+
     /// Every mask option at sizes with several chunks, with one SM (many splits) and many (no split).
     #[test]
     fn emulated_kernel_decomposition_matches_the_reference() {
