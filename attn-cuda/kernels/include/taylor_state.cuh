@@ -13,7 +13,8 @@
 //   value:  Ψ = ψ(Z) [C, F_slab];        O = Ψ S     [C, MP]        → out_value (+=)
 //   grad:   T = W Sᵀᵀ  [C, F_slab] (T_pf = S[f]·w_p);  G_pd = Σ_f ∂ψ_f(z_p)/∂z_d T_pf → out_grad (+=)
 // Tensor cores (f16/bf16): the products on mma.sync with the sums kept in f32 and copied to the storage
-// type, scaled by 2^−e (2^e ≥ sources folded, exact), for each chunk's reads, so f16 holds them for any N.
+// type for each chunk's reads, scaled by a power of two that brings the largest entry to [2^14, 2^15),
+// so f16 holds them for any N and any magnitude of y (values, or the small g̃ of the backward).
 // f32: the same steps as exact f32 loops on CUDA cores.
 #pragma once
 #include "taylor_common.cuh"
@@ -46,6 +47,21 @@ template <typename T, int D> struct TaylorStateSmem {
                   "16-byte aligned regions");
 };
 
+// ⌊log2 of the largest x⌋ over the block's threads, clamped to ±100 (0 when every x is 0 or not finite);
+// `red` holds one float per warp.
+// Ends with a barrier, so `red` may be reused right after.
+__device__ __forceinline__ int taylor_block_exponent(float x, float* red, int tid) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    if (tid % 32 == 0) red[tid / 32] = x;
+    __syncthreads();
+    float mx = red[0];
+#pragma unroll
+    for (int w = 1; w < kTaylorWarps; ++w) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    return mx > 0.f && isfinite(mx) ? max(-100, min(100, ilogbf(mx))) : 0;
+}
+
 template <typename T, int D, bool GRAD>
 __device__ __forceinline__ void taylor_state(const TaylorParams& tp) {
     using L = TaylorStateSmem<T, D>;
@@ -60,6 +76,7 @@ __device__ __forceinline__ void taylor_state(const TaylorParams& tp) {
     T* sF = reinterpret_cast<T*>(smem_raw + L::kFeat);            // Φ / Ψ
     float* sT = reinterpret_cast<float*>(smem_raw + L::kFeat);    // W·S (grad reads)
     FeatureTile* sDesc = reinterpret_cast<FeatureTile*>(smem_raw + L::kDesc);
+    __shared__ float s_red[kTaylorWarps];
     if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
 
     const AttnParams& P = tp.base;
@@ -148,11 +165,14 @@ __device__ __forceinline__ void taylor_state(const TaylorParams& tp) {
             }
         }
         __syncthreads();
-        // The copy the reads multiply: 2^−e Sᵀ with 2^e ≥ the sources folded (exact scaling).
-        const int folded = (c + 1 - c_lo) * C;
-        const int e = 32 - __clz(folded - 1);
-        const float up = L::kMma ? ldexpf(1.f, e) : 1.f;
+        // The copy the reads multiply: 2^−e Sᵀ, the largest |entry| brought into [2^14, 2^15) (exact
+        // power-of-two scaling: f16 holds sums of any length and magnitude, small sums keep their digits).
+        float up = 1.f;
         if constexpr (L::kMma) {
+            float mx = 0.f;
+            for (int idx = tid; idx < MP * F; idx += kTaylorThreads) mx = fmaxf(mx, fabsf(sS[(idx / F) * L::LDM + idx % F]));
+            const int e = taylor_block_exponent(mx, s_red, tid) - 14;
+            up = ldexpf(1.f, e);
             const float down = ldexpf(1.f, -e);
             for (int idx = tid; idx < MP * F; idx += kTaylorThreads) {
                 const int v = idx / F, f = idx % F;
