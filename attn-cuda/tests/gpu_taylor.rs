@@ -710,3 +710,176 @@ fn shape_generator_always_leaves_a_tail() {
         assert_ne!(n % 16, 0, "{n}");
     }
 }
+
+/// bf16 buffers of a call, filled with a xorshift draw in (−1, 1).
+struct Bufs {
+    q: attn_cuda::cudarc::driver::CudaSlice<bf16>,
+    k: attn_cuda::cudarc::driver::CudaSlice<bf16>,
+    v: attn_cuda::cudarc::driver::CudaSlice<bf16>,
+    o: attn_cuda::cudarc::driver::CudaSlice<bf16>,
+    d_o: attn_cuda::cudarc::driver::CudaSlice<bf16>,
+    den: attn_cuda::cudarc::driver::CudaSlice<f32>,
+    dq: attn_cuda::cudarc::driver::CudaSlice<bf16>,
+    dk: attn_cuda::cudarc::driver::CudaSlice<bf16>,
+    dv: attn_cuda::cudarc::driver::CudaSlice<bf16>,
+}
+
+fn random_bf16(n: usize, seed: u64) -> Vec<bf16> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            bf16::from_f32(((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        })
+        .collect()
+}
+
+fn bufs(spec: &AttnSpec) -> Bufs {
+    let s = gpu().stream();
+    let up = |n: usize, seed| s.clone_htod(&random_bf16(n, seed)).expect("upload");
+    let zeros = |n: usize| s.alloc_zeros::<bf16>(n).expect("alloc");
+    Bufs {
+        q: up(spec.q_len(), 1),
+        k: up(spec.k_len(), 2),
+        v: up(spec.v_len(), 3),
+        o: zeros(spec.o_len()),
+        d_o: up(spec.o_len(), 4),
+        den: s.alloc_zeros::<f32>(spec.stats_len()).expect("alloc"),
+        dq: zeros(spec.dq_len()),
+        dk: zeros(spec.dk_len()),
+        dv: zeros(spec.dv_len()),
+    }
+}
+
+fn forward_bf16(spec: &AttnSpec, b: &mut Bufs) {
+    use attn_core::{AttnBackend, ForwardIo};
+    gpu()
+        .forward(
+            spec,
+            ForwardIo {
+                q: &b.q,
+                k: &b.k,
+                v: &b.v,
+                bias: None,
+                o: &mut b.o,
+                stats: &mut b.den,
+            },
+        )
+        .expect("forward");
+}
+
+fn backward_bf16(spec: &AttnSpec, b: &mut Bufs) {
+    use attn_core::{AttnBackend, BackwardIo};
+    gpu()
+        .backward(
+            spec,
+            BackwardIo {
+                q: &b.q,
+                k: &b.k,
+                v: &b.v,
+                bias: None,
+                o: &b.o,
+                d_o: &b.d_o,
+                stats: &b.den,
+                dq: &mut b.dq,
+                dk: &mut b.dk,
+                dv: &mut b.dv,
+                dbias: None,
+            },
+        )
+        .expect("backward");
+}
+
+/// Median milliseconds of `reps` runs of `f` (CUDA events) after `warm` runs.
+fn time_ms(warm: usize, reps: usize, mut f: impl FnMut()) -> f64 {
+    let s = gpu().stream();
+    let flags = Some(attn_cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    for _ in 0..warm {
+        f();
+    }
+    let mut ms: Vec<f64> = (0..reps)
+        .map(|_| {
+            let a = s.record_event(flags).expect("event");
+            f();
+            let b = s.record_event(flags).expect("event");
+            b.synchronize().expect("sync");
+            a.elapsed_ms(&b).expect("elapsed") as f64
+        })
+        .collect();
+    ms.sort_by(|x, y| x.total_cmp(y));
+    ms[ms.len() / 2]
+}
+
+fn all_finite(s: &attn_cuda::cudarc::driver::CudaSlice<bf16>) -> bool {
+    let v: Vec<bf16> = gpu().stream().clone_dtoh(s).expect("download");
+    v.iter().all(|x| x.is_finite())
+}
+
+/// Timings on the BENCHMARKS.md grid for the notes (bf16, D = 64, H = 32, B·N = 16384 up to N = 16384,
+/// B = 1 beyond): order 1 and 2, causal and not, forward and forward+backward, with the order-1 ratio to
+/// the bandwidth floor (q, k, v, o once at 3.0 TB/s). Every output must be finite.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_timings_on_the_benchmark_grid() {
+    println!(
+        "{:>6} {:>3} {:>6} {:>7} {:>10} {:>12} {:>14}",
+        "order", "B", "N", "causal", "fwd ms", "fwd+bwd ms", "fwd / floor"
+    );
+    for order in [1u8, 2] {
+        for n in [4096, 16384, 65536] {
+            for causal in [false, true] {
+                let (b, h, d) = ((16384 / n).max(1), 32, 64);
+                let mut p = AttnProblem::new(Family::taylor(order), DType::BF16, b, h, h, n, n, d);
+                if order == 1 {
+                    p.family = family(1);
+                }
+                if causal {
+                    p = p.with_causal(Causal::BottomRight);
+                }
+                let spec = p.validate().expect("valid problem");
+                let mut bb = bufs(&spec);
+                let fwd = time_ms(2, 5, || forward_bf16(&spec, &mut bb));
+                let fwd_bwd = time_ms(1, 3, || {
+                    forward_bf16(&spec, &mut bb);
+                    backward_bf16(&spec, &mut bb);
+                });
+                let floor_ms = (4 * b * h * n * d * 2) as f64 / 3.0e12 * 1e3;
+                println!(
+                    "{order:>6} {b:>3} {n:>6} {causal:>7} {fwd:>10.3} {fwd_bwd:>12.3} {:>13.1}x",
+                    fwd / floor_ms
+                );
+                assert!(
+                    all_finite(&bb.o) && all_finite(&bb.dq),
+                    "order {order} N={n}: non-finite output"
+                );
+            }
+        }
+    }
+}
+
+/// The memory bar: B = 1, H = 8, N = 1,048,576, D = 64, forward and backward, orders 1 and 2
+/// (scratch is O(N·D); nothing N×N or N×D²). Outputs must be finite.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_one_million_tokens_forward_and_backward_fit() {
+    for order in [1u8, 2] {
+        let mut p = AttnProblem::new(Family::taylor(order), DType::BF16, 1, 8, 8, 1 << 20, 1 << 20, 64)
+            .with_causal(Causal::BottomRight);
+        if order == 1 {
+            p.family = family(1);
+        }
+        let spec = p.validate().expect("valid problem");
+        let mut bb = bufs(&spec);
+        let ms = time_ms(0, 1, || {
+            forward_bf16(&spec, &mut bb);
+            backward_bf16(&spec, &mut bb);
+        });
+        println!("order {order}: B=1 H=8 N=1048576 D=64 causal forward+backward {ms:.1} ms");
+        assert!(
+            all_finite(&bb.o) && all_finite(&bb.dq) && all_finite(&bb.dk) && all_finite(&bb.dv),
+            "order {order}: non-finite output at N = 1M"
+        );
+    }
+}
