@@ -7,9 +7,16 @@
 //!
 //! `ATTN_CUDA_GENCODE` (space-separated nvcc `-gencode=...` flags) replaces the default targets,
 //! e.g. `-gencode=arch=compute_90a,code=sm_90a` alone to cut build time while iterating on an H100.
+//!
+//! nvcc takes minutes on two cores, and cargo runs this script once per profile (check, test,
+//! release). Built fatbins are therefore cached under `<target dir>/attn-cuda-fatbins/<key>/`,
+//! keyed by a hash of nvcc's path, the flags and every kernel source: a second profile with the
+//! same inputs copies them instead of compiling again.
 
+use std::collections::hash_map::DefaultHasher;
 use std::env;
 use std::fs;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
@@ -83,14 +90,34 @@ fn main() -> Result<(), String> {
         );
     };
 
+    let gencode = gencode();
+    let cache = cache_dir(&manifest, &nvcc, &gencode)?;
+    if let Some(cache) = &cache {
+        let cached: Vec<PathBuf> = KERNELS
+            .iter()
+            .map(|(name, _)| cache.join(format!("{name}.fatbin")))
+            .collect();
+        if cached.iter().all(|p| p.is_file()) {
+            // Copied into OUT_DIR so the crate never depends on the cache staying in place.
+            let mut entries = Vec::new();
+            for ((name, _), from) in KERNELS.iter().zip(&cached) {
+                let to = out_dir.join(format!("{name}.fatbin"));
+                fs::copy(from, &to).map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
+                entries.push((*name, to));
+            }
+            return write(&generated, &embed(entries));
+        }
+    }
+
     // Compile every file concurrently; collect every error before failing.
     let jobs: Vec<_> = KERNELS
         .iter()
         .map(|&(name, src)| {
             let nvcc = nvcc.clone();
+            let gencode = gencode.clone();
             let src = manifest.join(src);
             let out = out_dir.join(format!("{name}.fatbin"));
-            thread::spawn(move || compile(&nvcc, &src, &out).map(|()| (name, out)))
+            thread::spawn(move || compile(&nvcc, &gencode, &src, &out).map(|()| (name, out)))
         })
         .collect();
     let mut built = Vec::new();
@@ -116,6 +143,19 @@ fn main() -> Result<(), String> {
             "pub(crate) const FATBINS: Option<&[(&str, &[u8])]> = None;\n",
         );
     }
+    if let Some(cache) = &cache {
+        // Best effort: a failed copy only means the next profile compiles again.
+        if fs::create_dir_all(cache).is_ok() {
+            for (name, path) in &built {
+                let _ = fs::copy(path, cache.join(format!("{name}.fatbin")));
+            }
+        }
+    }
+    write(&generated, &embed(built))
+}
+
+/// The generated module: every fatbin embedded with include_bytes.
+fn embed(built: Vec<(&str, PathBuf)>) -> String {
     let mut code = String::from("pub(crate) const FATBINS: Option<&[(&str, &[u8])]> = Some(&[\n");
     for (name, path) in built {
         code.push_str(&format!(
@@ -124,7 +164,40 @@ fn main() -> Result<(), String> {
         ));
     }
     code.push_str("]);\n");
-    write(&generated, &code)
+    code
+}
+
+fn gencode() -> Vec<String> {
+    match env::var("ATTN_CUDA_GENCODE") {
+        Ok(flags) if !flags.trim().is_empty() => flags.split_whitespace().map(String::from).collect(),
+        _ => GENCODE.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// `<target dir>/attn-cuda-fatbins/<hash of nvcc, flags and sources>`, or None when the target
+/// dir cannot be told (the build then simply compiles).
+fn cache_dir(manifest: &Path, nvcc: &Path, gencode: &[String]) -> Result<Option<PathBuf>, String> {
+    let target = match env::var_os("CARGO_TARGET_DIR") {
+        Some(t) => PathBuf::from(t),
+        None => match manifest.parent() {
+            Some(root) => root.join("target"),
+            None => return Ok(None),
+        },
+    };
+    let mut h = DefaultHasher::new();
+    nvcc.hash(&mut h);
+    gencode.hash(&mut h);
+    NVCC_FLAGS.hash(&mut h);
+    for file in KERNELS.iter().map(|(_, src)| *src).chain(HEADERS) {
+        let text = fs::read(manifest.join(file)).map_err(|e| format!("cannot read {file}: {e}"))?;
+        file.hash(&mut h);
+        text.hash(&mut h);
+    }
+    Ok(Some(
+        target
+            .join("attn-cuda-fatbins")
+            .join(format!("{:016x}", h.finish())),
+    ))
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {
@@ -149,15 +222,14 @@ fn find_nvcc() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-fn compile(nvcc: &Path, src: &Path, out: &Path) -> Result<(), String> {
-    let gencode: Vec<String> = match env::var("ATTN_CUDA_GENCODE") {
-        Ok(flags) if !flags.trim().is_empty() => flags.split_whitespace().map(String::from).collect(),
-        _ => GENCODE.iter().map(|s| s.to_string()).collect(),
-    };
+/// Flags besides the targets.
+const NVCC_FLAGS: [&str; 4] = ["-std=c++17", "-O3", "-lineinfo", "-Xfatbin=-compress-all"];
+
+fn compile(nvcc: &Path, gencode: &[String], src: &Path, out: &Path) -> Result<(), String> {
     let output = Command::new(nvcc)
         .arg("-fatbin")
-        .args(["-std=c++17", "-O3", "-lineinfo", "-Xfatbin=-compress-all"])
-        .args(&gencode)
+        .args(NVCC_FLAGS)
+        .args(gencode)
         .arg("-o")
         .arg(out)
         .arg(src)
