@@ -33,15 +33,15 @@ struct Args {
     device: String,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 500)]
     steps: usize,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 16)]
     batch_size: usize,
     /// Key-value pairs per sequence.
     #[arg(long, default_value_t = 8)]
     kv_pairs: usize,
-    /// Queries per sequence.
-    #[arg(long, default_value_t = 8)]
+    /// Queries per sequence (keys drawn with replacement when more than the pairs).
+    #[arg(long, default_value_t = 16)]
     queries: usize,
     #[arg(long, default_value_t = 64)]
     num_keys: usize,
@@ -55,7 +55,10 @@ struct Args {
     heads: usize,
     #[arg(long, default_value_t = 32)]
     head_dim: usize,
-    #[arg(long, default_value_t = 3e-3)]
+    /// Taps of the short causal convolution before each attention layer (0: none).
+    #[arg(long, default_value_t = 2)]
+    short_conv: usize,
+    #[arg(long, default_value_t = 1e-2)]
     lr: f64,
     #[arg(long, default_value_t = 50)]
     warmup: usize,
@@ -64,6 +67,9 @@ struct Args {
     /// Held-out sequences for the final loss and accuracy.
     #[arg(long, default_value_t = 512)]
     eval_sequences: usize,
+    /// Also print the mean training loss every this many steps (0: only the progress bar).
+    #[arg(long, default_value_t = 0)]
+    log_every: usize,
     /// Where to write the loss curves (PNG).
     #[arg(long, default_value = "target/mqar-loss.png")]
     plot: PathBuf,
@@ -168,6 +174,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         layers: args.layers,
         heads: args.heads,
         head_dim: args.head_dim,
+        short_conv: args.short_conv,
         batch_size: args.batch_size,
         steps: args.steps,
         lr: args.lr,
@@ -178,7 +185,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!(
         "MQAR: {} key-value pairs, {} queries, {} keys, {} values (sequence length {}); model: {} layers, \
-         hidden {}, {} heads × {}; {} steps × batch {}; seed {}; device {}",
+         hidden {}, {} heads × {}, short conv {}; {} steps × batch {}; seed {}; device {}",
         cfg.task.num_kv_pairs,
         cfg.task.num_queries,
         cfg.task.num_keys,
@@ -188,6 +195,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cfg.hidden,
         cfg.heads,
         cfg.head_dim,
+        cfg.short_conv,
         cfg.steps,
         cfg.batch_size,
         cfg.seed,
@@ -202,9 +210,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bar = ProgressBar::new(cfg.steps as u64)
             .with_style(style.clone())
             .with_prefix(name.clone());
-        let report = train(&cfg, fam, &device, &mut |_, loss| {
+        let mut window = Vec::new();
+        let report = train(&cfg, fam, &device, &mut |step, loss| {
             bar.set_message(format!("{loss:.3}"));
             bar.inc(1);
+            window.push(loss);
+            if args.log_every > 0 && (step + 1) % args.log_every == 0 {
+                let mean = window.iter().sum::<f32>() / window.len() as f32;
+                bar.suspend(|| println!("{name} step {:>5}: loss {mean:.4}", step + 1));
+                window.clear();
+            }
         })?;
         bar.finish();
         runs.push((name, report));

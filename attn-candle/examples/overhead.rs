@@ -40,7 +40,7 @@ fn main() -> candle_core::Result<()> {
         "|{:-<22}|{:->14}|{:->14}|{:->11}|{:->14}|{:->14}|{:->11}|",
         "", "", "", "", "", "", ""
     );
-    for (b, n, h, d) in [(1, 1, 1, 8), (1, 8, 1, 16), (1, 16, 2, 32), (2, 64, 4, 32)] {
+    for (b, n, h, d) in [(1, 1, 1, 8), (1, 8, 1, 16), (1, 16, 2, 32), (2, 32, 2, 32)] {
         let spec = AttnProblem::new(Family::softmax(), DType::F32, b, h, h, n, n, d)
             .validate()
             .map_err(attn_candle::to_candle)?;

@@ -5,12 +5,24 @@
 //! causal mask, and `y = o W_oᵀ` `[B, N, hidden]`. Weights (no biases): `q_proj` `[Hq·D, hidden]`,
 //! `k_proj` and `v_proj` `[Hkv·D, hidden]`, `o_proj` `[hidden, Hq·D]`, the names candle-transformers
 //! models use.
+//!
+//! Fresh weights (a `VarBuilder` that creates variables): `W_q ~ N(0, 0.02²)`, the others candle's
+//! default Kaiming-uniform. A small query projection starts every family's attention near uniform
+//! (μP initialises `W_q` to zero; a small nonzero scale keeps the l2-normalising families away from
+//! the singular gradient of `q/‖q‖` at `q = 0`), which shortens the plateau before attention
+//! learns to retrieve.
 
 use crate::api::{attention, AttnOptions};
 use crate::error::to_candle;
 use attn_core::{shape_str, AttnError, Causal, Family, Op, Pass};
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{linear_no_bias, Linear, VarBuilder};
+use candle_nn::{linear_no_bias, Init, Linear, VarBuilder};
+
+/// Initialisation of a fresh `W_q` (see the module docs).
+const Q_INIT: Init = Init::Randn {
+    mean: 0.0,
+    stdev: 0.02,
+};
 
 /// Sizes, family and mask of a [`MultiHeadAttention`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -49,7 +61,11 @@ impl MultiHeadAttention {
         }
         let (q_dim, kv_dim) = (cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim);
         Ok(MultiHeadAttention {
-            q_proj: linear_no_bias(cfg.hidden, q_dim, vb.pp("q_proj"))?,
+            q_proj: Linear::new(
+                vb.pp("q_proj")
+                    .get_with_hints((q_dim, cfg.hidden), "weight", Q_INIT)?,
+                None,
+            ),
             k_proj: linear_no_bias(cfg.hidden, kv_dim, vb.pp("k_proj"))?,
             v_proj: linear_no_bias(cfg.hidden, kv_dim, vb.pp("v_proj"))?,
             o_proj: linear_no_bias(q_dim, cfg.hidden, vb.pp("o_proj"))?,

@@ -1,9 +1,15 @@
 //! A small pre-norm causal transformer language model around [`MultiHeadAttention`], and a seeded
 //! `VarBuilder` so that training runs are reproducible.
 //!
-//! `x_0 = E_tok[t] + E_pos[n]`; per block `x ← x + Attn(LN(x))`, `x ← x + W_2 gelu(W_1 LN(x))`
+//! `x_0 = E_tok[t] + E_pos[n]`; per block `x ← x + Attn(Conv(LN(x)))`, `x ← x + W_2 gelu(W_1 LN(x))`
 //! (`W_1` `[4·hidden, hidden]`); logits `= W_head LN(x)`, `[B, N, vocab]`. The layer norms have no
 //! bias (candle-nn's biased layer norm has no backward on contiguous inputs).
+//!
+//! `Conv` is an optional short causal depthwise convolution, `Conv(h)_n = h_n + Σ_{1≤s<K} c_s ⊙ h_{n−s}`
+//! (zero before the start, `c` initialised to 0, so it starts as the identity), as in Based and the
+//! Zoology recall models: it lets one attention layer match a query against the token *before*
+//! each position, instead of first having to learn a previous-token head. It mixes only the last
+//! `K` positions, so recall over longer distances is still the attention's job.
 
 use crate::layer::{AttentionConfig, MultiHeadAttention};
 use attn_core::{Causal, Family};
@@ -29,11 +35,42 @@ pub struct LmConfig {
     pub heads_kv: usize,
     pub head_dim: usize,
     pub family: Family,
+    /// Taps `K` of the short convolution before each attention layer (0 or 1: none).
+    pub short_conv: usize,
+}
+
+/// `Conv(h)_n = h_n + Σ_{1≤s<K} c_s ⊙ h_{n−s}`; see the module docs.
+#[derive(Clone, Debug)]
+struct ShortConv {
+    /// `[K − 1, hidden]`: the weights of the taps `s = 1 … K − 1`.
+    c: Tensor,
+}
+
+impl ShortConv {
+    fn new(taps: usize, hidden: usize, vb: VarBuilder) -> Result<Option<Self>> {
+        if taps <= 1 {
+            return Ok(None);
+        }
+        let c = vb.get_with_hints((taps - 1, hidden), "weight", Init::Const(1.0))?;
+        Ok(Some(ShortConv { c }))
+    }
+
+    fn forward(&self, h: &Tensor) -> Result<Tensor> {
+        let (b, n, hidden) = h.dims3()?;
+        let mut y = h.clone();
+        for s in 1..=self.c.dim(0)?.min(n.saturating_sub(1)) {
+            let zeros = Tensor::zeros((b, s, hidden), h.dtype(), h.device())?;
+            let shifted = Tensor::cat(&[&zeros, &h.narrow(1, 0, n - s)?], 1)?;
+            y = (y + shifted.broadcast_mul(&self.c.get(s - 1)?)?)?;
+        }
+        Ok(y)
+    }
 }
 
 #[derive(Clone, Debug)]
 struct Block {
     norm_attn: LayerNorm,
+    conv: Option<ShortConv>,
     attn: MultiHeadAttention,
     norm_mlp: LayerNorm,
     up: Linear,
@@ -42,7 +79,11 @@ struct Block {
 
 impl Block {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = (x + self.attn.forward(&self.norm_attn.forward(x)?)?)?;
+        let mut h = self.norm_attn.forward(x)?;
+        if let Some(conv) = &self.conv {
+            h = conv.forward(&h)?;
+        }
+        let x = (x + self.attn.forward(&h)?)?;
         let h = self.up.forward(&self.norm_mlp.forward(&x)?)?.gelu()?;
         x + self.down.forward(&h)?
     }
@@ -76,6 +117,7 @@ impl TransformerLm {
                 let vb = vb.pp(format!("blocks.{l}"));
                 Ok(Block {
                     norm_attn: layer_norm_no_bias(cfg.hidden, NORM_EPS, vb.pp("norm_attn"))?,
+                    conv: ShortConv::new(cfg.short_conv, cfg.hidden, vb.pp("conv"))?,
                     attn: MultiHeadAttention::new(attn, vb.pp("attn"))?,
                     norm_mlp: layer_norm_no_bias(cfg.hidden, NORM_EPS, vb.pp("norm_mlp"))?,
                     up: linear_no_bias(cfg.hidden, 4 * cfg.hidden, vb.pp("mlp.up"))?,

@@ -108,6 +108,8 @@ pub struct TrainConfig {
     pub layers: usize,
     pub heads: usize,
     pub head_dim: usize,
+    /// Taps of the short convolution before each attention layer (0: none).
+    pub short_conv: usize,
     pub batch_size: usize,
     pub steps: usize,
     /// Peak learning rate (linear warm-up over `warmup` steps, then cosine decay to a tenth).
@@ -144,6 +146,7 @@ impl TrainConfig {
             heads_kv: self.heads,
             head_dim: self.head_dim,
             family,
+            short_conv: self.short_conv,
         }
     }
 
@@ -290,6 +293,7 @@ mod tests {
             layers: 1,
             heads: 1,
             head_dim: 8,
+            short_conv: 0,
             batch_size: 1,
             steps: 110,
             lr: 1.0,

@@ -104,6 +104,7 @@ fn two_block_model_trains_and_every_parameter_gets_a_gradient() -> Result<()> {
             heads_kv: 2,
             head_dim: 8,
             family,
+            short_conv: 2,
         };
         let vm = VarMap::new();
         let model = TransformerLm::new(cfg, seeded_var_builder(&vm, seed as u64, DType::F32, &dev))?;
@@ -120,8 +121,9 @@ fn two_block_model_trains_and_every_parameter_gets_a_gradient() -> Result<()> {
         let loss = loss_of(&model)?;
         let grads = loss.backward()?;
         let vars = vm.all_vars();
-        // Per block: 2 norm weights, 4 projections, 2 MLP matrices; then tok, pos, norm, head.
-        assert_eq!(vars.len(), 2 * 8 + 4);
+        // Per block: 2 norm weights, the short convolution, 4 projections, 2 MLP matrices; then
+        // tok, pos, norm, head.
+        assert_eq!(vars.len(), 2 * 9 + 4);
         for var in &vars {
             let g = grads
                 .get(var.as_tensor())

@@ -8,7 +8,7 @@ fn small(steps: usize) -> TrainConfig {
     TrainConfig {
         task: MqarTask {
             num_kv_pairs: 4,
-            num_queries: 4,
+            num_queries: 8,
             num_keys: 16,
             num_values: 16,
         },
@@ -16,9 +16,10 @@ fn small(steps: usize) -> TrainConfig {
         layers: 2,
         heads: 2,
         head_dim: 16,
+        short_conv: 2,
         batch_size: 16,
         steps,
-        lr: 3e-3,
+        lr: 1e-2,
         warmup: 10,
         weight_decay: 0.01,
         eval_sequences: 64,
@@ -37,9 +38,10 @@ fn mqar_training_lowers_the_loss() -> Result<()> {
     let first = mean(&report.losses[..10]);
     let last = mean(&report.losses[report.losses.len() - 10..]);
     assert!(report.losses.iter().all(|l| l.is_finite()));
-    assert!(last < 0.75 * first, "loss {first:.3} → {last:.3}");
-    // Chance is 1/16 over the values (1/32 over the vocabulary).
-    assert!(report.accuracy > 0.1, "accuracy {}", report.accuracy);
+    assert!(last < 0.6 * first, "loss {first:.3} → {last:.3}");
+    // Chance is 1/16 over the values; guessing among the ≈ 3.7 distinct values in the context gives
+    // ≈ 27%: more than 40% needs recall. (This run reaches 66% in 150 steps.)
+    assert!(report.accuracy > 0.4, "accuracy {}", report.accuracy);
     Ok(())
 }
 
