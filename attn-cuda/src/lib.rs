@@ -17,7 +17,8 @@
 //!
 //! Options: causal top-left / bottom-right with `Nq ≠ Nk`, key padding, packed varlen, sliding
 //! window, additive bias with broadcast dims and its gradient, GQA/MQA, fully masked rows → zeros
-//! (LSE = −∞). Head dims: see [`dispatch`](crate) (`Unsupported` for anything else).
+//! (LSE = −∞). Head dims 32, 64, 96, 128, 256 (and 16 for cosine-sim), `Dv = D`; anything else
+//! is a typed `Unsupported` error.
 //!
 //! Without nvcc at build time the crate still builds and every call returns
 //! [`CudaAttnError::KernelsNotBuilt`]; without a GPU [`CudaAttn::new`] returns
