@@ -7,34 +7,12 @@
 
 mod common;
 
-use attn_core::{
-    AttnProblem, AttnSpec, Causal, CosineParams, DType, Family, InputStrides, Layout, SoftmaxParams, Strides,
-};
+use attn_core::{AttnProblem, AttnSpec, Causal, CosineParams, DType, Family, SoftmaxParams};
 use common::check_all_dtypes;
+use common::shapes::{dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
 
 const SOFTMAX_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 const COSINE_DIMS: [usize; 6] = [16, 32, 64, 96, 128, 256];
-
-/// A small deterministic generator for shapes (the tensors come from `random_case`).
-struct Shapes(u64);
-impl Shapes {
-    fn next(&mut self, lo: usize, hi: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        lo + ((self.0 >> 33) as usize) % (hi - lo + 1)
-    }
-    /// A length in [lo, hi] that is not a multiple of 16 (so every tile shape has a tail).
-    fn tail(&mut self, lo: usize, hi: usize) -> usize {
-        let n = self.next(lo, hi);
-        if n % 16 == 0 {
-            n + 3
-        } else {
-            n
-        }
-    }
-}
 
 /// Sequence lengths scale down with the head dim so the f64 reference stays quick.
 fn max_len(d: usize) -> usize {
@@ -44,6 +22,12 @@ fn max_len(d: usize) -> usize {
         150
     }
 }
+
+/// Dense shapes draw `Nq` and `Nk` alike.
+const LENGTHS: Lengths = Lengths {
+    max: max_len,
+    min_k: 40,
+};
 
 fn run_with_offset(
     name: &str,
@@ -57,7 +41,7 @@ fn run_with_offset(
     for (n, &d) in dims.iter().enumerate() {
         let seed = 1000 + 17 * n as u64;
         let build = |dtype: DType| -> Option<AttnSpec> {
-            let mut shapes = Shapes(seed);
+            let mut shapes = Shapes::new(seed, LENGTHS);
             Some(
                 make(family, dtype, d, &mut shapes)
                     .validate()
@@ -73,11 +57,6 @@ fn run_with_offset(
         failures.len(),
         failures.join("\n")
     );
-}
-
-fn dense_gqa(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
-    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
 }
 
 fn causal_top_left_q_shorter(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
@@ -100,53 +79,6 @@ fn key_padding_and_window(f: Family, dt: DType, d: usize, s: &mut Shapes) -> Att
     AttnProblem::new(f, dt, 3, 2, 2, nq, nk, d)
         .with_key_lens(lens)
         .with_window(Some(s.next(5, 40)), Some(s.next(0, 12)))
-}
-
-fn varlen_causal(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let lq = [s.tail(20, max_len(d)), 0, s.tail(5, 60), s.tail(30, max_len(d))];
-    let lk = [s.tail(20, max_len(d)), s.next(1, 30), s.tail(5, 60), lq[3]];
-    let cu = |l: &[usize]| -> Vec<usize> {
-        let mut c = vec![0];
-        for x in l {
-            c.push(c.last().expect("non-empty") + x);
-        }
-        c
-    };
-    let (mq, mk) = (*lq.iter().max().expect("4"), *lk.iter().max().expect("4"));
-    AttnProblem::new(f, dt, 4, 4, 2, mq, mk, d)
-        .with_varlen(cu(&lq), cu(&lk))
-        .with_causal(Causal::BottomRight)
-}
-
-fn mqa_bhnd(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
-    AttnProblem::new(f, dt, 2, 4, 1, nq, nk, d)
-        .with_layout(Layout::Bhnd)
-        .with_causal(Causal::TopLeft)
-}
-
-/// `[B, N, H, D]` views whose rows are padded (seq stride H·D + 16) and whose heads are spread
-/// (head stride D + 8): strided, last dim contiguous.
-fn strided_views(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
-    let (b, hq, hkv) = (2, 2, 1);
-    let st = |n: usize, h: usize| {
-        let head = d + 8;
-        let seq = h * head + 16;
-        Strides {
-            batch: n * seq + 8,
-            seq,
-            head,
-            dim: 1,
-        }
-    };
-    AttnProblem::new(f, dt, b, hq, hkv, nq, nk, d)
-        .with_strides(InputStrides {
-            q: st(nq, hq),
-            k: st(nk, hkv),
-            v: st(nk, hkv),
-        })
-        .with_causal(Causal::BottomRight)
 }
 
 fn bias_broadcast_batch(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
@@ -228,7 +160,7 @@ gpu_tests! {
 
 #[test]
 fn shape_generator_always_leaves_a_tail() {
-    let mut s = Shapes(7);
+    let mut s = Shapes::new(7, LENGTHS);
     for _ in 0..1000 {
         let n = s.tail(16, 300);
         assert_ne!(n % 16, 0, "{n}");

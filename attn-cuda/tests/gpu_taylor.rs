@@ -12,14 +12,13 @@
 
 mod common;
 
-use attn_core::{
-    AttnError, AttnProblem, AttnSpec, Causal, DType, Element, Family, FamilySpec, InputStrides, Layout,
-    Strides, TaylorParams,
-};
+use attn_core::{AttnError, AttnProblem, AttnSpec, Causal, DType, Element, Family, FamilySpec, TaylorParams};
 use attn_cpu_ref::decode::{prefill_f64, step_f64};
 use attn_cpu_ref::testing::{check_close, max_abs, random_case, Case};
 use attn_cpu_ref::{backward_f64, forward_f64, Inputs};
 use attn_cuda::{CudaAttnError, DeviceElem, ForwardViews};
+use common::bench::{backward, forward, time_ms, Bufs};
+use common::shapes::{dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
 use common::{gpu, run_gpu, Outputs};
 use half::{bf16, f16};
 
@@ -197,27 +196,6 @@ fn check_dtype(spec: &AttnSpec, seed: u64, offset: usize, amp: f64) -> Result<()
     }
 }
 
-/// A small deterministic generator for shapes (the tensors come from `random_case`).
-struct Shapes(u64);
-impl Shapes {
-    fn next(&mut self, lo: usize, hi: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        lo + ((self.0 >> 33) as usize) % (hi - lo + 1)
-    }
-    /// A length in [lo, hi] that is not a multiple of 16 (so every chunk and tile has a tail).
-    fn tail(&mut self, lo: usize, hi: usize) -> usize {
-        let n = self.next(lo, hi);
-        if n % 16 == 0 {
-            n + 3
-        } else {
-            n
-        }
-    }
-}
-
 /// Sequence lengths: long enough for several chunks of the state sweep (C = 64, or 32 at D = 128).
 fn max_len(d: usize) -> usize {
     if d >= 128 {
@@ -226,6 +204,12 @@ fn max_len(d: usize) -> usize {
         200
     }
 }
+
+/// Dense shapes draw `Nk` ≥ 70: more than one chunk of keys.
+const LENGTHS: Lengths = Lengths {
+    max: max_len,
+    min_k: 70,
+};
 
 /// Order 1 keeps `f > 0` with l2-normalised q, k and `a1·scale < a0`; order 2 takes the defaults.
 fn family(order: u8) -> Family {
@@ -260,7 +244,7 @@ fn run_group(name: &str, families: &[Family], make: Make, offset: usize, amp: f6
         for (n, &d) in DIMS.iter().enumerate() {
             for dtype in DType::ALL {
                 let seed = 100 * fi as u64 + 17 * n as u64 + 1;
-                let spec = make(fam, dtype, d, &mut Shapes(seed))
+                let spec = make(fam, dtype, d, &mut Shapes::new(seed, LENGTHS))
                     .validate()
                     .expect("valid test problem");
                 cases += 1;
@@ -277,11 +261,6 @@ fn run_group(name: &str, families: &[Family], make: Make, offset: usize, amp: f6
         failures.len(),
         failures.join("\n")
     );
-}
-
-fn dense_gqa(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(70, max_len(d)));
-    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
 }
 
 fn causal_top_left_q_shorter(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
@@ -323,52 +302,6 @@ fn key_padding_dense(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProb
     let (nq, nk) = (s.tail(30, max_len(d)), s.tail(70, max_len(d)));
     let lens = vec![s.next(1, nk), nk];
     AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d).with_key_lens(lens)
-}
-
-fn varlen_causal(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let lq = [s.tail(20, max_len(d)), 0, s.tail(5, 60), s.tail(30, max_len(d))];
-    let lk = [s.tail(20, max_len(d)), s.next(1, 30), s.tail(5, 60), lq[3]];
-    let cu = |l: &[usize]| -> Vec<usize> {
-        let mut c = vec![0];
-        for x in l {
-            c.push(c.last().expect("non-empty") + x);
-        }
-        c
-    };
-    let (mq, mk) = (*lq.iter().max().expect("4"), *lk.iter().max().expect("4"));
-    AttnProblem::new(f, dt, 4, 4, 2, mq, mk, d)
-        .with_varlen(cu(&lq), cu(&lk))
-        .with_causal(Causal::BottomRight)
-}
-
-fn mqa_bhnd(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(70, max_len(d)));
-    AttnProblem::new(f, dt, 2, 4, 1, nq, nk, d)
-        .with_layout(Layout::Bhnd)
-        .with_causal(Causal::TopLeft)
-}
-
-/// `[B, N, H, D]` views with padded rows and spread heads: strided, last dim contiguous.
-fn strided_views(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(70, max_len(d)));
-    let (b, hq, hkv) = (2, 2, 1);
-    let st = |n: usize, h: usize| {
-        let head = d + 8;
-        let seq = h * head + 16;
-        Strides {
-            batch: n * seq + 8,
-            seq,
-            head,
-            dim: 1,
-        }
-    };
-    AttnProblem::new(f, dt, b, hq, hkv, nq, nk, d)
-        .with_strides(InputStrides {
-            q: st(nq, hq),
-            k: st(nk, hkv),
-            v: st(nk, hkv),
-        })
-        .with_causal(Causal::BottomRight)
 }
 
 /// One head, a sequence of ~1000: the state sweep splits it across up to 8 blocks per feature slab.
@@ -432,7 +365,7 @@ fn taylor_order2_large_scores_stay_finite_and_match_reference() {
     for (n, &d) in DIMS.iter().enumerate() {
         for dtype in [DType::F32, DType::BF16] {
             let seed = 900 + n as u64;
-            let spec = causal_top_left_q_shorter(family(2), dtype, d, &mut Shapes(seed))
+            let spec = causal_top_left_q_shorter(family(2), dtype, d, &mut Shapes::new(seed, LENGTHS))
                 .validate()
                 .expect("valid");
             if let Err(e) = check_dtype(&spec, seed, 0, 30.0) {
@@ -702,116 +635,6 @@ fn taylor_bad_input_is_a_typed_error() {
     assert_eq!(state.len(0), 8, "failed steps leave the state as it was");
 }
 
-#[test]
-fn shape_generator_always_leaves_a_tail() {
-    let mut s = Shapes(7);
-    for _ in 0..1000 {
-        let n = s.tail(16, 300);
-        assert_ne!(n % 16, 0, "{n}");
-    }
-}
-
-/// bf16 buffers of a call, filled with a xorshift draw in (−1, 1).
-struct Bufs {
-    q: attn_cuda::cudarc::driver::CudaSlice<bf16>,
-    k: attn_cuda::cudarc::driver::CudaSlice<bf16>,
-    v: attn_cuda::cudarc::driver::CudaSlice<bf16>,
-    o: attn_cuda::cudarc::driver::CudaSlice<bf16>,
-    d_o: attn_cuda::cudarc::driver::CudaSlice<bf16>,
-    den: attn_cuda::cudarc::driver::CudaSlice<f32>,
-    dq: attn_cuda::cudarc::driver::CudaSlice<bf16>,
-    dk: attn_cuda::cudarc::driver::CudaSlice<bf16>,
-    dv: attn_cuda::cudarc::driver::CudaSlice<bf16>,
-}
-
-fn random_bf16(n: usize, seed: u64) -> Vec<bf16> {
-    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            bf16::from_f32(((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
-        })
-        .collect()
-}
-
-fn bufs(spec: &AttnSpec) -> Bufs {
-    let s = gpu().stream();
-    let up = |n: usize, seed| s.clone_htod(&random_bf16(n, seed)).expect("upload");
-    let zeros = |n: usize| s.alloc_zeros::<bf16>(n).expect("alloc");
-    Bufs {
-        q: up(spec.q_len(), 1),
-        k: up(spec.k_len(), 2),
-        v: up(spec.v_len(), 3),
-        o: zeros(spec.o_len()),
-        d_o: up(spec.o_len(), 4),
-        den: s.alloc_zeros::<f32>(spec.stats_len()).expect("alloc"),
-        dq: zeros(spec.dq_len()),
-        dk: zeros(spec.dk_len()),
-        dv: zeros(spec.dv_len()),
-    }
-}
-
-fn forward_bf16(spec: &AttnSpec, b: &mut Bufs) {
-    use attn_core::{AttnBackend, ForwardIo};
-    gpu()
-        .forward(
-            spec,
-            ForwardIo {
-                q: &b.q,
-                k: &b.k,
-                v: &b.v,
-                bias: None,
-                o: &mut b.o,
-                stats: &mut b.den,
-            },
-        )
-        .expect("forward");
-}
-
-fn backward_bf16(spec: &AttnSpec, b: &mut Bufs) {
-    use attn_core::{AttnBackend, BackwardIo};
-    gpu()
-        .backward(
-            spec,
-            BackwardIo {
-                q: &b.q,
-                k: &b.k,
-                v: &b.v,
-                bias: None,
-                o: &b.o,
-                d_o: &b.d_o,
-                stats: &b.den,
-                dq: &mut b.dq,
-                dk: &mut b.dk,
-                dv: &mut b.dv,
-                dbias: None,
-            },
-        )
-        .expect("backward");
-}
-
-/// Median milliseconds of `reps` runs of `f` (CUDA events) after `warm` runs.
-fn time_ms(warm: usize, reps: usize, mut f: impl FnMut()) -> f64 {
-    let s = gpu().stream();
-    let flags = Some(attn_cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    for _ in 0..warm {
-        f();
-    }
-    let mut ms: Vec<f64> = (0..reps)
-        .map(|_| {
-            let a = s.record_event(flags).expect("event");
-            f();
-            let b = s.record_event(flags).expect("event");
-            b.synchronize().expect("sync");
-            a.elapsed_ms(&b).expect("elapsed") as f64
-        })
-        .collect();
-    ms.sort_by(|x, y| x.total_cmp(y));
-    ms[ms.len() / 2]
-}
-
 fn all_finite(s: &attn_cuda::cudarc::driver::CudaSlice<bf16>) -> bool {
     let v: Vec<bf16> = gpu().stream().clone_dtoh(s).expect("download");
     v.iter().all(|x| x.is_finite())
@@ -839,11 +662,11 @@ fn taylor_timings_on_the_benchmark_grid() {
                     p = p.with_causal(Causal::BottomRight);
                 }
                 let spec = p.validate().expect("valid problem");
-                let mut bb = bufs(&spec);
-                let fwd = time_ms(2, 5, || forward_bf16(&spec, &mut bb));
-                let fwd_bwd = time_ms(1, 3, || {
-                    forward_bf16(&spec, &mut bb);
-                    backward_bf16(&spec, &mut bb);
+                let mut bb = Bufs::new(gpu(), &spec);
+                let fwd = time_ms(gpu(), 2, 5, || forward(gpu(), &spec, &mut bb));
+                let fwd_bwd = time_ms(gpu(), 1, 3, || {
+                    forward(gpu(), &spec, &mut bb);
+                    backward(gpu(), &spec, &mut bb);
                 });
                 let floor_ms = (4 * b * h * n * d * 2) as f64 / 3.0e12 * 1e3;
                 println!(
@@ -871,10 +694,10 @@ fn taylor_one_million_tokens_forward_and_backward_fit() {
             p.family = family(1);
         }
         let spec = p.validate().expect("valid problem");
-        let mut bb = bufs(&spec);
-        let ms = time_ms(0, 1, || {
-            forward_bf16(&spec, &mut bb);
-            backward_bf16(&spec, &mut bb);
+        let mut bb = Bufs::new(gpu(), &spec);
+        let ms = time_ms(gpu(), 0, 1, || {
+            forward(gpu(), &spec, &mut bb);
+            backward(gpu(), &spec, &mut bb);
         });
         println!("order {order}: B=1 H=8 N=1048576 D=64 causal forward+backward {ms:.1} ms");
         assert!(

@@ -9,6 +9,9 @@
 
 #![allow(dead_code)] // each test binary uses part of the harness
 
+pub mod bench;
+pub mod shapes;
+
 use attn_core::{AttnSpec, Element, FamilySpec};
 use attn_cpu_ref::testing::{check_close, max_abs, random_case, Case};
 use attn_cpu_ref::{backward_f64, forward_f64, Inputs};
