@@ -100,11 +100,12 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
     let module = match family {
         FamilyKind::Softmax => "softmax",
         FamilyKind::CosineSim => "cosine_sim",
+        // Taylor runs its own state kernels (`crate::taylor`), routed before this flash dispatch.
         FamilyKind::Taylor | FamilyKind::Hyperbolic => {
             return Err(unsupported(
                 spec,
                 pass,
-                format!("the {} family has no CUDA kernel yet", family.name()),
+                format!("the {} family has no flash-skeleton CUDA kernel", family.name()),
             ))
         }
     };
@@ -246,7 +247,7 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use attn_core::{AttnProblem, Family};
+    use attn_core::{Aggregation, AttnProblem, Family, HypScore};
 
     fn spec(family: Family, dtype: DType, d: usize) -> AttnSpec {
         AttnProblem::new(family, dtype, 2, 4, 2, 100, 130, d)
@@ -299,9 +300,13 @@ mod tests {
             check_supported(&softmax16, Pass::Forward),
             Err(AttnError::Unsupported { .. })
         ));
-        let taylor = spec(Family::taylor(1), DType::F32, 64);
+        let hyperbolic = spec(
+            Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean),
+            DType::F32,
+            64,
+        );
         assert!(matches!(
-            check_supported(&taylor, Pass::Backward),
+            check_supported(&hyperbolic, Pass::Backward),
             Err(AttnError::Unsupported { .. })
         ));
         let dv = AttnProblem::new(Family::softmax(), DType::BF16, 1, 1, 1, 8, 8, 64)

@@ -5,7 +5,8 @@
 mod common;
 
 use attn_core::{
-    AttnBackend, AttnError, AttnProblem, AttnSpec, DType, Family, ForwardIo, InputStrides, Strides,
+    Aggregation, AttnBackend, AttnError, AttnProblem, AttnSpec, DType, Family, ForwardIo, HypScore,
+    InputStrides, Strides,
 };
 use attn_cuda::cudarc::driver::CudaSlice;
 use attn_cuda::{CudaAttn, CudaAttnError, ForwardViews};
@@ -92,12 +93,22 @@ fn unsupported_head_dims_and_families_are_typed_errors() {
         );
         assert!(err.to_string().contains(&format!("head dim {d}")), "{err}");
     }
-    let taylor = AttnProblem::new(Family::taylor(2), DType::BF16, 1, 1, 1, 8, 8, 64)
-        .validate()
-        .expect("valid problem");
-    let q = buf(taylor.q_len());
-    let mut o = buf(taylor.o_len());
-    let err = forward(&taylor, &q, &mut o).expect_err("no Taylor kernel");
+    // The hyperbolic family has no CUDA kernel yet (issue 7): a typed error, never a silent result.
+    let hyperbolic = AttnProblem::new(
+        Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean),
+        DType::BF16,
+        1,
+        1,
+        1,
+        8,
+        8,
+        64,
+    )
+    .validate()
+    .expect("valid problem");
+    let q = buf(hyperbolic.q_len());
+    let mut o = buf(hyperbolic.o_len());
+    let err = forward(&hyperbolic, &q, &mut o).expect_err("no hyperbolic kernel");
     assert!(
         matches!(err, CudaAttnError::Attn(AttnError::Unsupported { .. })),
         "{err}"
