@@ -231,6 +231,7 @@ fn family(spec: &AttnSpec) -> Family {
         eps,
     } = *spec.family()
     else {
+        // Internal invariant: the emulator is only driven by the tests' Taylor specs.
         panic!("a Taylor spec")
     };
     Family {
