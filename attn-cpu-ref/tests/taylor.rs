@@ -93,6 +93,28 @@ fn taylor_gradients_match_finite_differences() {
     );
 }
 
+/// A case CI drew (seed 18311512083242492351): l2-normalised keys in D = 2 curve sharply, and a plain
+/// central difference at h = 1e-5 missed dk by 4e-7 relative; the extrapolated difference must not.
+#[test]
+fn taylor_gradients_match_finite_differences_on_sharply_curved_l2norm() {
+    let p = AttnProblem::new(
+        taylor(1, [0.5, -0.084_967_06, 0.0], 0.05, true),
+        DType::F32,
+        2,
+        1,
+        1,
+        6,
+        4,
+        2,
+    )
+    .with_head_dim_v(1)
+    .with_causal(Causal::TopLeft)
+    .with_key_lens(vec![0, 3]);
+    let s = p.validate().expect("valid problem");
+    let case = random_case(&s, 18_311_512_083_242_492_351);
+    check_gradients(&case, 1e-5, 1e-7, 1e-9).expect("gradients of the drawn case");
+}
+
 #[test]
 fn taylor_gqa_equals_explicitly_repeated_kv_with_gradients_summed_over_the_group() {
     let lim = Limits {
