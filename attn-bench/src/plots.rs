@@ -4,6 +4,9 @@
 //! panel per family, one line per (implementation, pass). For the main slice (see [`main_slice`])
 //! also peak memory vs N and the Taylor-vs-softmax crossover (time vs N of softmax, taylor1 and
 //! taylor2 side by side, one panel per pass). `<stem>.png` is the main slice's time plot.
+//!
+//! Text is drawn with DejaVu Sans compiled into the binary (plotters' ab_glyph backend), so plotting
+//! needs no fontconfig or freetype on the machine that runs the benchmark.
 
 use crate::error::BenchError;
 use crate::grid::FamilyId;
@@ -12,6 +15,21 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The family name every text style uses; [`register_font`] binds it to the compiled-in face.
+const FONT: &str = "sans-serif";
+
+/// Register DejaVu Sans under [`FONT`] once per process.
+fn register_font() -> Result<(), String> {
+    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular())
+                .map_err(|_| "the compiled-in DejaVu Sans face did not parse".to_string())
+        })
+        .clone()
+}
 
 /// One (dtype, D, causal) combination.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,12 +137,12 @@ fn panel(
         y1 = y1.max(y);
     }
     if !(x0.is_finite() && y0.is_finite()) {
-        area.titled(&format!("{title}: no data"), ("sans-serif", 16))
+        area.titled(&format!("{title}: no data"), (FONT, 16))
             .map_err(|e| e.to_string())?;
         return Ok(());
     }
     let mut chart = ChartBuilder::on(area)
-        .caption(title, ("sans-serif", 18))
+        .caption(title, (FONT, 18))
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(60)
@@ -158,7 +176,7 @@ fn panel(
         .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .label_font(("sans-serif", 13))
+        .label_font((FONT, 13))
         .draw()
         .map_err(|e| e.to_string())?;
     Ok(())
@@ -181,7 +199,7 @@ fn figure(
     let root = BitMapBackend::new(path, size).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(e.to_string()))?;
     let body = root
-        .titled(title, ("sans-serif", 24))
+        .titled(title, (FONT, 24))
         .map_err(|e| plot_err(e.to_string()))?;
     for (area, (t, lines)) in body.split_evenly((rows, cols)).iter().zip(panels) {
         panel(area, t, y_desc, lines).map_err(plot_err)?;
@@ -211,6 +229,10 @@ pub fn write_plots(file: &BenchFile, dir: &Path, stem: &str) -> Result<Vec<PathB
     let Some(main) = main_slice(file) else {
         return Ok(written);
     };
+    register_font().map_err(|reason| BenchError::Plot {
+        path: dir.to_path_buf(),
+        reason,
+    })?;
     let slices: BTreeSet<Slice> = file.rows.iter().map(Slice::of).collect();
     let title = |what: &str, s: &Slice| format!("{what} — {} — {}", s.title(), file.device);
     for slice in &slices {
