@@ -22,16 +22,17 @@ use std::process::Command;
 use std::thread;
 
 /// The kernel files: (module name, source). One family per file.
-const KERNELS: [(&str, &str); 5] = [
+const KERNELS: [(&str, &str); 6] = [
     ("softmax", "kernels/softmax.cu"),
     ("cosine_sim", "kernels/cosine_sim.cu"),
     ("simt_f32", "kernels/simt_f32.cu"),
     ("common", "kernels/common.cu"),
     ("taylor", "kernels/taylor.cu"),
+    ("hyperbolic", "kernels/hyperbolic.cu"),
 ];
 
 /// Headers every kernel file may include.
-const HEADERS: [&str; 15] = [
+const HEADERS: [&str; 17] = [
     "kernels/include/params.h",
     "kernels/include/mask.h",
     "kernels/include/mma.h",
@@ -42,6 +43,8 @@ const HEADERS: [&str; 15] = [
     "kernels/include/flash_fwd.cuh",
     "kernels/include/flash_bwd.cuh",
     "kernels/include/simt_f32.cuh",
+    "kernels/include/lorentz_tile.cuh",
+    "kernels/include/hyp_simt.cuh",
     "kernels/include/taylor_common.cuh",
     "kernels/include/taylor_rows.cuh",
     "kernels/include/taylor_dense.cuh",

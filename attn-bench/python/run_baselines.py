@@ -1,24 +1,35 @@
 #!/usr/bin/env python3
 """PyTorch baselines for attn-bench, on the GPU machine, in attn-bench's JSON schema (schema 1).
 
-Same grid as `attn-bench run` (BENCHMARKS.md's FlashAttention convention: 16k tokens per batch,
-hidden 2048, N 512..16384, long N for the linear family and softmax), same FLOP formulas, same row
-fields. Baselines per family:
+The points come from `attn-bench plan --out plan.json` (`--points plan.json`: exactly the grid our
+binary measures) or, without it, from this script's own copy of the FlashAttention grid
+(16k tokens per batch, hidden 2048, N 512..16384, long N for the linear family and softmax). Same
+FLOP formulas and row fields as attn-bench. Baselines per family:
 
 - softmax: sdpa_flash, sdpa_cudnn, sdpa_efficient (torch.nn.attention.sdpa_kernel, one backend each);
 - cosine_sim: torch_l2norm_sdpa = F.normalize(q), F.normalize(k), then SDPA(scale=10) with the fastest
   of the three backends at that point (the backend is named in `params`);
 - taylor1 / taylor2: torch_taylor = the factorised states in torch.einsum (non-causal: global states;
   causal: chunks of 64, dense within a chunk, prefix states across chunks); fla_parallel_based
-  (order 2, causal only) when `fla` imports.
-Hyperbolic families have no PyTorch baseline here.
+  (fla-core's quadratic Triton kernel of order-2 Taylor, "Based"; causal only) when `fla` imports
+  (`--pythonpath DIR` adds an unpacked wheel after the system's packages);
+- hyperbolic_geodesic / hyperbolic_sq_lorentz: torch_hyperbolic = the scores written in eager PyTorch
+  on materialised B·H·N² tensors (Lorentz product by a matmul in the storage dtype, score and
+  softmax in f32, P·V in the storage dtype), as a user would write it without a fused kernel.
+
+With `--check-bin attn-bench`, each baseline first runs once at a small shape on the inputs that
+`attn-bench check` (the CPU reference) gets, and the largest output difference is printed and kept
+in `baseline_checks`: a ratio is only meaningful between two computations of the same function.
 
 Every (baseline, point) that cannot run is written to `skipped` with the reason (backend not
-available, out of memory, too slow for the per-point budget, past the global deadline): never as a
-zero. Rows are flushed to the output after every point, so a run cut short keeps what it measured.
+available, out of memory at that N, too slow for the per-point budget, past the global deadline):
+never as a zero. Once a baseline runs out of memory, its larger points of the same kind are skipped
+with the N where it ran out. Rows are flushed to the output after every point, so a run cut short
+keeps what it measured.
 
-Usage (GPU machine): python3 run_baselines.py --out $OUT/baselines-h100.json
-         (anywhere):  python3 run_baselines.py --dry-run      # print the plan, no torch needed
+Usage (GPU machine): python3 run_baselines.py --points plan.json --out $OUT/baselines.json
+         (CPU dry run):  python3 run_baselines.py --points plan.json --device cpu --out b.json
+         (anywhere):     python3 run_baselines.py --dry-run      # print the plan, no torch needed
 """
 
 import argparse
@@ -32,10 +43,18 @@ import time
 
 FAMILIES = ["softmax", "cosine_sim", "taylor1", "taylor2", "hyperbolic_geodesic", "hyperbolic_sq_lorentz"]
 LINEAR = {"taylor1": 1, "taylor2": 2}
+HYPERBOLIC = {"hyperbolic_geodesic": "geodesic", "hyperbolic_sq_lorentz": "sq_lorentz"}
 TAYLOR_A = (1.0, 1.0, 0.5)
 COSINE_SCALE = 10.0
 COSINE_EPS = 1e-6
 TAYLOR_CHUNK = 64
+# attn-core's HyperbolicParams defaults and ACOSH_EPS.
+HYP_CURVATURE = 1.0
+HYP_BETA = 1.0
+ACOSH_EPS = 1e-6
+# Baselines whose work and memory grow as N² per (batch, head).
+QUADRATIC = {"sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "torch_l2norm_sdpa", "fla_parallel_based",
+             "torch_hyperbolic"}
 
 
 # ---------------------------------------------------------------- grid and formulas (as flops.rs)
@@ -106,6 +125,20 @@ def plan(args):
     return points, bad
 
 
+def load_points(path):
+    """Points of `attn-bench plan --out` (its JSON), in its order, and its bad points."""
+    with open(path) as f:
+        data = json.load(f)
+    points = []
+    for q in data["points"]:
+        points.append(dict(family=q["family"], dtype=q["dtype"], pass_=q["pass"], batch=q["batch"],
+                           heads=q["heads_q"], n=q["seq"], d=q["head_dim"], causal=q["causal"],
+                           section=q.get("section", "")))
+        if q["heads_kv"] != q["heads_q"]:
+            raise ValueError("point with heads_kv != heads_q: the baselines run self-attention with equal heads")
+    return points, list(data.get("bad_points", []))
+
+
 def baselines_for(p, long_softmax_impls):
     fam = p["family"]
     if fam == "softmax":
@@ -117,7 +150,19 @@ def baselines_for(p, long_softmax_impls):
         return ["torch_l2norm_sdpa"]
     if fam in LINEAR:
         return ["torch_taylor", "fla_parallel_based"] if fam == "taylor2" else ["torch_taylor"]
+    if fam in HYPERBOLIC:
+        return ["torch_hyperbolic"]
     return []
+
+
+def memory_proxy(impl, p):
+    """Grows with the memory a baseline needs at a point: B·H·N² for quadratic ones, B·H·N else."""
+    n = p["n"]
+    return p["batch"] * p["heads"] * n * (n if impl in QUADRATIC else 1)
+
+
+def oom_key(impl, p):
+    return (impl, p["family"], p["dtype"], p["d"], p["causal"], p["pass_"])
 
 
 # ---------------------------------------------------------------- implementations (torch)
@@ -156,6 +201,10 @@ def make_fns(torch, F, impl, p, q, k, v, d_o):
         a = "a=1,1" if order == 1 else "a=1,1,0.5"
         return (lambda: fn(torch, q * scale, k, v, order)), "%s scale=%g einsum chunk=%d" % (
             a, scale, TAYLOR_CHUNK if causal else 0)
+    if impl == "torch_hyperbolic":
+        score = HYPERBOLIC[p["family"]]
+        return (lambda: hyperbolic_eager(torch, q, k, v, score, causal)), \
+            "%s c=%g beta=%g agg=euclidean eager materialised" % (score, HYP_CURVATURE, HYP_BETA)
     if impl == "fla_parallel_based":
         if not causal:
             raise Skip("fla parallel_based is causal only")
@@ -177,6 +226,24 @@ def make_fns(torch, F, impl, p, q, k, v, d_o):
                                            **kw).transpose(1, 2)), "fla layout=bnhd"
         return (lambda: parallel_based(q, k, v, **kw)), "fla head_first"
     raise Skip("no implementation `%s`" % impl)
+
+
+def hyperbolic_eager(torch, q, k, v, score, causal):
+    """REFERENCE.md §4 on materialised scores: x0 = sqrt(1/c + |x|^2), <q,k>_L = q.k - q0 k0,
+    geodesic s = -beta arccosh(max(-c<q,k>_L, 1 + eps)) / sqrt(c), squared Lorentz
+    s = -beta (-2/c - 2<q,k>_L); softmax over allowed keys; o = P v (Euclidean aggregation)."""
+    c, beta = HYP_CURVATURE, HYP_BETA
+    q0 = torch.sqrt(1.0 / c + q.float().pow(2).sum(-1, keepdim=True))
+    k0 = torch.sqrt(1.0 / c + k.float().pow(2).sum(-1, keepdim=True))
+    lor = torch.matmul(q, k.transpose(-1, -2)).float() - torch.matmul(q0, k0.transpose(-1, -2))
+    if score == "geodesic":
+        s = torch.acosh(torch.clamp(-c * lor, min=1.0 + ACOSH_EPS)) * (-beta / math.sqrt(c))
+    else:
+        s = lor * (2.0 * beta) + 2.0 * beta / c
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1).to(v.dtype), v)
 
 
 def taylor_terms(torch, q, k, v, order):
@@ -235,18 +302,62 @@ def taylor_causal(torch, q, k, v, order):
 
 # ---------------------------------------------------------------- timing
 
-def time_calls(torch, fn, warmup, runs):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    for i in range(runs):
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+class Device:
+    """Where the baselines run: `cuda` (CUDA events, torch's allocator statistics) or `cpu` (host
+    clock, no memory statistics): the same code path either way."""
+
+    def __init__(self, torch, kind):
+        self.torch, self.kind = torch, kind
+        self.cuda = kind == "cuda"
+        self.timer = "cuda_event" if self.cuda else "host_clock"
+
+    def name(self):
+        if self.cuda:
+            return self.torch.cuda.get_device_name(0)
+        import platform
+        return "cpu: %s (%d threads)" % (platform.processor() or platform.machine(), os.cpu_count() or 1)
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def free_cache(self):
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+
+    def start_peak(self):
+        if not self.cuda:
+            return None
+        self.free_cache()
+        base = self.torch.cuda.memory_allocated()
+        self.torch.cuda.reset_peak_memory_stats()
+        return base
+
+    def peak_mib(self, base):
+        if base is None:
+            return None
+        return (self.torch.cuda.max_memory_allocated() - base) / 2**20
+
+    def time_calls(self, fn, warmup, runs):
+        torch = self.torch
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        if not self.cuda:
+            out = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t) * 1e3)
+            return out
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+        for i in range(runs):
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
 def quantile(sorted_x, q):
@@ -258,18 +369,17 @@ def quantile(sorted_x, q):
     return sorted_x[lo] + (sorted_x[hi] - sorted_x[lo]) * (pos - lo)
 
 
-def measure(torch, F, impl, p, args):
+def measure(dev, F, impl, p, args):
     """(samples_ms, peak_mib, params) for one baseline at one point; raises Skip."""
+    torch = dev.torch
     dt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[p["dtype"]]
     b, h, n, d = p["batch"], p["heads"], p["n"], p["d"]
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    g = torch.Generator(device="cuda").manual_seed(args.seed)
+    base = dev.start_peak()
+    g = torch.Generator(device=dev.kind).manual_seed(args.seed)
     need_grad = p["pass_"] != "fwd"
 
     def rand(*shape):
-        return (torch.rand(*shape, device="cuda", dtype=torch.float32, generator=g) * 2 - 1).to(dt)
+        return (torch.rand(*shape, device=dev.kind, dtype=torch.float32, generator=g) * 2 - 1).to(dt)
 
     q, k, v = (rand(b, h, n, d).requires_grad_(need_grad) for _ in range(3))
     d_o = rand(b, h, n, d)
@@ -290,36 +400,106 @@ def measure(torch, F, impl, p, args):
             o.backward(d_o, retain_graph=True)
     t0 = time.perf_counter()
     call()
-    torch.cuda.synchronize()
+    dev.sync()
     first = time.perf_counter() - t0
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    peak = dev.peak_mib(base)
     est = first * (args.warmup - 1 + args.runs)
     if est > args.max_point_s:
         raise Skip("one call took %.3f s: warm-up and %d runs would take ~%.0f s, over the %g s per-point budget"
                    % (first, args.runs, est, args.max_point_s))
-    samples = time_calls(torch, call, max(args.warmup - 1, 0), args.runs)
+    samples = dev.time_calls(call, max(args.warmup - 1, 0), args.runs)
     return samples, peak, params
 
 
-def run_one(torch, F, impl, p, args):
+def oom_reason(p):
+    return "out of memory at N=%d (B=%d, H=%d, D=%d)" % (p["n"], p["batch"], p["heads"], p["d"])
+
+
+def run_one(dev, F, impl, p, args):
+    """(result, reason, out_of_memory)."""
+    torch = dev.torch
+    oom_error = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", MemoryError)
     try:
-        return measure(torch, F, impl, p, args), None
+        return measure(dev, F, impl, p, args), None, False
     except Skip as e:
-        return None, str(e)
-    except torch.cuda.OutOfMemoryError:
-        return None, "out of memory"
+        return None, str(e), False
+    except (oom_error, MemoryError):
+        return None, oom_reason(p), True
     except RuntimeError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "out of memory" in msg.lower():
-            return None, "out of memory"
-        return None, "error: " + msg[:300]
+            return None, oom_reason(p), True
+        return None, "error: " + msg[:300], False
     finally:
-        torch.cuda.empty_cache()
+        dev.free_cache()
+
+
+# ---------------------------------------------------------------- definitions checked against ours
+
+CHECK_TOL = 0.05  # bf16 outputs (2^-8 rounding, bf16 P·V) against the f64 reference on the same inputs
+
+
+def check_definitions(dev, F, families_impls, bin_path):
+    """Each baseline once at B=1, H=2, N=128, D=64 (bf16, causal and not) against `attn-bench check`
+    (attn-cpu-ref) on the same inputs, so that a ratio compares the same function. Returns one dict
+    per (baseline, family, causal): max |o - o_ref| or why it was not checked."""
+    import subprocess
+    import tempfile
+    from safetensors.torch import load_file, save_file
+    torch = dev.torch
+    results = []
+    for family in sorted(families_impls):
+        for causal in (False, True):
+            p = dict(family=family, dtype="bf16", pass_="fwd", batch=1, heads=2, n=128, d=64, causal=causal)
+            g = torch.Generator(device=dev.kind).manual_seed(7)
+            q, k, v = ((torch.rand(1, 2, 128, 64, device=dev.kind, generator=g) * 2 - 1).to(torch.bfloat16)
+                       for _ in range(3))
+            with tempfile.TemporaryDirectory() as d:
+                inp, outp = os.path.join(d, "in.safetensors"), os.path.join(d, "out.safetensors")
+                save_file({"q": q.float().cpu().contiguous(), "k": k.float().cpu().contiguous(),
+                           "v": v.float().cpu().contiguous()}, inp)
+                cmd = [bin_path, "check", "--input", inp, "--output", outp, "--family", family, "--layout", "bhnd",
+                       "--causal", "top-left" if causal else "none"]
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                ref = load_file(outp)["o"].to(dev.kind) if r.returncode == 0 else None
+            for impl in sorted(families_impls[family]):
+                entry = {"impl": impl, "family": family, "causal": causal}
+                if ref is None:
+                    entry["error"] = "reference failed: " + (r.stderr.strip().splitlines() or ["?"])[-1][:200]
+                    results.append(entry)
+                    continue
+                variants = (["torch_l2norm_sdpa:" + b for b in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient")]
+                            if impl == "torch_l2norm_sdpa" else [impl])
+                errors = []
+                for variant in variants:
+                    try:
+                        fwd, _ = make_fns(torch, F, variant, p, q, k, v, None)
+                        with torch.no_grad():
+                            o = fwd().float()
+                        entry["max_abs_diff"] = (o - ref).abs().max().item()
+                        entry["ok"] = entry["max_abs_diff"] <= CHECK_TOL
+                        break
+                    except Exception as e:  # noqa: BLE001 - any failure is reported, not raised
+                        errors.append("%s: %s" % (variant, (str(e).splitlines() or [type(e).__name__])[0][:150]))
+                if "max_abs_diff" not in entry:
+                    entry["error"] = "; ".join(errors)
+                results.append(entry)
+    return results
+
+
+def describe_check(c):
+    where = "%s %s%s" % (c["impl"], c["family"], " causal" if c["causal"] else "")
+    if "error" in c:
+        return "check %s: not checked (%s)" % (where, c["error"])
+    return "check %s: max |o - o_ref| = %.2e %s" % (where, c["max_abs_diff"], "ok" if c["ok"] else "MISMATCH")
 
 
 # ---------------------------------------------------------------- output
 
 def git_commit():
+    """ATTN_COMMIT from the environment (the GPU script passes the attn-bench binary's), else git."""
+    if os.environ.get("ATTN_COMMIT", "").strip():
+        return os.environ["ATTN_COMMIT"].strip()
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
@@ -345,7 +525,9 @@ def make_row(impl, p, samples, peak, params, ctx):
     row.update({"ms_median": med, "ms_min": s[0], "tflops": flops / (med * 1e-3) / 1e12,
                 "tokens_per_s": b * n / (med * 1e-3), "peak_mib": peak, "gpu": ctx["device"],
                 "commit": ctx["commit"], "date": ctx["date"], "ms_spread": quantile(s, 0.75) - quantile(s, 0.25),
-                "runs": len(s), "peak_source": "torch_max_allocated"})
+                "runs": len(s), "timer": ctx.get("timer", "cuda_event")})
+    if peak is not None:
+        row["peak_source"] = "torch_max_allocated"
     if p["family"] in LINEAR:
         elem = {"f32": 4, "f16": 2, "bf16": 2}[p["dtype"]]
         moved = bytes_moved(p["pass_"], b, h, n, d, elem)
@@ -355,21 +537,31 @@ def make_row(impl, p, samples, peak, params, ctx):
     return row
 
 
-def copy_bandwidth_gbs(torch):
-    """Best of ten device-to-device copies of 1 GiB, counting bytes read plus bytes written."""
-    def best_copy_ms():
-        x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-        y = torch.empty_like(x)
-        return min(time_calls(torch, lambda: y.copy_(x), 3, 10))
-    ms = best_copy_ms()
-    torch.cuda.empty_cache()
-    return 2 * (1 << 30) / (ms * 1e-3) / 1e9
+def copy_bandwidth_gbs(dev):
+    """Best of ten copies of 1 GiB (256 MiB on the CPU), counting bytes read plus bytes written."""
+    torch = dev.torch
+    elems = (1 << 28) if dev.cuda else (1 << 26)
+    x = torch.empty(elems, dtype=torch.float32, device=dev.kind)
+    y = torch.empty_like(x)
+    ms = min(dev.time_calls(lambda: y.copy_(x), 3, 10))
+    del x, y
+    dev.free_cache()
+    return 2 * elems * 4 / (ms * 1e-3) / 1e9
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     csv = lambda t: (lambda s: [t(x) for x in s.split(",") if x])  # noqa: E731
     ap.add_argument("--out", default="baselines.json")
+    ap.add_argument("--points", default="", help="the JSON of `attn-bench plan --out` (replaces the grid options)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: the same code path on the host (a dry run of the GPU script)")
+    ap.add_argument("--pythonpath", action="append", default=[],
+                    help="a folder appended to sys.path (after the system's packages), e.g. unpacked fla-core")
+    ap.add_argument("--check-bin", default="",
+                    help="an attn-bench binary: check each baseline's definition against its `check` first")
+    ap.add_argument("--max-quadratic-n", type=int, default=131072,
+                    help="skip baselines quadratic in N (SDPA, fla, eager hyperbolic) beyond this N")
     ap.add_argument("--families", type=csv(str), default=FAMILIES)
     ap.add_argument("--dtypes", type=csv(str), default=["bf16"])
     ap.add_argument("--head-dims", type=csv(int), default=[64, 128])
@@ -396,7 +588,8 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     start = time.perf_counter()
-    points, bad = plan(args)
+    sys.path.extend(args.pythonpath)
+    points, bad = load_points(args.points) if args.points else plan(args)
     work = [(impl, p) for p in points for impl in baselines_for(p, args.long_softmax_impls)]
     if args.dry_run:
         for b in bad:
@@ -419,22 +612,35 @@ def main(argv):
     try:
         import torch
         import torch.nn.functional as F
-        if not torch.cuda.is_available():
+        if args.device == "cuda" and not torch.cuda.is_available():
             raise ImportError("torch.cuda.is_available() is False")
     except ImportError as e:
-        out["device"] = "no GPU"
-        reason = "PyTorch with CUDA not available: %s" % e
+        out["device"] = "no GPU" if args.device == "cuda" else "cpu"
+        reason = ("PyTorch with CUDA not available: %s" if args.device == "cuda" else "PyTorch not available: %s") % e
         for impl, p in work:
             out["skipped"].append({**key_fields(impl, p), "reason": reason})
         flush()
         print(reason, file=sys.stderr)
         return 0
 
-    ctx["device"] = torch.cuda.get_device_name(0)
-    out["device"] = ctx["device"]
-    ctx["bandwidth_gbs"] = out["bandwidth_gbs"] = copy_bandwidth_gbs(torch)
+    dev = Device(torch, args.device)
+    ctx["device"] = out["device"] = dev.name()
+    ctx["timer"] = dev.timer
+    ctx["bandwidth_gbs"] = out["bandwidth_gbs"] = copy_bandwidth_gbs(dev)
     print("%s, torch %s, copy bandwidth %.0f GB/s, %d pairs" % (ctx["device"], torch.__version__,
                                                               ctx["bandwidth_gbs"], len(work)), flush=True)
+    if args.check_bin:
+        families_impls = {}
+        for impl, p in work:
+            families_impls.setdefault(p["family"], set()).add(impl)
+        try:
+            out["baseline_checks"] = check_definitions(dev, F, families_impls, args.check_bin)
+        except Exception as e:  # noqa: BLE001 - a failed check must not stop the measurements
+            out["baseline_checks"] = [{"error": "checks not run: %s" % e}]
+        for c in out["baseline_checks"]:
+            print(describe_check(c) if "impl" in c else c["error"], flush=True)
+        flush()
+    out_of_memory = {}  # oom_key -> (memory proxy, reason) of the smallest point that ran out
     for i, (impl, p) in enumerate(work):
         label = "%s %s %s %s N=%d D=%d B=%d H=%d%s" % (impl, p["family"], p["pass_"], p["dtype"], p["n"], p["d"],
                                                       p["batch"], p["heads"], " causal" if p["causal"] else "")
@@ -442,18 +648,30 @@ def main(argv):
             out["skipped"].append({**key_fields(impl, p), "reason": "past the %g s deadline of this run"
                                    % args.deadline_s})
             continue
-        if impl == "torch_l2norm_sdpa":
+        known = out_of_memory.get(oom_key(impl, p))
+        if impl in QUADRATIC and p["n"] > args.max_quadratic_n:
+            res, why, oom = None, "quadratic in N: not run beyond N=%d (--max-quadratic-n)" % args.max_quadratic_n, False
+        elif known is not None and memory_proxy(impl, p) >= known[0]:
+            res, why, oom = None, known[1] + " already", False
+        elif impl == "torch_l2norm_sdpa":
             # The fastest SDPA backend after l2-normalisation.
-            best, reasons = None, []
+            best, reasons, ooms = None, [], 0
             for be in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient"):
-                res, why = run_one(torch, F, "torch_l2norm_sdpa:" + be, p, args)
+                res, why, o = run_one(dev, F, "torch_l2norm_sdpa:" + be, p, args)
+                ooms += o
                 if res is None:
                     reasons.append("%s: %s" % (be, why))
                 elif best is None or quantile(sorted(res[0]), 0.5) < quantile(sorted(best[0]), 0.5):
                     best = res
-            res, why = best, "; ".join(reasons)
+            res, why, oom = best, "; ".join(reasons), best is None and ooms == 3
+            if oom:
+                why = oom_reason(p)
         else:
-            res, why = run_one(torch, F, impl, p, args)
+            res, why, oom = run_one(dev, F, impl, p, args)
+        if oom:
+            prev = out_of_memory.get(oom_key(impl, p))
+            if prev is None or memory_proxy(impl, p) < prev[0]:
+                out_of_memory[oom_key(impl, p)] = (memory_proxy(impl, p), why)
         if res is None:
             out["skipped"].append({**key_fields(impl, p), "reason": why})
             print("[%d/%d] %s: skipped: %s" % (i + 1, len(work), label, why), flush=True)

@@ -46,7 +46,47 @@ class PlanAndFormulas(unittest.TestCase):
         self.assertEqual(rb.baselines_for(p, ["sdpa_cudnn"]), ["sdpa_cudnn"])
         self.assertEqual(rb.baselines_for({"family": "taylor2", "n": 1024}, []),
                          ["torch_taylor", "fla_parallel_based"])
-        self.assertEqual(rb.baselines_for({"family": "hyperbolic_geodesic", "n": 1024}, []), [])
+        for fam in ("hyperbolic_geodesic", "hyperbolic_sq_lorentz"):
+            self.assertEqual(rb.baselines_for({"family": fam, "n": 1024}, []), ["torch_hyperbolic"])
+        self.assertEqual(rb.baselines_for({"family": "cosine_sim", "n": 1024}, []), ["torch_l2norm_sdpa"])
+
+    def test_points_file_of_attn_bench_plan(self):
+        plan = {"preset": "h100", "sections": ["memory"], "bad_points": ["x: y"], "points": [
+            {"section": "memory", "family": "softmax", "dtype": "bf16", "pass": "fwd_bwd", "batch": 1,
+             "heads_q": 8, "heads_kv": 8, "seq": 131072, "head_dim": 128, "causal": True},
+            {"section": "memory", "family": "taylor2", "dtype": "bf16", "pass": "fwd_bwd", "batch": 1,
+             "heads_q": 8, "heads_kv": 8, "seq": 1048576, "head_dim": 64, "causal": True}]}
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "plan.json")
+            with open(path, "w") as f:
+                json.dump(plan, f)
+            points, bad = rb.load_points(path)
+        self.assertEqual(bad, ["x: y"])
+        self.assertEqual([(p["family"], p["n"], p["heads"], p["d"], p["causal"], p["pass_"]) for p in points],
+                         [("softmax", 131072, 8, 128, True, "fwd_bwd"), ("taylor2", 1048576, 8, 64, True, "fwd_bwd")])
+        # Softmax beyond 16k runs only the long-N baselines; quadratic fla is capped by N.
+        self.assertEqual(rb.baselines_for(points[0], ["sdpa_cudnn"]), ["sdpa_cudnn"])
+        self.assertIn("fla_parallel_based", rb.QUADRATIC)
+        self.assertGreater(points[1]["n"], rb.parse_args([]).max_quadratic_n)
+
+    def test_memory_proxy_orders_points_by_what_they_materialise(self):
+        small = {"family": "hyperbolic_geodesic", "batch": 4, "heads": 32, "n": 4096}
+        large = {"family": "hyperbolic_geodesic", "batch": 2, "heads": 32, "n": 8192}
+        # On the FlashAttention grid B·N is fixed, so B·H·N² grows with N for quadratic baselines
+        # and stays flat for the linear ones.
+        self.assertLess(rb.memory_proxy("torch_hyperbolic", small), rb.memory_proxy("torch_hyperbolic", large))
+        self.assertEqual(rb.memory_proxy("torch_taylor", small), rb.memory_proxy("torch_taylor", large))
+
+    def test_commit_comes_from_the_environment_first(self):
+        old = os.environ.get("ATTN_COMMIT")
+        os.environ["ATTN_COMMIT"] = "abc123def456"
+        try:
+            self.assertEqual(rb.git_commit(), "abc123def456")
+        finally:
+            if old is None:
+                del os.environ["ATTN_COMMIT"]
+            else:
+                os.environ["ATTN_COMMIT"] = old
 
     def test_without_torch_every_pair_is_skipped_with_the_reason(self):
         if importlib.util.find_spec("torch") is not None:
@@ -60,6 +100,31 @@ class PlanAndFormulas(unittest.TestCase):
         self.assertEqual(data["rows"], [])
         self.assertEqual(len(data["skipped"]), 3 * 2 * 2 * 2)
         self.assertTrue(all("PyTorch with CUDA not available" in s["reason"] for s in data["skipped"]))
+
+    def test_cpu_device_without_torch_skips_with_the_reason(self):
+        if importlib.util.find_spec("torch") is not None:
+            self.skipTest("torch is installed here")
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "b.json")
+            rb.main(["--out", out, "--device", "cpu", "--families", "hyperbolic_geodesic", "--seq-lens", "64",
+                     "--long-seq-lens", "", "--causal", "false", "--passes", "fwd"])
+            with open(out) as f:
+                data = json.load(f)
+        self.assertEqual(data["device"], "cpu")
+        self.assertEqual([s["impl"] for s in data["skipped"]], ["torch_hyperbolic", "torch_hyperbolic"])
+        self.assertTrue(all("PyTorch not available" in s["reason"] for s in data["skipped"]))
+
+    def test_definition_checks_are_described_with_their_verdict(self):
+        ok = {"impl": "torch_taylor", "family": "taylor2", "causal": True, "max_abs_diff": 0.004, "ok": True}
+        bad = {"impl": "torch_hyperbolic", "family": "hyperbolic_geodesic", "causal": False,
+               "max_abs_diff": 0.3, "ok": False}
+        skipped = {"impl": "fla_parallel_based", "family": "taylor2", "causal": False,
+                   "error": "fla_parallel_based: fla parallel_based is causal only"}
+        self.assertTrue(rb.describe_check(ok).endswith("4.00e-03 ok"))
+        self.assertTrue(rb.describe_check(bad).endswith("MISMATCH"))
+        self.assertIn("not checked (fla_parallel_based: fla parallel_based is causal only)",
+                      rb.describe_check(skipped))
+        self.assertIn("taylor2 causal", rb.describe_check(ok))
 
     def test_quantile_matches_timing_rs(self):
         self.assertEqual(rb.quantile([1.0, 2.0, 3.0, 4.0], 0.5), 2.5)

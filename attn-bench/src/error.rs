@@ -10,6 +10,14 @@ pub enum BenchError {
     Attn(#[from] AttnError),
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+    /// An attn-cuda call failed: its own text (an `Unsupported` family or head dim, no kernels, ...).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] attn_cuda::CudaAttnError),
+    /// A CUDA driver call of the harness itself (events, memory pool, copies) failed.
+    #[cfg(feature = "cuda")]
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] attn_cuda::cudarc::driver::DriverError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

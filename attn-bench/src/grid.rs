@@ -211,26 +211,6 @@ pub struct BadPoint {
     pub reason: String,
 }
 
-/// Named starting points for a grid; every field can be overridden afterwards.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Preset {
-    /// BENCHMARKS.md's FlashAttention convention, for the GPU.
-    Flash,
-    /// A grid the CPU reference finishes in a few minutes on two cores.
-    CpuSmall,
-}
-
-impl FromStr for Preset {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "flash" => Ok(Preset::Flash),
-            "cpu-small" => Ok(Preset::CpuSmall),
-            other => Err(format!("unknown preset `{other}` (known: flash, cpu-small)")),
-        }
-    }
-}
-
 /// What to measure. `batch`/`heads` override the tokens/hidden convention when set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GridConfig {
@@ -252,52 +232,55 @@ pub struct GridConfig {
 }
 
 impl GridConfig {
-    /// The grid a preset starts from.
+    /// BENCHMARKS.md's FlashAttention convention over every family, with long N for the linear
+    /// family and softmax (the `flash` preset).
     ///
     /// ```
-    /// use attn_bench::grid::{GridConfig, Preset};
-    /// let g = GridConfig::preset(Preset::Flash);
+    /// use attn_bench::grid::GridConfig;
+    /// let g = GridConfig::flash();
     /// assert_eq!(g.seq_lens, vec![512, 1024, 2048, 4096, 8192, 16384]);
     /// assert_eq!((g.tokens, g.hidden), (16384, 2048));
     /// ```
-    pub fn preset(preset: Preset) -> Self {
-        match preset {
-            Preset::Flash => GridConfig {
-                families: FamilyId::ALL.to_vec(),
-                dtypes: vec![DType::BF16],
-                head_dims: vec![64, 128],
-                causal: vec![false, true],
-                passes: vec![PassKind::Fwd, PassKind::FwdBwd],
-                seq_lens: vec![512, 1024, 2048, 4096, 8192, 16384],
-                long_seq_lens: vec![32768, 65536, 131072],
-                long_families: vec![FamilyId::Taylor1, FamilyId::Taylor2, FamilyId::Softmax],
-                tokens: 16384,
-                hidden: 2048,
-                batch: None,
-                heads: None,
-            },
-            Preset::CpuSmall => GridConfig {
-                families: FamilyId::ALL.to_vec(),
-                dtypes: vec![DType::F32],
-                head_dims: vec![32],
-                causal: vec![false],
-                passes: vec![PassKind::Fwd, PassKind::FwdBwd],
-                seq_lens: vec![128, 256, 512],
-                long_seq_lens: vec![1024],
-                long_families: vec![FamilyId::Taylor1, FamilyId::Taylor2, FamilyId::Softmax],
-                tokens: 512,
-                hidden: 64,
-                batch: Some(1),
-                heads: Some(2),
-            },
+    pub fn flash() -> Self {
+        GridConfig {
+            families: FamilyId::ALL.to_vec(),
+            dtypes: vec![DType::BF16],
+            head_dims: vec![64, 128],
+            causal: vec![false, true],
+            passes: vec![PassKind::Fwd, PassKind::FwdBwd],
+            seq_lens: vec![512, 1024, 2048, 4096, 8192, 16384],
+            long_seq_lens: vec![32768, 65536, 131072],
+            long_families: vec![FamilyId::Taylor1, FamilyId::Taylor2, FamilyId::Softmax],
+            tokens: 16384,
+            hidden: 2048,
+            batch: None,
+            heads: None,
+        }
+    }
+
+    /// A grid the CPU reference finishes in a few minutes on two cores (the `cpu-small` preset).
+    pub fn cpu_small() -> Self {
+        GridConfig {
+            families: FamilyId::ALL.to_vec(),
+            dtypes: vec![DType::F32],
+            head_dims: vec![32],
+            causal: vec![false],
+            passes: vec![PassKind::Fwd, PassKind::FwdBwd],
+            seq_lens: vec![128, 256, 512],
+            long_seq_lens: vec![1024],
+            long_families: vec![FamilyId::Taylor1, FamilyId::Taylor2, FamilyId::Softmax],
+            tokens: 512,
+            hidden: 64,
+            batch: Some(1),
+            heads: Some(2),
         }
     }
 
     /// `(batch, heads)` for a sequence length and head dim, or why the point is impossible.
     ///
     /// ```
-    /// use attn_bench::grid::{GridConfig, Preset};
-    /// let g = GridConfig::preset(Preset::Flash);
+    /// use attn_bench::grid::GridConfig;
+    /// let g = GridConfig::flash();
     /// assert_eq!(g.batch_heads(1024, 128), Ok((16, 16)));
     /// assert_eq!(g.batch_heads(65536, 64), Ok((1, 32)));
     /// assert!(g.batch_heads(1024, 96).is_err()); // 2048 is not a multiple of 96
@@ -409,7 +392,7 @@ mod tests {
 
     #[test]
     fn flash_grid_keeps_tokens_and_hidden_fixed() {
-        let g = GridConfig::preset(Preset::Flash);
+        let g = GridConfig::flash();
         let (points, bad) = g.points();
         assert!(bad.is_empty(), "{bad:?}");
         for p in &points {
@@ -432,7 +415,7 @@ mod tests {
 
     #[test]
     fn every_point_is_distinct_and_its_spec_labels_match() {
-        let g = GridConfig::preset(Preset::CpuSmall);
+        let g = GridConfig::cpu_small();
         let (points, _) = g.points();
         let set: std::collections::HashSet<_> = points.iter().collect();
         assert_eq!(set.len(), points.len());
@@ -445,7 +428,7 @@ mod tests {
 
     #[test]
     fn impossible_points_are_reported_and_the_rest_kept() {
-        let mut g = GridConfig::preset(Preset::Flash);
+        let mut g = GridConfig::flash();
         g.families = vec![FamilyId::Softmax];
         g.head_dims = vec![64, 96, 512];
         g.causal = vec![false];
@@ -467,7 +450,7 @@ mod tests {
 
     #[test]
     fn overrides_replace_the_convention() {
-        let mut g = GridConfig::preset(Preset::Flash);
+        let mut g = GridConfig::flash();
         g.batch = Some(3);
         g.heads = Some(5);
         assert_eq!(g.batch_heads(512, 128), Ok((3, 5)));

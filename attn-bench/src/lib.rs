@@ -11,20 +11,25 @@
 //! factorised count `2·B·H·(Nq + Nk)·M·(Dv + 1)` with `M` features, linear in N; for the linear
 //! family the compulsory bytes and the share of a measured bandwidth are reported too.
 //!
-//! Code map: [`grid`] (what to measure), [`impls`] (how each implementation runs a point),
-//! [`timing`] and [`machine`] (samples, peak memory, device), [`run`] (the loop), [`schema`] (the
-//! JSON rows), [`report`] and [`plots`] (outputs), [`check`] (the safetensors tool).
+//! Code map: [`grid`] and [`plan`] (what to measure: grids, presets, sections), [`impls`] (how each
+//! implementation runs a point; `attn-cuda` with the `cuda` feature), [`timing`], [`machine`] and,
+//! with `cuda`, `gpu` (samples, peak memory, device, commit), [`run`] (the loop), [`schema`] (the
+//! JSON rows), [`report`], [`summary`] and [`plots`] (outputs), [`check`] (the safetensors tool).
 
 pub mod check;
 pub mod error;
 pub mod flops;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod grid;
 pub mod impls;
 pub mod machine;
+pub mod plan;
 pub mod plots;
 pub mod report;
 pub mod run;
 pub mod schema;
+pub mod summary;
 pub mod timing;
 
 pub use error::BenchError;

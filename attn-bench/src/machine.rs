@@ -1,6 +1,10 @@
 //! What a run records about where and when it ran: device name, commit, date, host, the copy
 //! bandwidth the linear family is compared with, and the peak resident memory of a call.
 //!
+//! The commit of a row is [`source_commit`]: `ATTN_COMMIT` from the environment when set (the GPU
+//! script passes the binary's own to the python baselines, so both sides of a merged table agree),
+//! else the commit baked in at build time, else `git describe` of the source directory.
+//!
 //! Peak memory on the CPU is measured, not modelled: the allocator gives back what it can
 //! (`malloc_trim`), the kernel's resident-set high-water mark is reset (`/proc/self/clear_refs`,
 //! value 5), and after set-up plus one call the mark (`VmHWM`) minus the resident set before
@@ -46,6 +50,24 @@ pub fn git_commit(dir: &Path) -> String {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// The commit baked into this binary by build.rs (`unknown` where git was missing at build time).
+pub const BUILD_COMMIT: &str = env!("ATTN_BENCH_COMMIT");
+
+/// The commit the rows of this run are attributed to (see the module doc).
+pub fn source_commit() -> String {
+    if let Some(c) = std::env::var("ATTN_COMMIT")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+    {
+        return c;
+    }
+    if BUILD_COMMIT != "unknown" {
+        return BUILD_COMMIT.to_string();
+    }
+    git_commit(Path::new(env!("CARGO_MANIFEST_DIR")))
 }
 
 /// The civil (proleptic Gregorian, UTC) date of a day count since 1970-01-01, as `YYYY-MM-DD`.

@@ -1,25 +1,28 @@
-//! `attn-bench`: `run` measures a grid of attention calls against baselines and writes JSON, a
-//! markdown table and PNG plots; `check` runs one call on tensors from a safetensors file and
-//! writes its outputs, statistics and gradients.
+//! `attn-bench`: `run` measures a plan of attention calls against baselines and writes JSON, a
+//! markdown table and PNG plots; `plan` writes a plan's points for the python baselines; `info`
+//! says which commit and GPU this binary has; `check` runs one call on tensors from a safetensors
+//! file and writes its outputs, statistics and gradients.
 
 use attn_bench::check::{check, family_with_options, CheckDevice, CheckOptions, FamilyOptions};
-use attn_bench::grid::{parse_families, FamilyId, GridConfig, PassKind, Preset};
-use attn_bench::impls::ImplId;
-use attn_bench::machine::{copy_bandwidth_gbs, cpu_name, git_commit, host_name, today};
+use attn_bench::grid::{parse_families, FamilyId, GridPoint, PassKind};
+use attn_bench::impls::{cuda_bandwidth_gbs, cuda_device, ImplId};
+use attn_bench::machine::{copy_bandwidth_gbs, cpu_name, host_name, source_commit, today, BUILD_COMMIT};
+use attn_bench::plan::{Filter, Plan, Preset};
 use attn_bench::run::{run, RunConfig, RunContext};
 use attn_bench::schema::BenchFile;
 use attn_bench::timing::TimingConfig;
-use attn_bench::{plots, report, BenchError};
+use attn_bench::{plots, report, summary, BenchError};
 use attn_core::{Aggregation, Causal, DType, Layout};
 use clap::{Args, Parser, Subcommand};
-use std::path::{Path, PathBuf};
+use serde::Serialize;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 
 #[derive(Parser)]
 #[command(
     name = "attn-bench",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("ATTN_BENCH_COMMIT"), ")"),
     about = "Benchmarks and bit-exact checks for the attn attention families"
 )]
 struct Cli {
@@ -29,20 +32,30 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Measure a grid (default: BENCHMARKS.md's FlashAttention convention) against baselines.
+    /// Measure a plan (default: BENCHMARKS.md's FlashAttention grid) against baselines.
     Run(RunArgs),
+    /// Write the points of a plan as JSON (what `python/run_baselines.py --points` measures).
+    Plan(PlanArgs),
+    /// Print this binary's commit, features and the GPU it would use.
+    Info,
     /// Run one call on q, k, v (+ do, bias, key_lens) from a safetensors file; write o, LSE or
     /// denominators and gradients to another.
     Check(CheckArgs),
 }
 
+/// What to measure: a preset, its sections and options that narrow or replace its grid.
 #[derive(Args)]
-struct RunArgs {
-    /// Starting grid: `flash` (16k tokens per batch, hidden 2048, N 512..16384 + long N) or
-    /// `cpu-small` (B=1, H=2, D=32, N 128..512 + 1024 for the crossover, f32); the options below
-    /// override it.
+struct GridArgs {
+    /// `flash` (one grid: 16k tokens per batch, hidden 2048, N 512..16384 + long N, every family),
+    /// `cpu-small` (one grid: B=1, H=2, D=32, N 128..512 + 1024, f32), `h100` (sections flash,
+    /// taylor, memory: the GPU programme of BENCHMARKS.md), `gpu-smoke` (the h100 sections at toy
+    /// sizes). On h100 and gpu-smoke the list options below keep a subset and the shape options are
+    /// refused; on flash and cpu-small they replace the grid's values.
     #[arg(long, default_value = "flash")]
     preset: String,
+    /// Sections of the preset to measure (h100, gpu-smoke: flash, taylor, memory).
+    #[arg(long, value_delimiter = ',')]
+    sections: Option<Vec<String>>,
     /// Families: softmax, cosine_sim, taylor1, taylor2, hyperbolic_geodesic, hyperbolic_sq_lorentz.
     #[arg(long, value_delimiter = ',')]
     families: Option<Vec<String>>,
@@ -75,6 +88,14 @@ struct RunArgs {
     /// Hidden size for the H = hidden / D convention.
     #[arg(long)]
     hidden: Option<usize>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    grid: GridArgs,
+    /// Untimed calls per point before the timed runs (at least 2 are made: the peak-memory call
+    /// and the one that predicts the point's duration).
     #[arg(long, default_value_t = 3)]
     warmup: usize,
     /// Timed runs per point (30 or more for the published tables).
@@ -83,28 +104,41 @@ struct RunArgs {
     /// Skip a point whose first call predicts more than this for warm-up plus timed runs.
     #[arg(long)]
     max_point_seconds: Option<f64>,
-    /// Implementations to measure: attn-cpu-ref, attn-cuda, candle_naive, or `none` to only merge.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "attn-cpu-ref,attn-cuda,candle_naive"
-    )]
-    impls: Vec<String>,
+    /// Budget of the whole run in seconds: a point that would end past it is skipped with that
+    /// reason, so a long plan can be split across calls (with --sections).
+    #[arg(long)]
+    max_seconds: Option<f64>,
+    /// Implementations to measure: attn-cpu-ref, attn-cuda, candle_naive, or `none` to only merge
+    /// (default: attn-cuda on h100, attn-cpu-ref and attn-cuda on gpu-smoke, all three otherwise).
+    #[arg(long, value_delimiter = ',')]
+    impls: Option<Vec<String>>,
     /// Result files (this tool's or python/run_baselines.py's) to merge into the table and plots.
     #[arg(long, num_args = 1..)]
     merge: Vec<PathBuf>,
     #[arg(long, default_value = "bench/results")]
     out_dir: PathBuf,
-    /// File stem (default `<date>-cpu-<host>` on the CPU, `<date>-<gpu>` for merged GPU results).
+    /// File stem (default `<date>-cpu-<host>` on the CPU, `<date>-<gpu>` for GPU results).
     #[arg(long)]
     name: Option<String>,
     #[arg(long)]
     no_plots: bool,
-    /// Bandwidth ceiling for `% BW` in GB/s (default: measured copy bandwidth of this machine).
+    /// Print the short summary table (summary.rs) last instead of the whole markdown report.
+    #[arg(long)]
+    summary: bool,
+    /// Bandwidth ceiling for `% BW` in GB/s (default: measured copy bandwidth of the device).
     #[arg(long)]
     bandwidth_gbs: Option<f64>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    #[command(flatten)]
+    grid: GridArgs,
+    /// Where to write the JSON (default: print it).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -169,21 +203,58 @@ fn parse_list<T: FromStr<Err = String>>(what: &str, items: &[String]) -> Vec<T> 
         .collect()
 }
 
-fn grid_from(args: &RunArgs) -> Result<GridConfig, BenchError> {
+const SHAPE_OPTIONS: &str = "--seq-lens, --long-seq-lens, --batch, --heads, --tokens, --hidden";
+
+fn plan_from(args: &GridArgs) -> Result<(Preset, Plan), BenchError> {
     let preset: Preset = args.preset.parse().map_err(|e| invalid("preset", e))?;
-    let mut g = GridConfig::preset(preset);
-    if let Some(names) = &args.families {
+    let mut plan = Plan::preset(preset);
+    if let Some(names) = &args.sections {
+        plan.select(names).map_err(|e| invalid("sections", e))?;
+    }
+    let families = args.families.as_ref().map(|names| {
         let (ok, unknown) = parse_families(names);
         for u in unknown {
             eprintln!("skipping family: {u}");
         }
-        g.families = ok;
+        ok
+    });
+    let dtypes = args.dtypes.as_ref().map(|d| parse_list::<DType>("dtype", d));
+    let passes = args.passes.as_ref().map(|p| parse_list::<PassKind>("pass", p));
+    let shape_given = args.seq_lens.is_some()
+        || args.long_seq_lens.is_some()
+        || args.batch.is_some()
+        || args.heads.is_some()
+        || args.tokens.is_some()
+        || args.hidden.is_some();
+    if plan.sections.len() != 1 || plan.sections[0].grids.len() != 1 {
+        if shape_given {
+            return Err(invalid(
+                "preset",
+                format!(
+                    "{SHAPE_OPTIONS} change a single grid: use them with --preset flash or cpu-small, \
+                     not with the sections of `{}`",
+                    preset.label()
+                ),
+            ));
+        }
+        plan.filter(&Filter {
+            families,
+            dtypes,
+            head_dims: args.head_dims.clone(),
+            causal: args.causal.clone(),
+            passes,
+        });
+        return Ok((preset, plan));
     }
-    if let Some(d) = &args.dtypes {
-        g.dtypes = parse_list::<DType>("dtype", d);
+    let g = &mut plan.sections[0].grids[0];
+    if let Some(f) = families {
+        g.families = f;
     }
-    if let Some(p) = &args.passes {
-        g.passes = parse_list::<PassKind>("pass", p);
+    if let Some(d) = dtypes {
+        g.dtypes = d;
+    }
+    if let Some(p) = passes {
+        g.passes = p;
     }
     if let Some(d) = &args.head_dims {
         g.head_dims = d.clone();
@@ -201,7 +272,15 @@ fn grid_from(args: &RunArgs) -> Result<GridConfig, BenchError> {
     g.heads = args.heads.or(g.heads);
     g.tokens = args.tokens.unwrap_or(g.tokens);
     g.hidden = args.hidden.unwrap_or(g.hidden);
-    Ok(g)
+    Ok((preset, plan))
+}
+
+fn default_impls(preset: Preset) -> Vec<ImplId> {
+    match preset {
+        Preset::H100 => vec![ImplId::AttnCuda],
+        Preset::GpuSmoke => vec![ImplId::AttnCpuRef, ImplId::AttnCuda],
+        Preset::Flash | Preset::CpuSmall => ImplId::ALL.to_vec(),
+    }
 }
 
 fn slug(s: &str) -> String {
@@ -217,11 +296,11 @@ fn slug(s: &str) -> String {
 }
 
 fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
-    let grid = grid_from(&args)?;
-    let impls: Vec<ImplId> = if args.impls.iter().any(|s| s == "none") {
-        Vec::new()
-    } else {
-        parse_list("implementation", &args.impls)
+    let (preset, plan) = plan_from(&args.grid)?;
+    let impls: Vec<ImplId> = match &args.impls {
+        Some(list) if list.iter().any(|s| s == "none") => Vec::new(),
+        Some(list) => parse_list("implementation", list),
+        None => default_impls(preset),
     };
     if args.runs < 30 && !impls.is_empty() {
         eprintln!(
@@ -229,7 +308,6 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
             args.runs
         );
     }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let merged: Vec<BenchFile> = args
         .merge
         .iter()
@@ -244,14 +322,41 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
         it.for_each(|f| first.merge(f));
         first
     } else {
+        let gpu = if impls.contains(&ImplId::AttnCuda) {
+            match cuda_device() {
+                Ok(name) => Some(name),
+                Err(reason) => {
+                    eprintln!("attn-cuda: every point will be skipped: {reason}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let host = cpu_name();
+        let bandwidth_gbs = match (args.bandwidth_gbs, &gpu) {
+            (Some(bw), _) => Some(bw),
+            (None, Some(_)) => match cuda_bandwidth_gbs() {
+                Ok(bw) => Some(bw),
+                Err(e) => {
+                    eprintln!("device copy bandwidth not measured ({e}); % BW left out");
+                    None
+                }
+            },
+            (None, None) => Some(copy_bandwidth_gbs()),
+        };
+        if let Some(bw) = bandwidth_gbs {
+            eprintln!("copy bandwidth {bw:.0} GB/s");
+        }
         let ctx = RunContext {
-            device: cpu_name(),
-            commit: git_commit(repo),
+            device: gpu.unwrap_or_else(|| host.clone()),
+            host,
+            commit: source_commit(),
             date: today(),
-            bandwidth_gbs: Some(args.bandwidth_gbs.unwrap_or_else(copy_bandwidth_gbs)),
+            bandwidth_gbs,
         };
         let cfg = RunConfig {
-            grid,
+            plan,
             timing: TimingConfig {
                 warmup: args.warmup,
                 runs: args.runs,
@@ -259,6 +364,7 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
             impls,
             seed: args.seed,
             max_point_seconds: args.max_point_seconds,
+            max_seconds: args.max_seconds,
             progress: true,
         };
         let mut file = run(&cfg, &ctx);
@@ -284,13 +390,15 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
     let md_text = report::markdown(&file);
     let md = args.out_dir.join(format!("{stem}.md"));
     std::fs::write(&md, &md_text).map_err(|e| BenchError::io(&md, e))?;
-    println!("{md_text}");
-    println!(
-        "{} rows, {} skipped, {} grid points not built",
-        file.rows.len(),
-        file.skipped.len(),
-        file.bad_points.len()
-    );
+    if !args.summary {
+        println!("{md_text}");
+        println!(
+            "{} rows, {} skipped, {} grid points not built",
+            file.rows.len(),
+            file.skipped.len(),
+            file.bad_points.len()
+        );
+    }
     println!("wrote {}\nwrote {}", json.display(), md.display());
     if !args.no_plots {
         match plots::write_plots(&file, &args.out_dir, &stem) {
@@ -298,6 +406,86 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
             Err(e) => eprintln!("plots not written: {e}"),
         }
     }
+    if args.summary {
+        print!("{}", summary::summary(&file));
+    }
+    Ok(())
+}
+
+/// One point of `attn-bench plan`'s JSON.
+#[derive(Serialize)]
+struct PlanPoint<'a> {
+    section: &'a str,
+    family: &'static str,
+    dtype: &'static str,
+    pass: &'static str,
+    batch: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    seq: usize,
+    head_dim: usize,
+    causal: bool,
+}
+
+#[derive(Serialize)]
+struct PlanFile<'a> {
+    preset: &'static str,
+    sections: Vec<&'a str>,
+    points: Vec<PlanPoint<'a>>,
+    bad_points: Vec<String>,
+}
+
+fn plan_point<'a>(section: &'a str, p: &GridPoint) -> PlanPoint<'a> {
+    PlanPoint {
+        section,
+        family: p.family.label(),
+        dtype: p.dtype.name(),
+        pass: p.pass.label(),
+        batch: p.batch,
+        heads_q: p.heads_q,
+        heads_kv: p.heads_kv,
+        seq: p.seq,
+        head_dim: p.head_dim,
+        causal: p.causal,
+    }
+}
+
+fn cmd_plan(args: PlanArgs) -> Result<(), BenchError> {
+    let (preset, plan) = plan_from(&args.grid)?;
+    let (points, bad) = plan.points();
+    let out = PlanFile {
+        preset: preset.label(),
+        sections: plan.section_names(),
+        points: points.iter().map(|p| plan_point(p.section, &p.point)).collect(),
+        bad_points: bad.iter().map(|b| format!("{}: {}", b.what, b.reason)).collect(),
+    };
+    let text = serde_json::to_string_pretty(&out)?;
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, text + "\n").map_err(|e| BenchError::io(path, e))?;
+            for name in plan.section_names() {
+                let n = points.iter().filter(|p| p.section == name).count();
+                eprintln!("section {name}: {n} points");
+            }
+            eprintln!("wrote {}", path.display());
+        }
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
+fn cmd_info() -> Result<(), BenchError> {
+    println!("commit: {}", source_commit());
+    println!("built from: {BUILD_COMMIT}");
+    println!(
+        "cuda feature: {}",
+        if cfg!(feature = "cuda") { "on" } else { "off" }
+    );
+    match cuda_device() {
+        Ok(name) => println!("attn-cuda: ready on {name}"),
+        Err(reason) => println!("attn-cuda: unavailable: {reason}"),
+    }
+    println!("host: {}", cpu_name());
     Ok(())
 }
 
@@ -357,12 +545,7 @@ fn cmd_check(args: CheckArgs) -> Result<(), BenchError> {
         window,
         device,
     };
-    let summary = check(
-        &args.input,
-        &args.output,
-        &opts,
-        &git_commit(Path::new(env!("CARGO_MANIFEST_DIR"))),
-    )?;
+    let summary = check(&args.input, &args.output, &opts, &source_commit())?;
     println!("{}", summary.description);
     for t in &summary.tensors {
         println!("  {t}");
@@ -375,6 +558,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Run(a) => cmd_run(a),
+        Cmd::Plan(a) => cmd_plan(a),
+        Cmd::Info => cmd_info(),
         Cmd::Check(a) => cmd_check(a),
     };
     match result {

@@ -46,10 +46,20 @@ pub fn markdown(file: &BenchFile) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# attn-bench results — {}\n", file.device);
     let _ = writeln!(out, "- commit `{}`, date {}", file.commit, file.date);
+    let commits: BTreeSet<&str> = file.rows.iter().map(|r| r.commit.as_str()).collect();
+    if commits.len() > 1 || commits.iter().any(|c| *c != file.commit) {
+        let list: Vec<String> = commits.into_iter().map(|c| format!("`{c}`")).collect();
+        let _ = writeln!(out, "- rows from commits {}", list.join(", "));
+    }
     let devices: BTreeSet<&str> = file.rows.iter().map(|r| r.gpu.as_str()).collect();
     if devices.len() > 1 {
         let list: Vec<&str> = devices.into_iter().collect();
         let _ = writeln!(out, "- rows from several devices: {}", list.join("; "));
+    }
+    let timers: BTreeSet<&str> = file.rows.iter().filter_map(|r| r.timer.as_deref()).collect();
+    if !timers.is_empty() {
+        let list: Vec<&str> = timers.into_iter().collect();
+        let _ = writeln!(out, "- timed by: {}", list.join(", "));
     }
     if let Some(bw) = file.bandwidth_gbs {
         let _ = writeln!(
@@ -97,6 +107,13 @@ fn peak_sources(file: &BenchFile) -> String {
             }
             "torch_max_allocated" => {
                 "torch.cuda.max_memory_allocated during set-up and one call (torch_max_allocated)"
+            }
+            "cuda_pool_used_high" => {
+                "high-water mark of the CUDA memory pool over set-up and one call, scratch included, \
+                 minus its use before (cuda_pool_used_high)"
+            }
+            "cuda_mem_get_info_delta" => {
+                "device free memory before set-up minus after one call (cuda_mem_get_info_delta)"
             }
             other => other,
         })
@@ -383,6 +400,7 @@ mod tests {
             bytes_moved: None,
             bandwidth_pct: None,
             peak_source: None,
+            timer: None,
         }
     }
 
@@ -410,6 +428,18 @@ mod tests {
         assert!(md.contains("| 5.00 | 2.50 |"), "{md}");
         assert!(md.contains("| skip | — |"), "{md}");
         assert!(md.contains("**sdpa_flash**: no GPU"), "{md}");
+    }
+
+    #[test]
+    fn header_names_every_commit_of_the_rows() {
+        let mut f = BenchFile::new("gpu".into(), "abc".into(), "d".into());
+        f.rows.push(row("attn-cuda", "softmax", 256, 2.0));
+        let mut r = row("sdpa_flash", "softmax", 256, 5.0);
+        r.commit = "def".into();
+        f.rows.push(r);
+        let md = markdown(&f);
+        assert!(md.contains("commit `abc`"), "{md}");
+        assert!(md.contains("rows from commits `c`, `def`"), "{md}");
     }
 
     #[test]

@@ -1,33 +1,39 @@
-//! `attn-bench run`: measure every (grid point, implementation) pair and collect rows.
+//! `attn-bench run`: measure every (plan point, implementation) pair and collect rows.
 //!
-//! Per pair: set-up and one untimed call under [`PeakMemory`] (the peak column), the rest of the
-//! warm-up, then `runs` timed calls summarised by [`summarize`]. Anything that stops a pair — an
-//! implementation missing from the build, an `Unsupported` error, a failure or a panic inside the
-//! implementation, a call slower than the per-point budget allows — becomes a [`Skipped`] entry with
-//! its reason, and the run goes on with the next pair.
+//! Per pair: set-up and one call (synchronised) under the peak-memory measurement — the
+//! implementation's own for a device, else [`PeakMemory`] on the host — then one more synchronised
+//! call whose duration predicts the rest, the remaining warm-up (at least these two calls are
+//! always made), and `runs` timed calls ([`Runner::time`]: host clock or CUDA events) summarised by
+//! [`summarize`]. Anything that stops a pair — an implementation missing from the build or the
+//! machine, an `Unsupported` error, a failure or a panic inside the implementation, a pair slower
+//! than the per-point budget allows or that would end past the run's `max_seconds` — becomes a
+//! [`Skipped`] entry with its reason, and the run goes on with the next pair.
 
 use crate::error::BenchError;
 use crate::flops::{bandwidth_pct, bytes_moved, pass_flops, tflops, tokens_per_s};
-use crate::grid::{GridConfig, GridPoint};
-use crate::impls::{family_params, prepare, ImplId, Runner};
+use crate::grid::GridPoint;
+use crate::impls::{family_params, prepare, ImplId, Peak, Runner};
 use crate::machine::PeakMemory;
+use crate::plan::Plan;
 use crate::schema::{BenchFile, Row, Skipped};
-use crate::timing::{summarize, time_runs, TimingConfig};
+use crate::timing::{summarize, TimingConfig};
 use attn_core::AttnSpec;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Everything a run needs besides the grid's own description of the machine.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
-    pub grid: GridConfig,
+    pub plan: Plan,
     pub timing: TimingConfig,
     pub impls: Vec<ImplId>,
     pub seed: u64,
     /// Skip a pair whose first call predicts more than this many seconds for warm-up plus runs.
     pub max_point_seconds: Option<f64>,
+    /// The whole run's budget: a pair that would end past it is skipped (so is every later one).
+    pub max_seconds: Option<f64>,
     /// Show a progress bar (on a terminal).
     pub progress: bool,
 }
@@ -35,7 +41,10 @@ pub struct RunConfig {
 /// What the environment contributes to every row.
 #[derive(Clone, Debug)]
 pub struct RunContext {
+    /// The file's device: the GPU's name when attn-cuda runs, else the host CPU.
     pub device: String,
+    /// The host CPU (`cpu: <model> (<n> threads)`): the `gpu` field of host implementations' rows.
+    pub host: String,
     pub commit: String,
     pub date: String,
     /// Ceiling for `bandwidth_pct`, GB/s.
@@ -61,34 +70,86 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, BenchError>) -> Result<T, String> {
     }
 }
 
-struct Measured {
-    samples: Vec<f64>,
-    peak_mib: Option<f64>,
+/// What one measured pair produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measured {
+    /// Timed runs, ms.
+    pub samples: Vec<f64>,
+    pub peak: Option<Peak>,
+    /// The device the calls ran on (`None`: the host CPU).
+    pub device: Option<String>,
+    /// `host_clock` or `cuda_event`.
+    pub timer: &'static str,
 }
 
-fn measure(cfg: &RunConfig, id: ImplId, point: &GridPoint, spec: &AttnSpec) -> Result<Measured, String> {
+fn measure(
+    cfg: &RunConfig,
+    id: ImplId,
+    point: &GridPoint,
+    spec: &AttnSpec,
+    deadline: Option<Instant>,
+) -> Result<Measured, String> {
+    let budget_left = |d: Instant| d.saturating_duration_since(Instant::now());
+    if deadline.is_some_and(|d| budget_left(d).is_zero()) {
+        return Err(past_budget(cfg));
+    }
     let mem = PeakMemory::start();
     let mut runner: Box<dyn Runner> = guarded(|| prepare(id, point, spec, cfg.seed))?;
+    guarded(|| {
+        runner.call()?;
+        runner.sync()
+    })?;
+    let peak = runner.peak().or_else(|| {
+        mem.as_ref().and_then(PeakMemory::peak_mib).map(|mib| Peak {
+            mib,
+            source: "rss_hwm_delta",
+        })
+    });
     let t = Instant::now();
-    guarded(|| runner.call())?;
-    let first_s = t.elapsed().as_secs_f64();
-    let peak_mib = mem.as_ref().and_then(PeakMemory::peak_mib);
-    let remaining = cfg.timing.warmup.saturating_sub(1) + cfg.timing.runs;
+    guarded(|| {
+        runner.call()?;
+        runner.sync()
+    })?;
+    let call_s = t.elapsed().as_secs_f64();
+    let warmup = cfg.timing.warmup.saturating_sub(2);
+    let remaining = warmup + cfg.timing.runs;
+    let estimate = call_s * remaining as f64;
     if let Some(budget) = cfg.max_point_seconds {
-        let estimate = first_s * remaining as f64;
         if estimate > budget {
             return Err(format!(
-                "one call took {:.3} s: {remaining} more would take ~{estimate:.0} s, over the {budget} s per-point budget",
-                first_s
+                "one call took {call_s:.3} s: {remaining} more would take ~{estimate:.0} s, over the {budget} s per-point budget"
             ));
         }
     }
-    let timing = TimingConfig {
-        warmup: cfg.timing.warmup.saturating_sub(1),
-        runs: cfg.timing.runs,
-    };
-    let samples = guarded(|| time_runs(timing, || runner.call()))?;
-    Ok(Measured { samples, peak_mib })
+    if let Some(d) = deadline {
+        if Duration::from_secs_f64(estimate) > budget_left(d) {
+            return Err(format!(
+                "{} (this pair needs ~{estimate:.1} s, {:.1} s are left)",
+                past_budget(cfg),
+                budget_left(d).as_secs_f64()
+            ));
+        }
+    }
+    let samples = guarded(|| {
+        for _ in 0..warmup {
+            runner.call()?;
+        }
+        runner.sync()?;
+        runner.time(cfg.timing.runs)
+    })?;
+    Ok(Measured {
+        samples,
+        peak,
+        device: runner.device(),
+        timer: runner.timer(),
+    })
+}
+
+fn past_budget(cfg: &RunConfig) -> String {
+    format!(
+        "would end past the run's --max-seconds budget of {} s (measure it in another run, e.g. with --sections)",
+        cfg.max_seconds.unwrap_or(0.0)
+    )
 }
 
 fn skipped(id: ImplId, p: &GridPoint, reason: String) -> Skipped {
@@ -109,15 +170,8 @@ fn skipped(id: ImplId, p: &GridPoint, reason: String) -> Skipped {
 }
 
 /// Build the row of a measured pair; `None` when the samples cannot be summarised.
-pub fn make_row(
-    ctx: &RunContext,
-    id: ImplId,
-    p: &GridPoint,
-    spec: &AttnSpec,
-    samples: &[f64],
-    peak_mib: Option<f64>,
-) -> Option<Row> {
-    let stats = summarize(samples)?;
+pub fn make_row(ctx: &RunContext, id: ImplId, p: &GridPoint, spec: &AttnSpec, m: &Measured) -> Option<Row> {
+    let stats = summarize(&m.samples)?;
     let shape = p.shape();
     let flops = pass_flops(p.family, p.pass, &shape);
     let bytes = p
@@ -141,8 +195,8 @@ pub fn make_row(
         ms_min: stats.min,
         tflops: tflops(flops, stats.median),
         tokens_per_s: tokens_per_s(&shape, stats.median),
-        peak_mib,
-        gpu: ctx.device.clone(),
+        peak_mib: m.peak.map(|p| p.mib),
+        gpu: m.device.clone().unwrap_or_else(|| ctx.host.clone()),
         commit: ctx.commit.clone(),
         date: ctx.date.clone(),
         ms_spread: Some(stats.spread),
@@ -151,7 +205,8 @@ pub fn make_row(
         bandwidth_pct: bytes
             .zip(ctx.bandwidth_gbs)
             .map(|(b, bw)| bandwidth_pct(b, stats.median, bw * 1e9)),
-        peak_source: peak_mib.map(|_| "rss_hwm_delta".into()),
+        peak_source: m.peak.map(|p| p.source.into()),
+        timer: Some(m.timer.into()),
     })
 }
 
@@ -160,7 +215,10 @@ pub fn make_row(
 pub fn run(cfg: &RunConfig, ctx: &RunContext) -> BenchFile {
     let mut file = BenchFile::new(ctx.device.clone(), ctx.commit.clone(), ctx.date.clone());
     file.bandwidth_gbs = ctx.bandwidth_gbs;
-    let (points, bad) = cfg.grid.points();
+    let deadline = cfg
+        .max_seconds
+        .map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    let (points, bad) = cfg.plan.points();
     for b in bad {
         eprintln!("skipping grid point {}: {}", b.what, b.reason);
         file.bad_points.push(format!("{}: {}", b.what, b.reason));
@@ -176,7 +234,8 @@ pub fn run(cfg: &RunConfig, ctx: &RunContext) -> BenchFile {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut reported = HashSet::new();
-    for p in &points {
+    for planned in &points {
+        let p = &planned.point;
         let spec = match p.spec() {
             Ok(s) => s,
             Err(e) => {
@@ -186,9 +245,9 @@ pub fn run(cfg: &RunConfig, ctx: &RunContext) -> BenchFile {
             }
         };
         for &id in &cfg.impls {
-            bar.set_message(format!("{id} {p}"));
-            match measure(cfg, id, p, &spec) {
-                Ok(m) => match make_row(ctx, id, p, &spec, &m.samples, m.peak_mib) {
+            bar.set_message(format!("{id} [{}] {p}", planned.section));
+            match measure(cfg, id, p, &spec, deadline) {
+                Ok(m) => match make_row(ctx, id, p, &spec, &m) {
                     Some(row) => file.rows.push(row),
                     None => file
                         .skipped

@@ -6,8 +6,8 @@
 //! a zero or a pass. A row carries exactly the fields of issue 3 (`impl`, `family`, `params`,
 //! `dtype`, `pass`, `batch`, `heads_q`, `heads_kv`, `seq_q`, `seq_k`, `head_dim`, `causal`,
 //! `ms_median`, `ms_min`, `tflops`, `tokens_per_s`, `peak_mib`, `gpu`, `commit`, `date`) followed by
-//! optional extras (`ms_spread`, `runs`, `bytes_moved`, `bandwidth_pct`, `peak_source`) that older
-//! or foreign producers may leave out.
+//! optional extras (`ms_spread`, `runs`, `bytes_moved`, `bandwidth_pct`, `peak_source`, `timer`)
+//! that older or foreign producers may leave out.
 
 use crate::error::BenchError;
 use serde::{Deserialize, Serialize};
@@ -63,9 +63,14 @@ pub struct Row {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_pct: Option<f64>,
     /// How `peak_mib` was measured: `rss_hwm_delta` (CPU: peak resident set during set-up and one
-    /// call, minus the resident set before), `torch_max_allocated`, ...
+    /// call, minus the resident set before), `cuda_pool_used_high` (the stream-ordered pool's
+    /// high-water mark over set-up and one call, [`crate`]'s `gpu` module), `torch_max_allocated`, ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_source: Option<String>,
+    /// How the runs were timed: `host_clock` (wall clock around each call) or `cuda_event` (device
+    /// events around each call on its stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timer: Option<String>,
 }
 
 /// An (implementation, point) that was not measured, and why.
@@ -199,8 +204,18 @@ impl BenchFile {
     }
 
     /// Append another file's rows, skips and bad points. The device, commit and date of `self`
-    /// stay; every row keeps its own.
+    /// stay (each `unknown` or empty one is taken from `other`); every row keeps its own.
     pub fn merge(&mut self, other: BenchFile) {
+        let missing = |s: &str| s.is_empty() || s == "unknown" || s == "no GPU";
+        if missing(&self.commit) && !missing(&other.commit) {
+            self.commit = other.commit.clone();
+        }
+        if missing(&self.device) && !missing(&other.device) {
+            self.device = other.device.clone();
+        }
+        if self.date.is_empty() {
+            self.date = other.date.clone();
+        }
         self.rows.extend(other.rows);
         self.skipped.extend(other.skipped);
         self.bad_points.extend(other.bad_points);
@@ -241,6 +256,7 @@ mod tests {
             bytes_moved: Some(1.5e6),
             bandwidth_pct: Some(0.5),
             peak_source: Some("rss_hwm_delta".into()),
+            timer: Some("host_clock".into()),
         }
     }
 
@@ -279,6 +295,7 @@ mod tests {
             "bytes_moved",
             "bandwidth_pct",
             "peak_source",
+            "timer",
         ];
         let mut got = keys.clone();
         got.sort_unstable();
@@ -297,6 +314,12 @@ mod tests {
         r2.ms_spread = None;
         r2.bytes_moved = None;
         f.rows.push(r2);
+        let mut r3 = row();
+        r3.implementation = "attn-cuda".into();
+        r3.gpu = "NVIDIA H100 80GB HBM3".into();
+        r3.peak_source = Some("cuda_pool_used_high".into());
+        r3.timer = Some("cuda_event".into());
+        f.rows.push(r3);
         f.skipped.push(Skipped {
             implementation: "attn-cuda".into(),
             family: "softmax".into(),
@@ -328,6 +351,26 @@ mod tests {
         assert_eq!(f.rows.len(), 1);
         assert_eq!(f.rows[0].runs, None);
         assert!(f.skipped.is_empty());
+    }
+
+    #[test]
+    fn merging_fills_an_unknown_commit_and_device() {
+        let mut a = BenchFile::new("no GPU".into(), "unknown".into(), "2026-11-23".into());
+        let mut b = BenchFile::new(
+            "NVIDIA H100 80GB HBM3".into(),
+            "abc1234".into(),
+            "2026-11-23".into(),
+        );
+        b.rows.push(row());
+        a.merge(b);
+        assert_eq!(
+            (a.device.as_str(), a.commit.as_str()),
+            ("NVIDIA H100 80GB HBM3", "abc1234")
+        );
+        assert_eq!(a.rows.len(), 1);
+        let c = BenchFile::new("cpu: x".into(), "def5678".into(), "2026-11-24".into());
+        a.merge(c);
+        assert_eq!(a.commit, "abc1234", "a known commit stays");
     }
 
     #[test]

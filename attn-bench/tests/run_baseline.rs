@@ -2,9 +2,10 @@
 //! `candle_naive` baseline computes the same attention as the reference (so ratios compare like
 //! with like).
 
-use attn_bench::grid::{FamilyId, GridConfig, PassKind, Preset};
+use attn_bench::grid::{FamilyId, GridConfig, PassKind};
 use attn_bench::impls::candle_naive::Composite;
 use attn_bench::impls::ImplId;
+use attn_bench::plan::{Plan, Preset};
 use attn_bench::run::{run, RunConfig, RunContext};
 use attn_bench::schema::BenchFile;
 use attn_bench::timing::TimingConfig;
@@ -15,7 +16,7 @@ use attn_cpu_ref::{backward_f64, forward_f64};
 use candle_core::{Device, Tensor, Var};
 
 fn tiny_grid() -> GridConfig {
-    let mut g = GridConfig::preset(Preset::CpuSmall);
+    let mut g = GridConfig::cpu_small();
     g.families = vec![FamilyId::Softmax, FamilyId::Taylor2];
     g.head_dims = vec![16, 48];
     g.hidden = 96;
@@ -29,24 +30,39 @@ fn tiny_grid() -> GridConfig {
 #[test]
 fn tiny_cpu_run_produces_rows_table_and_plots() {
     let cfg = RunConfig {
-        grid: tiny_grid(),
+        plan: Plan::single(tiny_grid()),
         timing: TimingConfig { warmup: 1, runs: 3 },
         impls: vec![ImplId::AttnCpuRef, ImplId::CandleNaive, ImplId::AttnCuda],
         seed: 1,
         max_point_seconds: None,
+        max_seconds: None,
         progress: false,
     };
     let ctx = RunContext {
         device: "cpu: test".into(),
+        host: "cpu: test".into(),
         commit: "test".into(),
         date: "2026-01-01".into(),
         bandwidth_gbs: Some(10.0),
     };
     let file = run(&cfg, &ctx);
-    // 2 families × 2 D × 2 N × 3 passes = 24 points; two implementations measure every one.
-    assert_eq!(file.rows.len(), 48, "skipped: {:?}", file.skipped);
-    assert_eq!(file.skipped.len(), 24);
-    assert!(file.skipped.iter().all(|s| s.implementation == "attn-cuda"));
+    // 2 families × 2 D × 2 N × 3 passes = 24 points; both host implementations measure every one.
+    let host_rows = file
+        .rows
+        .iter()
+        .filter(|r| r.implementation != "attn-cuda")
+        .count();
+    assert_eq!(host_rows, 48, "skipped: {:?}", file.skipped);
+    // Without a GPU (CI), attn-cuda is skipped at every point with the reason, never a row.
+    if let Err(reason) = attn_bench::impls::cuda_device() {
+        assert!(!reason.is_empty());
+        assert!(file.rows.iter().all(|r| r.implementation != "attn-cuda"));
+        assert_eq!(file.skipped.len(), 24);
+        for s in &file.skipped {
+            assert_eq!(s.implementation, "attn-cuda");
+            assert!(s.reason.contains(&reason), "{} vs {reason}", s.reason);
+        }
+    }
     assert!(file.bad_points.is_empty());
     for r in &file.rows {
         assert!(r.ms_median >= r.ms_min && r.ms_min > 0.0, "{r:?}");
@@ -55,6 +71,10 @@ fn tiny_cpu_run_produces_rows_table_and_plots() {
         assert_eq!(r.bytes_moved.is_some(), r.family == "taylor2");
         assert_eq!(r.bandwidth_pct.is_some(), r.family == "taylor2");
         assert_eq!(r.heads_q * r.head_dim, 96);
+        if r.implementation != "attn-cuda" {
+            assert_eq!(r.timer.as_deref(), Some("host_clock"));
+            assert_eq!(r.gpu, "cpu: test");
+        }
     }
 
     let back = BenchFile::from_json(&file.to_json().expect("serialise")).expect("parse");
@@ -93,15 +113,17 @@ fn impossible_points_are_recorded_and_the_rest_measured() {
     grid.seq_lens = vec![0, 32];
     grid.passes = vec![PassKind::Fwd];
     let cfg = RunConfig {
-        grid,
+        plan: Plan::single(grid),
         timing: TimingConfig { warmup: 0, runs: 2 },
         impls: vec![ImplId::AttnCpuRef],
         seed: 0,
         max_point_seconds: None,
+        max_seconds: None,
         progress: false,
     };
     let ctx = RunContext {
         device: "cpu".into(),
+        host: "cpu".into(),
         commit: "c".into(),
         date: "d".into(),
         bandwidth_gbs: None,
@@ -109,6 +131,36 @@ fn impossible_points_are_recorded_and_the_rest_measured() {
     let file = run(&cfg, &ctx);
     assert_eq!(file.rows.len(), 1);
     assert_eq!(file.bad_points.len(), 3, "{:?}", file.bad_points);
+}
+
+#[test]
+fn a_run_budget_skips_what_would_not_fit_with_the_reason() {
+    let mut plan = Plan::preset(Preset::GpuSmoke);
+    plan.select(&["memory".into()]).expect("a gpu-smoke section");
+    let cfg = RunConfig {
+        plan,
+        timing: TimingConfig { warmup: 0, runs: 2 },
+        impls: vec![ImplId::AttnCpuRef],
+        seed: 0,
+        max_point_seconds: None,
+        max_seconds: Some(0.0),
+        progress: false,
+    };
+    let ctx = RunContext {
+        device: "cpu".into(),
+        host: "cpu".into(),
+        commit: "c".into(),
+        date: "d".into(),
+        bandwidth_gbs: None,
+    };
+    let file = run(&cfg, &ctx);
+    assert!(file.rows.is_empty());
+    // Softmax, Taylor order 1 and 2: one causal fwd_bwd point each.
+    assert_eq!(file.skipped.len(), 3);
+    assert!(file
+        .skipped
+        .iter()
+        .all(|s| s.reason.contains("--max-seconds") && s.pass == "fwd_bwd" && s.causal));
 }
 
 /// q, k, v as `[B, H, N, D]` candle tensors from a Bnhd f64 case.

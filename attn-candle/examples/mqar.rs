@@ -206,6 +206,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ProgressStyle::with_template("{prefix:>22} [{bar:30}] {pos:>4}/{len} loss {msg} ({elapsed})")?
             .progress_chars("=> ");
     let mut runs = Vec::new();
+    let mut skipped = Vec::new();
     for (name, fam) in families {
         let bar = ProgressBar::new(cfg.steps as u64)
             .with_style(style.clone())
@@ -220,9 +221,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 bar.suspend(|| println!("{name} step {:>5}: loss {mean:.4}", step + 1));
                 window.clear();
             }
-        })?;
-        bar.finish();
-        runs.push((name, report));
+        });
+        match report {
+            Ok(report) => {
+                bar.finish();
+                runs.push((name, report));
+            }
+            // A family this device has no kernel for (hyperbolic on CUDA until attn-cuda has it)
+            // is reported and skipped; the others still train.
+            Err(e) => {
+                bar.abandon();
+                skipped.push((name, e));
+            }
+        }
     }
 
     println!();
@@ -240,6 +251,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.tokens_per_sec,
             r.train_seconds
         );
+    }
+    for (name, e) in &skipped {
+        println!("| {name:<22} | not run on {}: {e}", args.device);
+    }
+    if runs.is_empty() {
+        return Err("no family trained".into());
     }
     match plot(&args.plot, &runs) {
         Ok(()) => println!("\nloss curves: {}", args.plot.display()),

@@ -177,9 +177,9 @@ fn attend(
     max_seqlens: Option<(usize, usize)>,
 ) -> Result<(Tensor, Arc<Call>)> {
     let (q, k, v) = (
-        last_dim_contiguous(q)?,
-        last_dim_contiguous(k)?,
-        last_dim_contiguous(v)?,
+        for_kernels(last_dim_contiguous(q)?)?,
+        for_kernels(last_dim_contiguous(k)?)?,
+        for_kernels(last_dim_contiguous(v)?)?,
     );
     let bias = opts.bias.as_ref().map(Tensor::contiguous).transpose()?;
     let spec = problem(&q, &k, &v, bias.as_ref(), opts, max_seqlens)
@@ -193,6 +193,24 @@ fn last_dim_contiguous(t: &Tensor) -> Result<Tensor> {
     match (t.dims().last(), t.stride().last()) {
         (Some(&d), Some(&s)) if d > 1 && s != 1 => t.contiguous(),
         _ => Ok(t.clone()),
+    }
+}
+
+/// attn-cuda's f16/bf16 kernels load rows 16 bytes at a time: a CUDA view in those dtypes whose
+/// start offset or outer strides are not multiples of 8 elements is copied to a dense tensor (the
+/// only copy the CUDA path makes; f32 views and aligned views, transposed or not, are read in
+/// place). Other tensors are returned as they are.
+fn for_kernels(t: Tensor) -> Result<Tensor> {
+    let half = matches!(t.dtype(), candle_core::DType::F16 | candle_core::DType::BF16);
+    if !t.device().is_cuda() || !half {
+        return Ok(t);
+    }
+    let l = t.layout();
+    let outer = &l.stride()[..l.stride().len().saturating_sub(1)];
+    if l.start_offset() % 8 == 0 && outer.iter().all(|s| s % 8 == 0) {
+        Ok(t)
+    } else {
+        t.force_contiguous()
     }
 }
 

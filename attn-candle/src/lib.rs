@@ -32,9 +32,11 @@
 //!
 //! ## Devices
 //! The ops run attn-cpu-ref on CPU tensors, in their storage dtype (f32, f16, bf16; f64
-//! accumulation inside). The `cuda` feature builds candle with CUDA; the attn-cuda kernels plug into
-//! the ops' `cuda_fwd` and backward, and until they do, an op on CUDA tensors returns candle's own
-//! "no cuda implementation for attn_<family>" error rather than computing anything.
+//! accumulation inside). With the `cuda` feature, CUDA tensors run attn-cuda's kernels on candle's
+//! own stream, forward and backward (every family attn-cuda runs; f32, f16, bf16); a family, head
+//! dim or option attn-cuda does not implement is a typed `Unsupported` error naming the op and the
+//! shapes, never a fallback. `cargo xtask setup-candle-cuda` prints the environment that builds the
+//! feature on a machine without CUDA.
 
 mod api;
 mod error;

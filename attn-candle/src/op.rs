@@ -18,8 +18,9 @@
 //!
 //! Inputs are read in place: the spec's strides come from each tensor's layout and the data from
 //! the layout's start offset, so transposed views are never copied. The CPU path runs
-//! attn-cpu-ref on the storage dtype; other devices have no `cuda_fwd` here yet, and candle answers
-//! with its "no cuda implementation for attn_<family>" error.
+//! attn-cpu-ref on the storage dtype; with the `cuda` feature, CUDA tensors run attn-cuda on
+//! candle's stream ([`cuda`]), forward and backward. Metal tensors get candle's "no metal
+//! implementation" error.
 
 use crate::error::{internal, to_candle};
 use attn_core::{AttnError, AttnSpec, DType, Element, FamilyKind, Pass};
@@ -28,6 +29,9 @@ use candle_core::{
     CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Storage, Tensor, WithDType,
 };
 use std::sync::{Arc, Mutex, MutexGuard};
+
+#[cfg(feature = "cuda")]
+mod cuda;
 
 /// One attention call: its checked spec, detached handles on its inputs, and what the forward
 /// leaves for the backward.
@@ -101,8 +105,11 @@ fn host<'a, E: WithDType>(
             op: spec.op(pass),
             backend: "attn-candle",
             what: format!(
-                "`{what}` on {:?} (this build runs CPU tensors only)",
-                other.device().location()
+                "`{what}` on {:?} in the CPU path (q {}, k {}, v {})",
+                other.device().location(),
+                attn_core::shape_str(&spec.q_shape()),
+                attn_core::shape_str(&spec.k_shape()),
+                attn_core::shape_str(&spec.v_shape())
             ),
         })),
     }
@@ -178,10 +185,19 @@ impl Call {
         Ok(E::to_cpu_storage_owned(f.o))
     }
 
-    /// One backward pass for the upstream gradient `d_o` of the output `o`.
+    /// One backward pass for the upstream gradient `d_o` of the output `o`, on the device of the
+    /// inputs.
     fn backward(&self, o: &Tensor, d_o: &Tensor) -> Result<Grads> {
-        let d_o = d_o.contiguous()?;
+        let d_o = dense(d_o)?;
         let stats = self.stats()?;
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = cuda::device_of(&self.q) {
+            return match self.spec.dtype() {
+                DType::F32 => self.backward_cuda::<f32>(dev, o, &d_o, &stats),
+                DType::F16 => self.backward_cuda::<half::f16>(dev, o, &d_o, &stats),
+                DType::BF16 => self.backward_cuda::<half::bf16>(dev, o, &d_o, &stats),
+            };
+        }
         match self.spec.dtype() {
             DType::F32 => self.backward_host::<f32>(o, &d_o, &stats),
             DType::F16 => self.backward_host::<half::f16>(o, &d_o, &stats),
@@ -231,6 +247,18 @@ impl Call {
     }
 }
 
+/// `t` as a dense row-major tensor starting at an element offset that is a multiple of 8 (16 bytes
+/// in f16/bf16, as the GPU kernels' vector loads of dO need): `t` itself when it already is one,
+/// else a copy. Upstream gradients are usually fresh dense tensors; a broadcast one (after a sum)
+/// is copied.
+fn dense(t: &Tensor) -> Result<Tensor> {
+    if t.is_contiguous() && t.layout().start_offset() % 8 == 0 {
+        Ok(t.clone())
+    } else {
+        t.force_contiguous()
+    }
+}
+
 /// The attention op over `(q, k, v)`; see the module docs.
 struct AttnOp(Arc<Call>);
 
@@ -254,6 +282,26 @@ impl CustomOp3 for AttnOp {
             DType::F32 => call.forward_cpu::<f32>(q, k, v)?,
             DType::F16 => call.forward_cpu::<half::f16>(q, k, v)?,
             DType::BF16 => call.forward_cpu::<half::bf16>(q, k, v)?,
+        };
+        Ok((o, Shape::from(call.spec.o_shape())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let call = &self.0;
+        let (q, k, v) = ((s1, l1), (s2, l2), (s3, l3));
+        let o = match call.spec.dtype() {
+            DType::F32 => call.forward_cuda::<f32>(q, k, v)?,
+            DType::F16 => call.forward_cuda::<half::f16>(q, k, v)?,
+            DType::BF16 => call.forward_cuda::<half::bf16>(q, k, v)?,
         };
         Ok((o, Shape::from(call.spec.o_shape())))
     }
@@ -302,6 +350,24 @@ impl CustomOp2 for BiasLink {
             DType::F32 => copy::<f32>(s1, l1)?,
             DType::F16 => copy::<half::f16>(s1, l1)?,
             DType::BF16 => copy::<half::bf16>(s1, l1)?,
+        };
+        Ok((o, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        _s2: &candle_core::CudaStorage,
+        _l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let spec = &self.0.spec;
+        let n = l1.shape().elem_count();
+        let o = match spec.dtype() {
+            DType::F32 => cuda::copy_contiguous::<f32>(spec, s1, l1, n)?,
+            DType::F16 => cuda::copy_contiguous::<half::f16>(spec, s1, l1, n)?,
+            DType::BF16 => cuda::copy_contiguous::<half::bf16>(spec, s1, l1, n)?,
         };
         Ok((o, l1.shape().clone()))
     }

@@ -1,14 +1,18 @@
 // Taylor linear attention (REFERENCE.md §3): every kernel of the family, for f16, bf16 (tensor cores,
 // f32 sums) and f32 (CUDA cores, exact f32) at head dims 16, 32, 64, 128 (value head dim = head dim).
-// The host (attn_cuda::taylor) runs them in this order:
-//   forward:  prep_keys, prep_queries → dense_value → state_value (fwd roles) → finalize_fwd
-//   backward: prep_keys, prep_queries, prep_grads
-//             → dense_grad, state_grad (fwd roles: dû)  → dense_value, state_value (reverse roles: dṽ)
-//             → dense_grad, state_grad (reverse roles: dk̂) → finalize_dq, finalize_dkdv
-//   decode:   decode_prefill (after a forward, from its scratch); decode_step → finalize_fwd
-// Names: attn_taylor_{prep_keys,prep_queries,prep_grads,finalize_fwd,finalize_dq,finalize_dkdv}_{dt},
-//        attn_taylor_{dense,state}_{value,grad}_{dt}_d{D}, attn_taylor_decode_step_{dt}_d{D},
-//        attn_taylor_decode_prefill_d{D}.
+// The host (attn_cuda::taylor) runs them in this order (a sweep: dense, fold, prefix, read):
+//   forward:  fold, prefix → forward (f16/bf16: the state read, the dense part
+//             and o = num/den of a probe tile in one kernel); f32: dense_value, fold, prefix, read_value
+//             → finalize_fwd
+//   backward: prep_grads
+//             → dense_grad, fold, prefix, read_grad (fwd roles: dû)
+//             → dense_value, dense_grad, fold, prefix, read_value, read_grad (reverse roles: dṽ, dk̂)
+//             → finalize_dq, finalize_dkdv
+//   decode:   decode_prefill (after a forward); decode_step → decode_reduce → finalize_fwd
+// Names: attn_taylor_{prep_grads,finalize_fwd,finalize_dq,finalize_dkdv}_{dt},
+//        attn_taylor_{dense,read}_{value,grad}_{dt}_d{D}, attn_taylor_fold_{dt}_d{D}, attn_taylor_prefix_{dt},
+//        attn_taylor_forward_{f16,bf16}_d{D},
+//        attn_taylor_decode_{step,prefill}_{dt}_d{D}, attn_taylor_decode_reduce.
 #include "include/taylor_decode.cuh"
 #include "include/taylor_dense.cuh"
 #include "include/taylor_rows.cuh"
@@ -21,14 +25,26 @@
     }
 
 #define ATTN_TAYLOR_ROWS(DT, T)               \
-    ATTN_TAYLOR_ROW(prep_keys, DT, T)         \
-    ATTN_TAYLOR_ROW(prep_queries, DT, T)      \
     ATTN_TAYLOR_ROW(prep_grads, DT, T)        \
     ATTN_TAYLOR_ROW(finalize_fwd, DT, T)      \
     ATTN_TAYLOR_ROW(finalize_dq, DT, T)       \
     ATTN_TAYLOR_ROW(finalize_dkdv, DT, T)
 
 ATTN_TAYLOR_ROWS(f32, float)
+
+#define ATTN_TAYLOR_PREFIX(DT, T)                                                                             \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_prefix_##DT(const __grid_constant__ TaylorParams p) {                                     \
+        attn::taylor_prefix<T>(p);                                                                           \
+    }
+ATTN_TAYLOR_PREFIX(f32, float)
+ATTN_TAYLOR_PREFIX(f16, __half)
+ATTN_TAYLOR_PREFIX(bf16, __nv_bfloat16)
+
+extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)
+    attn_taylor_decode_reduce(const __grid_constant__ TaylorParams p) {
+    attn::taylor_decode_reduce(p);
+}
 ATTN_TAYLOR_ROWS(f16, __half)
 ATTN_TAYLOR_ROWS(bf16, __nv_bfloat16)
 
@@ -43,16 +59,30 @@ ATTN_TAYLOR_ROWS(bf16, __nv_bfloat16)
         DENSE_GRAD(p);                                                                                       \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
-        attn_taylor_state_value_##DT##_d##D(const __grid_constant__ TaylorParams p) {                         \
-        attn::taylor_state<T, D, false>(p);                                                                  \
+        attn_taylor_fold_##DT##_d##D(const __grid_constant__ TaylorParams p) {                                \
+        attn::taylor_fold<T, D>(p);                                                                          \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
-        attn_taylor_state_grad_##DT##_d##D(const __grid_constant__ TaylorParams p) {                          \
-        attn::taylor_state<T, D, true>(p);                                                                   \
+        attn_taylor_read_value_##DT##_d##D(const __grid_constant__ TaylorParams p) {                          \
+        attn::taylor_read<T, D, false>(p);                                                                   \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_read_grad_##DT##_d##D(const __grid_constant__ TaylorParams p) {                           \
+        attn::taylor_read<T, D, true>(p);                                                                    \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
         attn_taylor_decode_step_##DT##_d##D(const __grid_constant__ TaylorParams p) {                         \
         attn::taylor_decode_step<T, D>(p);                                                                   \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_decode_prefill_##DT##_d##D(const __grid_constant__ TaylorParams p) {                      \
+        attn::taylor_decode_prefill<T, D>(p);                                                                \
+    }
+
+#define ATTN_TAYLOR_FORWARD(DT, T, D)                                                                         \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_forward_##DT##_d##D(const __grid_constant__ TaylorParams p) {                             \
+        attn::taylor_forward_tile<T, D>(p);                                                                  \
     }
 
 #define ATTN_TAYLOR_DIM(D)                                                                                     \
@@ -61,10 +91,8 @@ ATTN_TAYLOR_ROWS(bf16, __nv_bfloat16)
                       (attn::taylor_dense_mma<__half, D, true>))                                             \
     ATTN_TAYLOR_SWEEP(bf16, __nv_bfloat16, D, (attn::taylor_dense_mma<__nv_bfloat16, D, false>),             \
                       (attn::taylor_dense_mma<__nv_bfloat16, D, true>))                                      \
-    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
-        attn_taylor_decode_prefill_d##D(const __grid_constant__ TaylorParams p) {                             \
-        attn::taylor_decode_prefill<D>(p);                                                                   \
-    }
+    ATTN_TAYLOR_FORWARD(f16, __half, D)                                                                      \
+    ATTN_TAYLOR_FORWARD(bf16, __nv_bfloat16, D)
 
 ATTN_TAYLOR_DIM(16)
 ATTN_TAYLOR_DIM(32)

@@ -1,8 +1,11 @@
 //! The safe layer: checked buffers in, kernels launched on the caller's stream.
 //!
-//! Forward: one flash kernel writes o and LSE. Backward, in stream order:
+//! Forward: one flash kernel writes o and LSE (hyperbolic: after the row kernels that write the
+//! per-row time coordinates q0, k0, the norms and, for the Einstein midpoint, log γ_j and c γ_j² into
+//! f32 scratch). Backward, in stream order:
 //! 1. δ_i = dO_i·o_i (row kernel);
 //! 2. cosine-sim with l2-norm: 1/max(‖q‖, eps) and 1/max(‖k‖, eps) per row (row kernels);
+//!    hyperbolic: the per-row scalars again (row kernels);
 //! 3. dQ (flash kernel over query tiles; also dS for the bias gradient, into a zeroed f32 scratch);
 //! 4. dK, dV (flash kernel over key tiles, looping over the GQA group: no atomics);
 //! 5. cosine-sim with l2-norm: the l2-norm's Jacobian on dq̂, dk̂ (row kernels);
@@ -15,7 +18,8 @@ use crate::error::{CudaAttnError, Result};
 use crate::params::AttnParams;
 use crate::runtime::{self, Kernels};
 use attn_core::{
-    AttnBackend, AttnError, AttnSpec, BackwardIo, DType, Element, FamilySpec, ForwardIo, Op, Pass, SeqLengths,
+    Aggregation, AttnBackend, AttnError, AttnSpec, BackwardIo, DType, Element, FamilySpec, ForwardIo, Op,
+    Pass, SeqLengths,
 };
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
@@ -259,8 +263,7 @@ fn to_i32s(v: &[usize]) -> Vec<i32> {
 impl CudaAttn {
     /// The backend on GPU `ordinal`'s default stream. No driver or no such GPU → `NoGpu`.
     pub fn new(ordinal: usize) -> Result<Self> {
-        // SAFETY: only probes whether the driver library can be loaded.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !driver_library_present() {
             return Err(CudaAttnError::NoGpu {
                 reason: "the CUDA driver library (libcuda) is not installed".into(),
             });
@@ -412,7 +415,47 @@ impl CudaAttn {
         (p.q, p.k, p.v, p.o, p.lse) = (q, k, v, o, lse);
         p.bias = bias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
         let kernel = dispatch::flash_kernel(spec, Stage::Forward)?;
-        kernels.launch(&self.stream, &kernel, &p, op)
+        let scratch = self.hyperbolic_rows(spec, &kernels, &mut p, op)?;
+        kernels.launch(&self.stream, &kernel, &p, op)?;
+        drop(scratch);
+        Ok(())
+    }
+
+    /// Hyperbolic only: allocate the per-row scalar scratch, point `p` at it and enqueue the row
+    /// kernels that fill it. Returns the buffers, to be kept until the kernels that read them are
+    /// enqueued (cudarc frees them in stream order). Nothing for the other families.
+    fn hyperbolic_rows(
+        &self,
+        spec: &AttnSpec,
+        kernels: &Kernels,
+        p: &mut AttnParams,
+        op: Op,
+    ) -> Result<Vec<CudaSlice<f32>>> {
+        let FamilySpec::Hyperbolic { aggregation, .. } = *spec.family() else {
+            return Ok(Vec::new());
+        };
+        let s = &self.stream;
+        let (rows_q, rows_k) = (spec.stats_len().max(1), (spec.total_k() * spec.heads_kv()).max(1));
+        // SAFETY (each uninitialised allocation): the row kernels enqueued below write q0 and ‖q‖ for
+        // every query row and k0, ‖k‖ (log γ, c γ² with the midpoint) for every key row dk holds,
+        // before any kernel reads them; the kernels read no other entry.
+        let mut bufs = Vec::new();
+        for n in [rows_q, rows_q, rows_k, rows_k] {
+            bufs.push(unsafe { s.alloc::<f32>(n) }?);
+        }
+        if aggregation == Aggregation::EinsteinMidpoint {
+            for _ in 0..2 {
+                bufs.push(unsafe { s.alloc::<f32>(rows_k) }?);
+            }
+        }
+        let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(s).0).collect();
+        (p.x0q, p.nq, p.x0k, p.nk) = (ptrs[0], ptrs[1], ptrs[2], ptrs[3]);
+        if let [.., lgk, dgk] = ptrs[4..] {
+            (p.lgk, p.dgk) = (lgk, dgk);
+        }
+        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::HypRowsQ), p, op)?;
+        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::HypRowsK), p, op)?;
+        Ok(bufs)
     }
 
     fn backward_impl<T: DeviceElem>(&self, spec: &AttnSpec, a: BwdArgs<'_, T>) -> Result<()> {
@@ -482,6 +525,7 @@ impl CudaAttn {
             scratch.push(ds);
         }
 
+        let hyperbolic = self.hyperbolic_rows(spec, &kernels, &mut p, op)?;
         let launch = |k: dispatch::Kernel| kernels.launch(s, &k, &p, op);
         launch(dispatch::row_kernel(spec, RowKernel::Delta))?;
         if norms {
@@ -498,6 +542,7 @@ impl CudaAttn {
             launch(dispatch::row_kernel(spec, RowKernel::DbiasReduce))?;
         }
         drop(scratch);
+        drop(hyperbolic);
         drop(delta);
         Ok(())
     }
@@ -542,6 +587,15 @@ impl<T: DeviceElem> AttnBackend<CudaSlice<T>, CudaSlice<f32>> for CudaAttn {
             },
         )
     }
+}
+
+/// Whether the CUDA driver library can be loaded. cudarc's own probe exists only in its
+/// dynamic-loading mode, and candle's `cuda` feature switches cudarc to dynamic linking.
+fn driver_library_present() -> bool {
+    ["libcuda.so.1", "libcuda.so", "nvcuda.dll"].iter().any(|name| {
+        // SAFETY: loading the driver library runs only its own initialisers; dropped at once.
+        unsafe { libloading::Library::new(*name) }.is_ok()
+    })
 }
 
 /// Whether the kernels were compiled into this build (false: every call returns `KernelsNotBuilt`).

@@ -5,10 +5,15 @@
 //! |------------|-----------|---------------------------|-------------------------------------------|
 //! | softmax    | f16, bf16 | 32, 64, 96, 128, 256      | `attn_softmax_{pass}_{dt}_d{D}` (mma.sync)  |
 //! | cosine_sim | f16, bf16 | 16, 32, 64, 96, 128, 256  | `attn_cosine_sim_{pass}_{dt}_d{D}`          |
-//! | both       | f32       | the family's head dims    | `attn_{family}_{pass}_f32` (SIMT, exact f32) |
+//! | hyperbolic | f16, bf16 | 32, 64, 96, 128, 256      | `attn_hyperbolic_{score}_{pass}_{dt}_d{D}`  |
+//! | all three  | f32       | the family's head dims    | `attn_{family}_{pass}_f32` (SIMT, exact f32) |
+//!
+//! `{score}` is `sq_lorentz` or `geodesic` (the family label); the aggregation (Euclidean or Einstein
+//! midpoint) is a runtime flag of the same kernels. Hyperbolic kernels also need the per-row scalars
+//! of `attn_hyp_rows_{q,k}_{dt}` (time coordinates, norms, log γ) before any of them runs.
 
 use crate::heuristics::{self, Tile};
-use attn_core::{AttnError, AttnSpec, DType, FamilyKind, Pass};
+use attn_core::{AttnError, AttnSpec, DType, FamilyKind, FamilySpec, HypScore, Pass};
 
 /// Name used in `Unsupported` errors.
 pub(crate) const BACKEND: &str = "attn-cuda";
@@ -44,6 +49,7 @@ pub(crate) enum Module {
     CosineSim,
     SimtF32,
     Common,
+    Hyperbolic,
 }
 
 impl Module {
@@ -53,6 +59,7 @@ impl Module {
             Module::CosineSim => "cosine_sim",
             Module::SimtF32 => "simt_f32",
             Module::Common => "common",
+            Module::Hyperbolic => "hyperbolic",
         }
     }
 }
@@ -82,7 +89,8 @@ pub(crate) fn head_dims(family: FamilyKind) -> &'static [usize] {
     match family {
         FamilyKind::Softmax => &[32, 64, 96, 128, 256],
         FamilyKind::CosineSim => &[16, 32, 64, 96, 128, 256],
-        FamilyKind::Taylor | FamilyKind::Hyperbolic => &[],
+        FamilyKind::Hyperbolic => &[32, 64, 96, 128, 256],
+        FamilyKind::Taylor => &[],
     }
 }
 
@@ -94,14 +102,33 @@ fn unsupported(spec: &AttnSpec, pass: Pass, what: String) -> AttnError {
     }
 }
 
+/// Curvatures the geodesic kernels take: they form `1/c²` and `(1 + ACOSH_EPS)/c` in f32, which stay
+/// finite and normal well inside this range.
+pub(crate) const GEODESIC_CURVATURE: (f32, f32) = (1e-12, 1e12);
+
 /// Check the combination once per call: family, head dims, sizes that fit the kernels' i32 indices.
 pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnError> {
     let family = spec.family_kind();
-    let module = match family {
-        FamilyKind::Softmax => "softmax",
-        FamilyKind::CosineSim => "cosine_sim",
+    let module = match *spec.family() {
+        FamilySpec::Softmax { .. } => "softmax",
+        FamilySpec::CosineSim { .. } => "cosine_sim",
+        FamilySpec::Hyperbolic {
+            score: HypScore::Geodesic,
+            curvature,
+            ..
+        } if !(GEODESIC_CURVATURE.0..=GEODESIC_CURVATURE.1).contains(&curvature) => {
+            return Err(unsupported(
+                spec,
+                pass,
+                format!(
+                    "a geodesic curvature {curvature:e} outside [{:e}, {:e}] (the kernels form 1/c² in f32)",
+                    GEODESIC_CURVATURE.0, GEODESIC_CURVATURE.1
+                ),
+            ))
+        }
+        FamilySpec::Hyperbolic { .. } => "hyperbolic",
         // Taylor runs its own state kernels (`crate::taylor`), routed before this flash dispatch.
-        FamilyKind::Taylor | FamilyKind::Hyperbolic => {
+        FamilySpec::Taylor { .. } => {
             return Err(unsupported(
                 spec,
                 pass,
@@ -151,6 +178,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage) -> Result<Kernel, Attn
     let (family, module) = match spec.family_kind() {
         FamilyKind::Softmax => ("softmax", Module::Softmax),
         FamilyKind::CosineSim => ("cosine_sim", Module::CosineSim),
+        FamilyKind::Hyperbolic => (spec.family().label(), Module::Hyperbolic),
         other => {
             return Err(unsupported(
                 spec,
@@ -167,7 +195,12 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage) -> Result<Kernel, Attn
             Stage::BwdDkdv => (heuristics::blocks(spec.seq_k(), rows), hkv, b),
         };
         return Ok(Kernel {
-            module: Module::SimtF32,
+            // The hyperbolic f32 kernels live with the family (their pair kernel is its own).
+            module: if module == Module::Hyperbolic {
+                module
+            } else {
+                Module::SimtF32
+            },
             name: format!("attn_{family}_{}_f32", stage.name()),
             smem: 0,
             grid,
@@ -176,20 +209,22 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage) -> Result<Kernel, Attn
     }
     let elem = spec.dtype().size();
     let missing = || unsupported(spec, pass, format!("{family} head dim {d}"));
-    let (tile, smem): (Tile, usize) = match stage {
-        Stage::Forward => (
-            heuristics::fwd_tile(d).ok_or_else(missing)?,
-            heuristics::fwd_smem(d, elem).ok_or_else(missing)?,
-        ),
-        Stage::BwdDq => (
-            heuristics::dq_tile(d).ok_or_else(missing)?,
-            heuristics::dq_smem(d, elem).ok_or_else(missing)?,
-        ),
-        Stage::BwdDkdv => (
-            heuristics::dkdv_tile(d).ok_or_else(missing)?,
-            heuristics::dkdv_smem(d, elem).ok_or_else(missing)?,
-        ),
+    let lorentz = module == Module::Hyperbolic;
+    type TileFn = fn(usize) -> Option<Tile>;
+    type SmemFn = fn(Tile, usize, usize) -> usize;
+    let (tile_of, smem_of): (TileFn, SmemFn) = match (stage, lorentz) {
+        (Stage::Forward, false) => (heuristics::fwd_tile, heuristics::fwd_smem),
+        (Stage::Forward, true) => (heuristics::lorentz_fwd_tile, heuristics::fwd_smem),
+        (Stage::BwdDq, false) => (heuristics::dq_tile, heuristics::dq_smem),
+        (Stage::BwdDq, true) => (heuristics::lorentz_dq_tile, heuristics::dq_smem),
+        (Stage::BwdDkdv, false) => (heuristics::dkdv_tile, heuristics::dkdv_smem),
+        (Stage::BwdDkdv, true) => (heuristics::lorentz_dkdv_tile, heuristics::dkdv_smem),
     };
+    let tile = tile_of(d).ok_or_else(missing)?;
+    let mut smem = smem_of(tile, d, elem);
+    if lorentz && stage != Stage::BwdDkdv {
+        smem += heuristics::lorentz_extra_smem(tile);
+    }
     let grid = match stage {
         Stage::Forward | Stage::BwdDq => (heuristics::blocks(spec.seq_q(), tile.bm), hq, b),
         Stage::BwdDkdv => (heuristics::blocks(spec.seq_k(), tile.bn) * (d / tile.da), hkv, b),
@@ -212,6 +247,10 @@ pub(crate) enum RowKernel {
     L2normBwdQ,
     L2normBwdK,
     DbiasReduce,
+    /// Hyperbolic: q0 and ‖q‖ per query row.
+    HypRowsQ,
+    /// Hyperbolic: k0, ‖k‖ (and log γ, c γ² for the Einstein midpoint) per key row.
+    HypRowsK,
 }
 
 pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
@@ -219,7 +258,13 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
     let (b, hq, hkv) = (spec.batch(), spec.heads_q(), spec.heads_kv());
     let over_q = (heuristics::blocks(spec.seq_q(), rows), hq, b);
     let over_k = (heuristics::blocks(spec.seq_k(), rows), hkv, b);
+    let module = match which {
+        RowKernel::HypRowsQ | RowKernel::HypRowsK => Module::Hyperbolic,
+        _ => Module::Common,
+    };
     let (stem, grid) = match which {
+        RowKernel::HypRowsQ => ("hyp_rows_q", over_q),
+        RowKernel::HypRowsK => ("hyp_rows_k", over_k),
         RowKernel::Delta => ("bwd_delta", over_q),
         RowKernel::InvNormQ => ("inv_norm_q", over_q),
         RowKernel::InvNormK => ("inv_norm_k", over_k),
@@ -232,7 +277,7 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
         ),
     };
     Kernel {
-        module: Module::Common,
+        module,
         name: format!("attn_{stem}_{}", dtype_tag(spec.dtype())),
         smem: 0,
         grid,
@@ -260,6 +305,14 @@ mod tests {
         for (family, kind) in [
             (Family::softmax(), FamilyKind::Softmax),
             (Family::cosine_sim(), FamilyKind::CosineSim),
+            (
+                Family::hyperbolic(HypScore::Geodesic, Aggregation::EinsteinMidpoint),
+                FamilyKind::Hyperbolic,
+            ),
+            (
+                Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean),
+                FamilyKind::Hyperbolic,
+            ),
         ] {
             for &d in head_dims(kind) {
                 for dtype in DType::ALL {
@@ -267,15 +320,41 @@ mod tests {
                     check_supported(&s, Pass::Forward).expect("supported");
                     for stage in [Stage::Forward, Stage::BwdDq, Stage::BwdDkdv] {
                         let k = flash_kernel(&s, stage).expect("kernel");
-                        assert!(
-                            k.name
-                                .starts_with(&format!("attn_{}_{}", kind.name(), stage.name())),
+                        let stem = format!("attn_{}_{}", s.family().label(), stage.name());
+                        assert!(k.name.starts_with(&stem), "{k:?}");
+                        assert_eq!(
+                            kind == FamilyKind::Hyperbolic,
+                            k.module == Module::Hyperbolic,
                             "{k:?}"
                         );
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn hyperbolic_kernels_carry_their_column_scalars_in_shared_memory() {
+        let fam = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
+        let (h, s) = (
+            spec(fam, DType::BF16, 128),
+            spec(Family::softmax(), DType::BF16, 128),
+        );
+        let fwd = |x: &AttnSpec| flash_kernel(x, Stage::Forward).expect("kernel").smem;
+        // log γ for two key blocks of 32 keys (k0 takes the cosine norms' slots).
+        assert_eq!(fwd(&h), fwd(&s) + 2 * 32 * 4);
+        assert_eq!(
+            flash_kernel(&h, Stage::Forward).expect("kernel").name,
+            "attn_hyperbolic_sq_lorentz_fwd_bf16_d128"
+        );
+        let f32 = spec(fam, DType::F32, 64);
+        let k = flash_kernel(&f32, Stage::BwdDq).expect("kernel");
+        assert_eq!(
+            (k.module, k.name.as_str()),
+            (Module::Hyperbolic, "attn_hyperbolic_sq_lorentz_bwd_dq_f32")
+        );
+        let rows = row_kernel(&f32, RowKernel::HypRowsK);
+        assert_eq!((rows.module, rows.grid), (Module::Hyperbolic, (33, 2, 2)));
     }
 
     #[test]
@@ -300,15 +379,27 @@ mod tests {
             check_supported(&softmax16, Pass::Forward),
             Err(AttnError::Unsupported { .. })
         ));
-        let hyperbolic = spec(
-            Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean),
-            DType::F32,
-            64,
-        );
+        let taylor = spec(Family::taylor(2), DType::F32, 64);
         assert!(matches!(
-            check_supported(&hyperbolic, Pass::Backward),
+            check_supported(&taylor, Pass::Backward),
             Err(AttnError::Unsupported { .. })
         ));
+        let flat = Family::Hyperbolic(attn_core::HyperbolicParams {
+            score: HypScore::Geodesic,
+            curvature: 1e-20,
+            ..Default::default()
+        });
+        let err = check_supported(&spec(flat, DType::BF16, 64), Pass::Forward).expect_err("tiny c");
+        assert!(err.to_string().contains("curvature"), "{err}");
+        let hyp48 = spec(
+            Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean),
+            DType::BF16,
+            48,
+        );
+        assert!(check_supported(&hyp48, Pass::Forward)
+            .expect_err("no D = 48")
+            .to_string()
+            .contains("hyperbolic head dim 48"));
         let dv = AttnProblem::new(Family::softmax(), DType::BF16, 1, 1, 1, 8, 8, 64)
             .with_head_dim_v(32)
             .validate()

@@ -98,31 +98,79 @@ pub(crate) fn dkdv_tile(d: usize) -> Option<Tile> {
     }
 }
 
+/// `LorentzFwdTile<D>`: the hyperbolic scores' forward tile, one 16-row tile per warp at D = 96
+/// (two would spill), else the skeleton's.
+///
+/// ```text
+/// lorentz_fwd_tile(96) = Tile { bm: 64, bn: 64, da: 96 }   lorentz_fwd_tile(128) = fwd_tile(128)
+/// ```
+pub(crate) fn lorentz_fwd_tile(d: usize) -> Option<Tile> {
+    match d {
+        96 => Some(Tile {
+            bm: 64,
+            bn: 64,
+            da: d,
+        }),
+        _ => fwd_tile(d),
+    }
+}
+
+/// `LorentzDqTile<D>`: one 16-row tile per warp at D = 64, else the skeleton's.
+pub(crate) fn lorentz_dq_tile(d: usize) -> Option<Tile> {
+    match d {
+        64 => Some(Tile {
+            bm: 64,
+            bn: 64,
+            da: d,
+        }),
+        _ => dq_tile(d),
+    }
+}
+
+/// `LorentzDkvTile<D>`: one 16-key tile per warp at D = 64 (64 resident keys), else the skeleton's.
+pub(crate) fn lorentz_dkdv_tile(d: usize) -> Option<Tile> {
+    match d {
+        64 => Some(Tile {
+            bm: 32,
+            bn: 64,
+            da: d,
+        }),
+        _ => dkdv_tile(d),
+    }
+}
+
 fn row_bytes(d: usize, elem: usize) -> usize {
     (d + 8) * elem
 }
 
-/// Dynamic shared memory of the forward: Q, two K and two V buffers, 1/‖k‖ for two key blocks
-/// and 1/‖q‖ for the query tile.
+/// Dynamic shared memory of the forward with tile `t`: Q, two K and two V buffers, 1/‖k‖ for two
+/// key blocks and 1/‖q‖ for the query tile.
 ///
 /// ```text
 /// D = 128, bf16: (128 + 4·32)·136·2 + (2·32 + 128)·4 = 70 400 bytes
 /// ```
-pub(crate) fn fwd_smem(d: usize, elem: usize) -> Option<usize> {
-    let t = fwd_tile(d)?;
-    Some((t.bm + 4 * t.bn) * row_bytes(d, elem) + (2 * t.bn + t.bm) * 4)
+pub(crate) fn fwd_smem(t: Tile, d: usize, elem: usize) -> usize {
+    (t.bm + 4 * t.bn) * row_bytes(d, elem) + (2 * t.bn + t.bm) * 4
 }
 
-/// dQ: Q and dO tiles, two K and two V buffers, 1/‖k‖ for two key blocks.
-pub(crate) fn dq_smem(d: usize, elem: usize) -> Option<usize> {
-    let t = dq_tile(d)?;
-    Some((2 * t.bm + 4 * t.bn) * row_bytes(d, elem) + 2 * t.bn * 4)
+/// dQ: Q and dO tiles, two K and two V buffers, 1/‖k‖ for two key blocks (tile `t`).
+pub(crate) fn dq_smem(t: Tile, d: usize, elem: usize) -> usize {
+    (2 * t.bm + 4 * t.bn) * row_bytes(d, elem) + 2 * t.bn * 4
 }
 
-/// dK/dV: K and V tiles, two Q and two dO buffers, and LSE, δ, 1/‖q‖ for two query blocks.
-pub(crate) fn dkdv_smem(d: usize, elem: usize) -> Option<usize> {
-    let t = dkdv_tile(d)?;
-    Some((2 * t.bn + 4 * t.bm) * row_bytes(d, elem) + 3 * 2 * t.bm * 4)
+/// dK/dV: K and V tiles, two Q and two dO buffers, and LSE, δ, 1/‖q‖ for two query blocks (tile `t`).
+pub(crate) fn dkdv_smem(t: Tile, d: usize, elem: usize) -> usize {
+    (2 * t.bn + 4 * t.bm) * row_bytes(d, elem) + 3 * 2 * t.bm * 4
+}
+
+/// Extra dynamic shared memory of the hyperbolic forward and dQ kernels: besides the skeleton's
+/// scalars (whose key slots hold k0), the Einstein midpoint's log γ_j for two key blocks.
+///
+/// ```text
+/// D = 128 forward: 2·32·4 = 256 bytes
+/// ```
+pub(crate) fn lorentz_extra_smem(t: Tile) -> usize {
+    2 * t.bn * 4
 }
 
 /// Blocks needed to cover `n` rows `per_block` at a time.
@@ -139,8 +187,21 @@ mod tests {
         // 227 KiB of dynamic shared memory per block on sm_90 (and 163 KiB on sm_80: all of these
         // fit both).
         for d in [16, 32, 64, 96, 128, 256] {
-            for f in [fwd_smem, dq_smem, dkdv_smem] {
-                let bytes = f(d, 2).expect("supported head dim");
+            let tiles = [
+                (
+                    fwd_tile as fn(usize) -> Option<Tile>,
+                    fwd_smem as fn(Tile, usize, usize) -> usize,
+                ),
+                (dq_tile, dq_smem),
+                (dkdv_tile, dkdv_smem),
+                (lorentz_fwd_tile, fwd_smem),
+                (lorentz_dq_tile, dq_smem),
+                (lorentz_dkdv_tile, dkdv_smem),
+            ];
+            for (tile, smem) in tiles {
+                let t = tile(d).expect("supported head dim");
+                // Hyperbolic tiles add log γ for two key blocks.
+                let bytes = smem(t, d, 2) + lorentz_extra_smem(t);
                 assert!(bytes <= 163 * 1024, "D = {d}: {bytes} bytes");
             }
         }
@@ -148,7 +209,7 @@ mod tests {
 
     #[test]
     fn worked_examples() {
-        assert_eq!(fwd_smem(128, 2), Some(70_400));
+        assert_eq!(fwd_tile(128).map(|t| fwd_smem(t, 128, 2)), Some(70_400));
         assert_eq!(
             dkdv_tile(256),
             Some(Tile {
@@ -208,6 +269,38 @@ mod tests {
                     da: field(&fields, "DA", d),
                 };
                 assert_eq!(t, expect, "{name}<{d}>");
+            }
+        }
+    }
+
+    #[test]
+    fn host_lorentz_tiles_mirror_the_kernel_specialisations() {
+        for (name, host, base) in [
+            (
+                "LorentzFwdTile",
+                lorentz_fwd_tile as fn(usize) -> Option<Tile>,
+                fwd_tile as fn(usize) -> Option<Tile>,
+            ),
+            ("LorentzDqTile", lorentz_dq_tile, dq_tile),
+            ("LorentzDkvTile", lorentz_dkdv_tile, dkdv_tile),
+        ] {
+            let special = kernel_tiles(name);
+            assert_eq!(special.len(), 1, "{name}: one specialisation");
+            for d in [32, 64, 96, 128, 256] {
+                let t = host(d).expect("supported head dim");
+                match special.iter().find(|(sd, _)| *sd == d) {
+                    Some((_, fields)) => {
+                        let expect = Tile {
+                            bm: field(fields, "BM", 0),
+                            bn: field(fields, "BN", 0),
+                            da: field(fields, "DA", d),
+                        };
+                        assert_eq!(t, expect, "{name}<{d}>");
+                        // One 16-row tile per warp, and it still fits.
+                        assert!(t.bm == 64 || t.bn == 64, "{name}<{d}>: {t:?}");
+                    }
+                    None => assert_eq!(Some(t), base(d), "{name}<{d}> is the skeleton's"),
+                }
             }
         }
     }

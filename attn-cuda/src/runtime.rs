@@ -53,6 +53,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
         Module::CosineSim,
         Module::SimtF32,
         Module::Common,
+        Module::Hyperbolic,
     ] {
         let bytes = fatbins
             .iter()

@@ -8,19 +8,24 @@
 //! then `dq = scale·J(q)ᵀ dû`, `dk = J(k)ᵀ dk̂` through the l2-norm, `dv = dṽ[..Dv]`.
 //!
 //! Each of these is one sweep (`kernels/include/taylor_common.cuh`), never an N×N or N×D² buffer:
-//! 1. row kernels write the f32 scratch in sweep order (k̂, ṽ, u, g̃: O(N·D));
-//! 2. the dense kernel writes each probe's sum over the fewer than C sources past its chunk boundary
+//! 1. the sweeps read q, k, v, dO in the storage dtype and scale them on the fly: the l2-norms of q and
+//!    k from the tiles they load, 1/den and −δ of g̃ from per-row scalars a row kernel writes (O(N));
+//! 2. the dense kernel writes each probe's sum over the at most L sources past its segment boundary
 //!    (tensor cores for f16/bf16: S = Z Xᵀ, f(S) or f'(S)∘(W Yᵀ), then · Y or · X);
-//! 3. the state kernel adds the sums before the boundary through the factorised states
-//!    `S[f] = Σ_s φ_f(x_s) y_s` (order 2 over the D(D+1)/2 pairs a ≤ b), split over blocks along the
-//!    features and along the sequence, with f32 atomics (so results may differ in the last bits from run
-//!    to run);
+//! 3. the state kernels add the sums before the boundary through the factorised states
+//!    `S[f] = Σ_s φ_f(x_s) y_s` (order 2 over the D(D+1)/2 pairs a ≤ b): the fold writes the sums of
+//!    each segment of L sources (blocks split along the features and the segments), one ordered prefix
+//!    pass turns them into the states before each segment boundary, and the reads add `Σ_f ψ_f(z) S[f]`
+//!    (or its gradient) to each probe's row. No atomics: a call gives the same bits on every run;
 //! 4. row kernels turn the sums into o and the statistics, or into dq, dk, dv.
+//!
+//! The f16/bf16 forward runs 2–4 as one kernel per probe tile after the fold and the prefix (the state
+//! read and the dense part into the same mma accumulators, then o = num/den): no [rows][M] scratch.
 //!
 //! Causal masks (top-left, bottom-right, `Nq ≠ Nk`), key padding, packed varlen and GQA/MQA are the
 //! prefix length `hi` of each probe: keys before `key_range(b, i).end` for a query, and for dK, dV the
 //! suffix of queries that see a key, swept in reverse. Head dims 16, 32, 64, 128 with `Dv = D`; f16 and
-//! bf16 on tensor cores with f32 sums, f32 on CUDA cores in exact f32.
+//! bf16 on tensor cores with f32 sums, f32 on CUDA cores (the state reads' dot products in f64).
 //!
 //! Recurrent decode ([`TaylorDecodeState`]): `CudaAttn::taylor_prefill` and
 //! `CudaAttn::taylor_decode_step`.
@@ -37,8 +42,7 @@ pub use decode::{DecodeShape, TaylorDecodeState};
 use crate::backend::{CudaAttn, DeviceElem};
 use crate::dispatch::BACKEND;
 use crate::error::Result;
-use attn_core::{AttnError, AttnSpec, DType, FamilySpec, Op, Pass, SeqLengths};
-use cudarc::driver::sys::CUdevice_attribute_enum;
+use attn_core::{AttnError, AttnSpec, Causal, DType, FamilySpec, Op, Pass, SeqLengths};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use launch::{Kernels, Launch};
 use params::TaylorParams;
@@ -214,13 +218,12 @@ fn to_i32s(v: &[usize]) -> Vec<i32> {
     v.iter().map(|&x| i32::try_from(x).unwrap_or(i32::MAX)).collect()
 }
 
-/// One call: the spec, the stream, the loaded kernels and the launch geometry.
+/// One call: the spec, the stream and the loaded kernels.
 struct Call<'s> {
     spec: &'s AttnSpec,
     stream: &'s Arc<CudaStream>,
     kernels: Arc<Kernels>,
     op: Op,
-    sms: usize,
 }
 
 fn dtype_tag(dtype: DType) -> &'static str {
@@ -236,15 +239,11 @@ impl<'s> Call<'s> {
         let stream = attn.stream();
         let op = spec.op(pass);
         let kernels = launch::kernels_for(stream.context(), op)?;
-        let sms = stream
-            .context()
-            .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Call {
             spec,
             stream,
             kernels,
             op,
-            sms: sms.max(1) as usize,
         })
     }
 
@@ -311,69 +310,179 @@ impl<'s> Call<'s> {
         }
     }
 
-    /// One sweep with the sources, probes and outputs set in `p`: the dense kernel writes every probe's
-    /// row, then the state kernel adds the sums before each probe's chunk boundary.
-    fn sweep(&self, p: &mut TaylorParams, reverse: bool, grad: bool) -> Result<()> {
+    /// The geometry of a sweep (`reverse`: queries → keys) set in `p`: segment length, segments and
+    /// features per state row; returns `(probes, states)`, the most probes of a (batch entry, kv head)
+    /// and the state entries of all of them.
+    fn geometry(&self, p: &mut TaylorParams, reverse: bool) -> Result<(usize, usize)> {
         let s = self.spec;
         let (d, g) = (s.head_dim(), s.group());
-        let dt = dtype_tag(s.dtype());
-        let what = if grad { "grad" } else { "value" };
-        let elem = s.dtype().size();
-        let missing = || unsupported(self.op, format!("taylor head dim {d}"));
-        let tile = heuristics::state_tile(d).ok_or_else(missing)?;
         let order = p.order as u8;
         let (max_probes, max_sources) = if reverse {
             (s.seq_k(), g * s.seq_q())
         } else {
             (g * s.seq_q(), s.seq_k())
         };
+        let heads = s.batch() * s.heads_kv();
+        let missing = || unsupported(self.op, format!("taylor head dim {d}"));
+        let causal = s.causal() != Causal::None;
+        let seg = heuristics::seg_len(d, order, max_sources, heads, s.dtype().size(), causal)
+            .ok_or_else(missing)?;
+        let n_seg = max_sources.div_ceil(seg);
+        let f_pad = heuristics::f_pad(d, order);
         p.reverse = i32::from(reverse);
-        let per_block = if elem == 4 {
+        p.seg_len = seg as i32;
+        p.n_seg = n_seg as i32;
+        p.f_pad = f_pad as i32;
+        Ok((max_probes, heads * n_seg * heuristics::width(d) * f_pad))
+    }
+
+    /// The states of the sweep `p` describes (after [`Call::geometry`]): the fold writes each segment's
+    /// sums, the prefix turns them into the states before each segment boundary (f16/bf16: `copies`
+    /// storage-type copies, 2 when a gradient read follows). `None` when there is no source at all.
+    fn states(&self, p: &mut TaylorParams, entries: usize, copies: usize) -> Result<Option<States>> {
+        let s = self.spec;
+        let d = s.head_dim();
+        let dt = dtype_tag(s.dtype());
+        let elem = s.dtype().size();
+        let missing = || unsupported(self.op, format!("taylor head dim {d}"));
+        if entries == 0 {
+            return Ok(None);
+        }
+        let n_states = s.batch() * s.heads_kv() * p.n_seg as usize;
+        // SAFETY (uninitialised): the fold writes every entry of st[k] for every k < n_seg(b) of each
+        // (batch entry, kv head), which are the only states the prefix and the reads touch.
+        let st = unsafe { self.stream.alloc::<f32>(entries) }?;
+        let st_max = self.stream.alloc_zeros::<i32>(n_states)?;
+        p.st = st.device_ptr(self.stream).0;
+        p.st_max = st_max.device_ptr(self.stream).0;
+        p.copies = copies as i32;
+        let st_t = if elem == 2 {
+            // SAFETY (uninitialised): the prefix writes every entry of every copy of st[k], k < n_seg(b),
+            // before the reads, which touch no other (u16: as many bytes as T).
+            let t = unsafe { self.stream.alloc::<u16>(copies * entries) }?;
+            p.st_t = t.device_ptr(self.stream).0;
+            Some(t)
+        } else {
+            p.st_t = 0;
+            None
+        };
+        let slabs = heuristics::fold_slabs(d, p.order as u8).ok_or_else(missing)?;
+        p.n_slabs = slabs as i32;
+        self.run(
+            Launch {
+                name: format!("attn_taylor_fold_{dt}_d{d}"),
+                grid: (slabs * p.n_seg as usize, s.heads_kv(), s.batch()),
+                smem: heuristics::fold_smem(d, elem).ok_or_else(missing)?,
+            },
+            p,
+        )?;
+        let per_state = heuristics::width(d) * p.f_pad as usize;
+        self.run(
+            Launch {
+                name: format!("attn_taylor_prefix_{dt}"),
+                grid: (
+                    heuristics::blocks(per_state, heuristics::THREADS as usize),
+                    s.heads_kv(),
+                    s.batch(),
+                ),
+                smem: 0,
+            },
+            p,
+        )?;
+        Ok(Some(States {
+            _st: st,
+            _st_max: st_max,
+            _st_t: st_t,
+        }))
+    }
+
+    /// One sweep with the sources, probes and outputs set in `p`, for the value read, the gradient read
+    /// or both (dV and dK share their sources, probes and states): the dense kernels write every probe's
+    /// rows, the states are built, and the reads add each probe's state part to its rows.
+    fn sweep(&self, p: &mut TaylorParams, reverse: bool, value: bool, grad: bool) -> Result<()> {
+        let s = self.spec;
+        let d = s.head_dim();
+        let dt = dtype_tag(s.dtype());
+        let elem = s.dtype().size();
+        let missing = || unsupported(self.op, format!("taylor head dim {d}"));
+        let (max_probes, entries) = self.geometry(p, reverse)?;
+        let dense_per_block = if elem == 4 {
             heuristics::ROWS_PER_BLOCK
         } else {
             heuristics::DENSE_PROBES
         };
-        self.run(
-            Launch {
-                name: format!("attn_taylor_dense_{what}_{dt}_d{d}"),
-                grid: (heuristics::blocks(max_probes, per_block), s.heads_kv(), s.batch()),
-                smem: heuristics::dense_smem(d, elem, grad),
-            },
-            p,
-        )?;
-        let chunks = max_sources / tile.c;
-        if chunks == 0 {
-            return Ok(()); // every probe's sum is dense
+        // The reads asked for, as `grad` flags, and their kernels' name part.
+        let reads: Vec<bool> = [(value, false), (grad, true)]
+            .into_iter()
+            .filter_map(|(on, grad)| on.then_some(grad))
+            .collect();
+        let what = |grad: bool| if grad { "grad" } else { "value" };
+        for &grad in &reads {
+            self.run(
+                Launch {
+                    name: format!("attn_taylor_dense_{}_{dt}_d{d}", what(grad)),
+                    grid: (
+                        heuristics::blocks(max_probes, dense_per_block),
+                        s.heads_kv(),
+                        s.batch(),
+                    ),
+                    smem: heuristics::dense_smem(d, elem, grad),
+                },
+                p,
+            )?;
         }
-        let slabs = heuristics::slabs(d, order).ok_or_else(missing)?;
-        let (splits, per) = heuristics::split(chunks, slabs * s.heads_kv() * s.batch(), self.sms);
-        p.n_slabs = slabs as i32;
-        p.chunks_per_split = per as i32;
+        let Some(_states) = self.states(p, entries, if grad { 2 } else { 1 })? else {
+            return Ok(()); // no source at all: every sum is the dense one
+        };
+        for &grad in &reads {
+            self.run(
+                Launch {
+                    name: format!("attn_taylor_read_{}_{dt}_d{d}", what(grad)),
+                    grid: (
+                        heuristics::blocks(max_probes, heuristics::read_probes(d, elem, grad)),
+                        s.heads_kv(),
+                        s.batch(),
+                    ),
+                    smem: heuristics::read_smem(d, elem, grad).ok_or_else(missing)?,
+                },
+                p,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The forward sweep of f16/bf16 in one probe kernel (state read, dense part, o = num/den, den),
+    /// after the states: writes o and the statistics directly.
+    fn forward_tiles(&self, p: &mut TaylorParams) -> Result<()> {
+        let s = self.spec;
+        let d = s.head_dim();
+        let missing = || unsupported(self.op, format!("taylor head dim {d}"));
+        let (max_probes, entries) = self.geometry(p, false)?;
+        let _states = self.states(p, entries, 1)?;
         self.run(
             Launch {
-                name: format!("attn_taylor_state_{what}_{dt}_d{d}"),
-                grid: (slabs * splits, s.heads_kv(), s.batch()),
-                smem: heuristics::state_smem(d, elem).ok_or_else(missing)?,
+                name: format!("attn_taylor_forward_{}_d{d}", dtype_tag(s.dtype())),
+                grid: (
+                    heuristics::blocks(max_probes, heuristics::DENSE_PROBES),
+                    s.heads_kv(),
+                    s.batch(),
+                ),
+                smem: heuristics::forward_smem(d).ok_or_else(missing)?,
             },
             p,
         )
     }
 }
 
-/// Scratch of a forward: k̂, ṽ (kept by a prefill for the decode state), u and the [num, den] sums.
-struct ForwardScratch {
-    kx: CudaSlice<f32>,
-    ky: CudaSlice<f32>,
-    _qz: CudaSlice<f32>,
-    _acc: CudaSlice<f32>,
+/// The state buffers of a sweep, kept alive until its reads are enqueued (freed in stream order).
+struct States {
+    _st: CudaSlice<f32>,
+    _st_max: CudaSlice<i32>,
+    _st_t: Option<CudaSlice<u16>>,
 }
 
-/// The forward: o and the denominators. Returns the scratch (a prefill builds its state from it).
-fn forward_impl<T: DeviceElem>(
-    call: &Call<'_>,
-    p: &mut TaylorParams,
-    b: Forward<'_, T>,
-) -> Result<ForwardScratch> {
+/// The forward: o and the denominators (`p` keeps the call's tensors for a prefill).
+fn forward_impl<T: DeviceElem>(call: &Call<'_>, p: &mut TaylorParams, b: Forward<'_, T>) -> Result<()> {
     let spec = call.spec;
     let pass = Pass::Forward;
     no_bias(spec, pass, "bias", b.bias.is_some())?;
@@ -385,24 +494,14 @@ fn forward_impl<T: DeviceElem>(
     let (stats, _gs) = c.output("stats", b.stats, spec.stats_len())?;
     (p.base.q, p.base.k, p.base.v, p.base.o, p.base.lse) = (q, k, v, o, stats);
 
-    let (d, m) = (spec.head_dim(), heuristics::width(spec.head_dim()));
-    let (rows_q, rows_k) = (spec.total_q() * spec.heads_q(), spec.total_k() * spec.heads_kv());
-    let (kx, kx_ptr) = call.scratch(rows_k * d)?;
-    let (ky, ky_ptr) = call.scratch(rows_k * m)?;
-    let (qz, qz_ptr) = call.scratch(rows_q * d)?;
-    let (acc, acc_ptr) = call.scratch(rows_q * m)?;
-    (p.kx, p.ky, p.qz, p.acc_q) = (kx_ptr, ky_ptr, qz_ptr, acc_ptr);
-    call.run(call.rows("prep_keys", true), p)?;
-    call.run(call.rows("prep_queries", false), p)?;
-    (p.src_x, p.src_y, p.probe_z, p.out_value) = (kx_ptr, ky_ptr, qz_ptr, acc_ptr);
-    call.sweep(p, false, false)?;
-    call.run(call.rows("finalize_fwd", false), p)?;
-    Ok(ForwardScratch {
-        kx,
-        ky,
-        _qz: qz,
-        _acc: acc,
-    })
+    if spec.dtype().size() == 2 {
+        return call.forward_tiles(p);
+    }
+    let rows_q = spec.total_q() * spec.heads_q();
+    let (_acc, acc) = call.scratch(rows_q * heuristics::width(spec.head_dim()))?;
+    (p.acc_q, p.out_value) = (acc, acc);
+    call.sweep(p, false, true, false)?;
+    call.run(call.rows("finalize_fwd", false), p)
 }
 
 /// Forward of a Taylor spec (called by the backend for `FamilySpec::Taylor`).
@@ -437,26 +536,20 @@ pub(crate) fn backward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Backw
 
     let (d, m) = (spec.head_dim(), heuristics::width(spec.head_dim()));
     let (rows_q, rows_k) = (spec.total_q() * spec.heads_q(), spec.total_k() * spec.heads_kv());
-    let (_kx, kx) = call.scratch(rows_k * d)?;
-    let (_ky, ky) = call.scratch(rows_k * m)?;
-    let (_qz, qz) = call.scratch(rows_q * d)?;
-    let (_qw, qw) = call.scratch(rows_q * m)?;
+    let (_rg, rg) = call.scratch(rows_q)?;
+    let (_nd, nd) = call.scratch(rows_q)?;
     let (_du, du) = call.scratch(rows_q * d)?;
     let (_dvt, dvt) = call.scratch(rows_k * m)?;
     let (_dkh, dkh) = call.scratch(rows_k * d)?;
-    (p.kx, p.ky, p.qz, p.qw) = (kx, ky, qz, qw);
+    (p.rg, p.nd) = (rg, nd);
     (p.acc_q, p.acc_kv, p.acc_k) = (du, dvt, dkh);
-    call.run(call.rows("prep_keys", true), &p)?;
-    call.run(call.rows("prep_queries", false), &p)?;
     call.run(call.rows("prep_grads", false), &p)?;
     // dû: keys → queries, the gradient read.
-    (p.src_x, p.src_y, p.probe_z, p.probe_w, p.out_grad) = (kx, ky, qz, qw, du);
-    call.sweep(&mut p, false, true)?;
-    // dṽ and dk̂: queries → keys, reversed (suffix sums), the value and the gradient reads.
-    (p.src_x, p.src_y, p.probe_z, p.probe_w) = (qz, qw, kx, ky);
+    p.out_grad = du;
+    call.sweep(&mut p, false, false, true)?;
+    // dṽ and dk̂: queries → keys, reversed (suffix sums), the value and the gradient reads of one state.
     (p.out_value, p.out_grad) = (dvt, dkh);
-    call.sweep(&mut p, true, false)?;
-    call.sweep(&mut p, true, true)?;
+    call.sweep(&mut p, true, true, true)?;
     call.run(call.rows("finalize_dq", false), &p)?;
     call.run(call.rows("finalize_dkdv", true), &p)?;
     Ok(())

@@ -4,15 +4,20 @@
 //! benchmark; this is the kernel author's stopwatch.
 //!
 //! Grid: bf16, 16k tokens per batch (B = 16384/N), hidden 2048 (H = 2048/D), D ∈ {64, 128},
-//! N ∈ {4096, 16384}, causal and not; softmax and cosine-sim; forward and forward+backward.
-//! FLOPs: forward 4·B·H·N²·D (halved when causal), forward+backward 3.5× that. Median of CUDA-event
-//! timings after warm-up. Plus one long-sequence row (B = 1, H = 8, N = 131072, D = 128).
+//! N ∈ {4096, 16384}, causal and not; softmax, cosine-sim and hyperbolic (squared Lorentz and
+//! geodesic, Euclidean aggregation, c = β = 1); forward and forward+backward. FLOPs: forward
+//! 4·B·H·N²·D (halved when causal), forward+backward 3.5× that, for every family (the hyperbolic
+//! scores' own arithmetic is not counted, so TFLOP/s compare directly). Each row after softmax's
+//! also prints its throughput as a ratio to softmax's at the same point (issue 7's bars: squared
+//! Lorentz ≥ 0.9, geodesic ≥ 0.5). Median of CUDA-event timings after warm-up. Plus one
+//! long-sequence row (B = 1, H = 8, N = 131072, D = 128).
 
 mod common;
 
-use attn_core::{AttnProblem, Causal, DType, Family};
+use attn_core::{Aggregation, AttnProblem, Causal, DType, Family, HypScore};
 use attn_cuda::CudaAttn;
 use common::bench::{backward, forward, time_ms, Bufs};
+use std::collections::HashMap;
 use std::io::Write;
 
 fn main() {
@@ -33,14 +38,24 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let mut rows = vec!["family,d,n,causal,pass,ms,tflops".to_string()];
+    let mut rows = vec!["family,d,n,causal,pass,ms,tflops,vs_softmax".to_string()];
     println!(
-        "{:<11} {:>4} {:>6} {:>6} {:>8} {:>9} {:>8}",
-        "family", "D", "N", "causal", "pass", "ms", "TFLOP/s"
+        "{:<22} {:>4} {:>6} {:>6} {:>8} {:>9} {:>8} {:>8}",
+        "family", "D", "N", "causal", "pass", "ms", "TFLOP/s", "/softmax"
     );
+    // Softmax's TFLOP/s per (D, N, causal, pass), for the ratios of the rows after it.
+    let mut softmax_tf: HashMap<(usize, usize, bool, &str), f64> = HashMap::new();
     for (fname, family) in [
         ("softmax", Family::softmax()),
         ("cosine_sim", Family::cosine_sim()),
+        (
+            "hyperbolic_sq_lorentz",
+            Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean),
+        ),
+        (
+            "hyperbolic_geodesic",
+            Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean),
+        ),
     ] {
         for d in [64, 128] {
             for n in [4096, 16384] {
@@ -61,8 +76,17 @@ fn main() {
                     });
                     for (pass, ms, fl) in [("fwd", t_f, flops), ("fwd_bwd", t_fb, 3.5 * flops)] {
                         let tf = fl / (ms * 1e-3) / 1e12;
-                        println!("{fname:<11} {d:>4} {n:>6} {causal:>6} {pass:>8} {ms:>9.3} {tf:>8.1}");
-                        rows.push(format!("{fname},{d},{n},{causal},{pass},{ms:.4},{tf:.2}"));
+                        let key = (d, n, causal, pass);
+                        if fname == "softmax" {
+                            softmax_tf.insert(key, tf);
+                        }
+                        let ratio = softmax_tf.get(&key).map(|s| tf / s).unwrap_or(f64::NAN);
+                        println!(
+                            "{fname:<22} {d:>4} {n:>6} {causal:>6} {pass:>8} {ms:>9.3} {tf:>8.1} {ratio:>8.2}"
+                        );
+                        rows.push(format!(
+                            "{fname},{d},{n},{causal},{pass},{ms:.4},{tf:.2},{ratio:.3}"
+                        ));
                     }
                 }
             }
@@ -84,7 +108,7 @@ fn main() {
         flops / (ms * 1e-3) / 1e12
     );
     rows.push(format!(
-        "softmax,128,131072,true,fwd_bwd_long,{ms:.4},{:.2}",
+        "softmax,128,131072,true,fwd_bwd_long,{ms:.4},{:.2},1.000",
         flops / (ms * 1e-3) / 1e12
     ));
     if let Some(path) = out {

@@ -93,7 +93,8 @@ fn unsupported_head_dims_and_families_are_typed_errors() {
         );
         assert!(err.to_string().contains(&format!("head dim {d}")), "{err}");
     }
-    // The hyperbolic family has no CUDA kernel yet (issue 7): a typed error, never a silent result.
+    // Hyperbolic kernels exist, but not for a value head dim that differs from D: a typed error
+    // naming it, never a silent result.
     let hyperbolic = AttnProblem::new(
         Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean),
         DType::BF16,
@@ -104,15 +105,17 @@ fn unsupported_head_dims_and_families_are_typed_errors() {
         8,
         64,
     )
+    .with_head_dim_v(32)
     .validate()
     .expect("valid problem");
     let q = buf(hyperbolic.q_len());
     let mut o = buf(hyperbolic.o_len());
-    let err = forward(&hyperbolic, &q, &mut o).expect_err("no hyperbolic kernel");
+    let err = forward(&hyperbolic, &q, &mut o).expect_err("no hyperbolic kernel for Dv != D");
     assert!(
         matches!(err, CudaAttnError::Attn(AttnError::Unsupported { .. })),
         "{err}"
     );
+    assert!(err.to_string().contains("value head dim 32"), "{err}");
 }
 
 #[test]

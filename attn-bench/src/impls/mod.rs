@@ -8,18 +8,27 @@
 //! - `attn-cpu-ref`: [`attn_cpu_ref::forward`] / [`attn_cpu_ref::backward`] on storage dtypes.
 //! - `candle_naive`: the same attention as candle ops on the CPU (scores by matmul, softmax or the
 //!   Taylor polynomial, matmul), backward through candle's autograd ([`candle_naive`]).
-//! - `attn-cuda`: the fused kernels. Its launch API does not exist yet, so every point is skipped
-//!   with that reason; it comes in behind a `cuda` cargo feature, as does `candle_naive` on a CUDA
-//!   device (candle's `cuda` feature, GPU.md).
+//! - `attn-cuda`: the fused kernels on GPU 0 ([`cuda`], with the `cuda` cargo feature): each call
+//!   is enqueued on the kernels' stream and timed with CUDA events; peak device memory comes from
+//!   the stream-ordered memory pool. Built without the feature, without kernels (no nvcc at build
+//!   time) or run without a GPU, every point is skipped with that reason; a family or head dim the
+//!   kernels do not cover is skipped with attn-cuda's `Unsupported` text.
+//!
+//! Timing of host implementations is the wall clock around each call ([`Runner::time`]'s default);
+//! a device implementation overrides [`Runner::sync`], [`Runner::time`], [`Runner::peak`] and
+//! [`Runner::device`].
 
 use crate::error::BenchError;
 use crate::grid::GridPoint;
 use attn_core::{Aggregation, AttnSpec, FamilySpec, HypScore, TaylorOrder};
 use std::fmt;
 use std::str::FromStr;
+use std::time::Instant;
 
 pub mod candle_naive;
 mod cpu_ref;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 /// One benchmarked implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,10 +79,80 @@ pub fn is_ours_label(label: &str) -> bool {
     label.parse::<ImplId>().map(ImplId::is_ours).unwrap_or(false)
 }
 
+/// Peak memory of set-up plus one call, as an implementation measured it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Peak {
+    pub mib: f64,
+    /// The `peak_source` of the row, e.g. `cuda_pool_used_high`.
+    pub source: &'static str,
+}
+
 /// One prepared point: each call runs the pass once.
 pub trait Runner {
+    /// Run the pass once (a device implementation enqueues it and returns).
     fn call(&mut self) -> Result<(), BenchError>;
+
+    /// Wait until every call so far has finished.
+    fn sync(&mut self) -> Result<(), BenchError> {
+        Ok(())
+    }
+
+    /// `runs` timed calls, in ms each: by default the host wall clock around each call.
+    fn time(&mut self, runs: usize) -> Result<Vec<f64>, BenchError> {
+        let mut samples = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = Instant::now();
+            self.call()?;
+            samples.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(samples)
+    }
+
+    /// How [`Runner::time`] measures: `host_clock` or `cuda_event`.
+    fn timer(&self) -> &'static str {
+        "host_clock"
+    }
+
+    /// The peak memory of set-up and the first call when the implementation measures it itself
+    /// (device memory); `None` leaves it to the host's resident-set measurement.
+    fn peak(&mut self) -> Option<Peak> {
+        None
+    }
+
+    /// The device the calls run on (the row's `gpu`); `None` is the host CPU.
+    fn device(&self) -> Option<String> {
+        None
+    }
 }
+
+/// The name of the GPU attn-cuda runs on, or why it cannot run here.
+pub fn cuda_device() -> Result<String, String> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::device_name()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(NO_CUDA_FEATURE.into())
+    }
+}
+
+/// The copy bandwidth of attn-cuda's GPU in GB/s, or why it cannot be measured here.
+pub fn cuda_bandwidth_gbs() -> Result<f64, String> {
+    #[cfg(feature = "cuda")]
+    {
+        let g = crate::gpu::gpu()?;
+        crate::gpu::copy_bandwidth_gbs(g).map_err(|e| e.to_string())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(NO_CUDA_FEATURE.into())
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+const NO_CUDA_FEATURE: &str =
+    "attn-bench was built without the `cuda` feature (rebuild with `--features cuda`)";
 
 /// Set up `id` for a point: allocate and fill the inputs (seeded), and for a backward-only pass run
 /// the forward it starts from.
@@ -86,9 +165,12 @@ pub fn prepare(
     match id {
         ImplId::AttnCpuRef => cpu_ref::prepare(spec, point.pass, seed),
         ImplId::CandleNaive => candle_naive::prepare(spec, point.pass, seed),
+        #[cfg(feature = "cuda")]
+        ImplId::AttnCuda => cuda::prepare(spec, point.pass, seed),
+        #[cfg(not(feature = "cuda"))]
         ImplId::AttnCuda => Err(BenchError::Unavailable {
             implementation: "attn-cuda",
-            reason: "attn-bench is built without the `cuda` feature (attn-cuda has no launch API yet)".into(),
+            reason: NO_CUDA_FEATURE.into(),
         }),
     }
 }

@@ -33,8 +33,12 @@ pub fn candle_dtype(d: attn_core::DType) -> DType {
     }
 }
 
+/// The values of `t` (on any device) as f64, in logical order.
 pub fn to_f64(t: &Tensor) -> Result<Vec<f64>> {
-    t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
+    t.to_device(&Device::Cpu)?
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()
 }
 
 /// The options that describe the same call as `p` (bias tensor added by the caller).
@@ -51,7 +55,14 @@ pub fn options_for(p: &AttnProblem) -> AttnOptions {
 
 /// A variable holding `x` rounded to `dtype`.
 pub fn var(x: &[f64], shape: Vec<usize>, dtype: DType) -> Result<Var> {
-    Var::from_tensor(&Tensor::from_vec(x.to_vec(), shape, &Device::Cpu)?.to_dtype(dtype)?)
+    var_on(x, shape, dtype, &Device::Cpu)
+}
+
+/// A variable on `device` holding `x` rounded to `dtype` (rounded on the host, so every device
+/// stores the same values).
+pub fn var_on(x: &[f64], shape: Vec<usize>, dtype: DType, device: &Device) -> Result<Var> {
+    let host = Tensor::from_vec(x.to_vec(), shape, &Device::Cpu)?.to_dtype(dtype)?;
+    Var::from_tensor(&host.to_device(device)?)
 }
 
 /// The stored inputs of a call, as f64.
@@ -116,7 +127,7 @@ fn typed_reference(spec: &AttnSpec, s: &Stored) -> Outcome {
 }
 
 /// Named pairs of (got, expected) for every output and gradient.
-fn pairs<'a>(got: &'a Outcome, want: &'a Outcome) -> Vec<(&'static str, &'a [f64], &'a [f64])> {
+pub fn pairs<'a>(got: &'a Outcome, want: &'a Outcome) -> Vec<(&'static str, &'a [f64], &'a [f64])> {
     let mut v = vec![
         ("o", &got.o[..], &want.o[..]),
         ("dq", &got.dq[..], &want.dq[..]),
@@ -160,20 +171,37 @@ pub fn assert_near_oracle(what: &str, got: &Outcome, want: &Outcome) {
 /// Run `problem` through `attention_with_stats` and candle autograd, with random inputs and a
 /// random dO (never ones), and return what candle produced plus the stored inputs.
 pub fn run_candle(problem: &AttnProblem, seed: u64) -> Result<(AttnSpec, Outcome, Stored)> {
+    run_candle_on(problem, seed, &Device::Cpu)
+}
+
+/// [`run_candle`] with the tensors on `device`. The loss is `Σ o ⊙ R` for a random `R` (the
+/// stored dO), so the upstream gradient of `o` is `R`.
+pub fn run_candle_on(
+    problem: &AttnProblem,
+    seed: u64,
+    device: &Device,
+) -> Result<(AttnSpec, Outcome, Stored)> {
     let spec = problem.validate().map_err(attn_candle::to_candle)?;
     let case = random_case(&spec, seed);
     let dt = candle_dtype(spec.dtype());
-    let q = var(&case.q, spec.q_shape(), dt)?;
-    let k = var(&case.k, spec.k_shape(), dt)?;
-    let v = var(&case.v, spec.v_shape(), dt)?;
+    let q = var_on(&case.q, spec.q_shape(), dt, device)?;
+    let k = var_on(&case.k, spec.k_shape(), dt, device)?;
+    let v = var_on(&case.v, spec.v_shape(), dt, device)?;
     let bias = match (spec.bias(), &case.bias) {
-        (Some(b), Some(x)) => Some(var(x, vec![b.batch, b.heads, spec.seq_q(), spec.seq_k()], dt)?),
+        (Some(b), Some(x)) => Some(var_on(
+            x,
+            vec![b.batch, b.heads, spec.seq_q(), spec.seq_k()],
+            dt,
+            device,
+        )?),
         _ => None,
     };
     let mut opts = options_for(problem);
     opts.bias = bias.as_ref().map(|b| b.as_tensor().clone());
     let (o, stats) = attention_with_stats(q.as_tensor(), k.as_tensor(), v.as_tensor(), &opts)?;
-    let d_o = Tensor::from_vec(case.d_o.clone(), spec.o_shape(), &Device::Cpu)?.to_dtype(dt)?;
+    let d_o = var_on(&case.d_o, spec.o_shape(), dt, device)?
+        .as_tensor()
+        .detach();
     let grads = (&o * &d_o)?.sum_all()?.backward()?;
     let grad = |t: &Tensor, name: &str| -> Result<Vec<f64>> {
         match grads.get(t) {

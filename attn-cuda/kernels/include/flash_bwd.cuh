@@ -5,6 +5,12 @@
 // where dS' = dS ∘ (1 − tanh²) under a softcap, and for cosine-sim dS'_ij also carries the
 // reciprocal norm of the other side (dq̂ = scale·Σ_j dS_ij k̂_j with k̂_j = rk_j·k_j); the l2-norm's
 // own Jacobian is applied afterwards by a row kernel on the f32 dq̂ / dk̂.
+// Hyperbolic scores (score.h, lorentz_tile.cuh): dq_i = hyp_grad·[Σ_j w_ij k_j − (Σ_j w_ij k0_j) q_i/q0_i]
+// and dk_j = hyp_grad·[Σ_i w_ij q_i − (Σ_i w_ij q0_i) k_j/k0_j] with w = dS·ψ (the time coordinate
+// moves with its row: ∂x0/∂x = x/x0); the row sums are reduced in registers and applied in the
+// epilogues, reading q (k) from the resident shared tile. The Einstein midpoint adds
+// (Σ_i dS_ij)·c γ_j² v_j to dv_j (the gradient through log γ_j), reduced by the dK/dV kernel, which
+// owns its key tile over the whole GQA group.
 //
 // Two kernels, each the sole writer of its outputs:
 // - flash_bwd_dq: one block per (b, h, query tile); K/V stream through shared memory. It also
@@ -17,6 +23,7 @@
 #include "mask.h"
 #include "online_softmax.h"
 #include "score.h"
+#include "lorentz_tile.cuh"
 #include "tiles.h"
 
 namespace attn {
@@ -38,7 +45,8 @@ __device__ __forceinline__ float lse_log2(const AttnParams& p, const SeqInfo& si
 
 template <typename T, int D, class Score>
 __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
-    constexpr int MT = DqTile<D>::MT, BM = DqTile<D>::BM, BN = DqTile<D>::BN;
+    using Tile = DqTileOf<Score, D>;
+    constexpr int MT = Tile::MT, BM = Tile::BM, BN = Tile::BN;
     constexpr int ld = SmemRow<D>::ld;
     constexpr int NT = BN / 8, DT = D / 8;
     static_assert(BM == 16 * MT * kWarps, "MT 16-row mma tiles per warp");
@@ -49,6 +57,8 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     T* sK = sdO + BM * ld;                   // [2][BN][ld]
     T* sV = sK + 2 * BN * ld;                // [2][BN][ld]
     float* sRk = reinterpret_cast<float*>(sV + 2 * BN * ld);  // [2][BN]
+    float* sK0 = sRk;                                          // [2][BN] hyperbolic: k0
+    float* sLg = sRk + 2 * BN;                                 // [2][BN] hyperbolic midpoint: log γ_j
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int b = blockIdx.z, h = blockIdx.y;
@@ -62,6 +72,8 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     const int n_first = j_begin / BN;
     const int n_count = j_end > j_begin ? (j_end - 1) / BN - n_first + 1 : 0;
     const bool norms = Score::kNorms && p.l2norm;
+    constexpr bool kHyp = Score::kLorentz;
+    const bool midpoint = kHyp && p.midpoint;
 
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* d_o = static_cast<const T*>(p.d_o) + si.o_off(p, 0, h);
@@ -74,6 +86,13 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
         if (norms && tid < BN) {
             const int j = n * BN + tid;
             sRk[buf * BN + tid] = j < si.len_k ? p.rk[si.dk_off(p, j, hk) / D] : 0.f;
+        }
+        if (kHyp && tid < BN) {
+            const int j = n * BN + tid;
+            const bool valid = j < si.len_k;
+            const long long at = valid ? si.key_index(p, hk, j) : 0;
+            cp_async_4(sK0 + buf * BN + tid, p.x0k + at, valid);
+            if (midpoint) cp_async_4(sLg + buf * BN + tid, p.lgk + at, valid);
         }
     };
     load_tile_async<T, BM, D, kThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
@@ -98,10 +117,18 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
             delta[mt][r] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             rq[mt][r] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
             cq[mt][r] = p.scale * kLog2e * rq[mt][r];
+            if constexpr (kHyp) {  // rq: q0; LSE less the score's constant
+                rq[mt][r] = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
+                lse2[mt][r] -= p.hyp_lse * kLog2e;
+            }
         }
     float acc_dq[MT][DT][4];
+    float a[MT][2];  // hyperbolic: Σ_j w_ij k0_j, thread-partial
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) zero(acc_dq[mt]);
+    for (int mt = 0; mt < MT; ++mt) {
+        zero(acc_dq[mt]);
+        a[mt][0] = a[mt][1] = 0.f;
+    }
 
     for (int it = 0; it < n_count; ++it) {
         const int n = n_first + it, buf = it & 1;
@@ -147,7 +174,14 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
         const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-        if (fast) {
+        if constexpr (kHyp) {
+            if (midpoint)
+                lorentz_dq_tile<Score, true, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi,
+                                                sK0 + buf * BN, sLg + buf * BN, t4);
+            else
+                lorentz_dq_tile<Score, false, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi,
+                                                 sK0 + buf * BN, sLg + buf * BN, t4);
+        } else if (fast) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -204,30 +238,35 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     cp_async_wait<0>();
 
     // dq = scale · acc (cosine: dq̂ in f32, projected through the l2-norm by a row kernel)
+    if constexpr (kHyp) {
+        lorentz_dq_epilogue<T, MT, DT>(p, si, h, acc_dq, a, rq, row, sQ, ld, wrow, lane);
+    } else {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (row[mt][r] >= si.len_q) continue;
-            const long long off = si.dq_off(p, row[mt][r], h);
+            for (int r = 0; r < 2; ++r) {
+                if (row[mt][r] >= si.len_q) continue;
+                const long long off = si.dq_off(p, row[mt][r], h);
 #pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-                const float x0 = acc_dq[mt][dt][2 * r] * p.scale, x1 = acc_dq[mt][dt][2 * r + 1] * p.scale;
-                const int col = dt * 8 + 2 * t4;
-                if (norms) {
-                    *reinterpret_cast<float2*>(p.dq_acc + off + col) = make_float2(x0, x1);
-                } else {
-                    using V2 = typename Vec2<T>::type;
-                    const uint32_t packed = pack2<T>(x0, x1);
-                    *reinterpret_cast<V2*>(static_cast<T*>(p.dq) + off + col) = *reinterpret_cast<const V2*>(&packed);
+                for (int dt = 0; dt < DT; ++dt) {
+                    const float x0 = acc_dq[mt][dt][2 * r] * p.scale, x1 = acc_dq[mt][dt][2 * r + 1] * p.scale;
+                    const int col = dt * 8 + 2 * t4;
+                    if (norms) {
+                        *reinterpret_cast<float2*>(p.dq_acc + off + col) = make_float2(x0, x1);
+                    } else {
+                        using V2 = typename Vec2<T>::type;
+                        const uint32_t packed = pack2<T>(x0, x1);
+                        *reinterpret_cast<V2*>(static_cast<T*>(p.dq) + off + col) = *reinterpret_cast<const V2*>(&packed);
+                    }
                 }
             }
-        }
+    }
 }
 
 template <typename T, int D, class Score>
 __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
-    constexpr int MT = DkvTile<D>::MT, BN = DkvTile<D>::BN, BM = DkvTile<D>::BM, DA = DkvTile<D>::DA;
+    using Tile = DkvTileOf<Score, D>;
+    constexpr int MT = Tile::MT, BN = Tile::BN, BM = Tile::BM, DA = Tile::DA;
     constexpr int ld = SmemRow<D>::ld;
     constexpr int QT = BM / 8;   // n8 tiles of Sᵀ per 16-key tile (queries)
     constexpr int AT = DA / 8;   // n8 tiles of the dK, dV accumulators
@@ -242,7 +281,7 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     T* sdO = sQ + 2 * BM * ld;               // [2][BM][ld]
     float* sLse = reinterpret_cast<float*>(sdO + 2 * BM * ld);  // [2][BM] log2 units
     float* sDelta = sLse + 2 * BM;                              // [2][BM]
-    float* sRq = sDelta + 2 * BM;                               // [2][BM]
+    float* sRq = sDelta + 2 * BM;                               // [2][BM] (hyperbolic: q0)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int b = blockIdx.z, hk = blockIdx.y;
@@ -256,6 +295,8 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     const int m_count = q_end > m_first * BM ? (q_end - 1) / BM - m_first + 1 : 0;
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
     const bool norms = Score::kNorms && p.l2norm;
+    constexpr bool kHyp = Score::kLorentz;
+    const bool midpoint = kHyp && p.midpoint;
 
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
     const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
@@ -275,6 +316,10 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
             sLse[buf * BM + tid] = lse_log2(p, si, h, i);
             sDelta[buf * BM + tid] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             sRq[buf * BM + tid] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
+            if constexpr (kHyp) {
+                sLse[buf * BM + tid] -= p.hyp_lse * kLog2e;
+                sRq[buf * BM + tid] = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
+            }
         }
     };
     if (iters > 0) load_q(0, 0);
@@ -284,12 +329,20 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     const int wrow = warp * 16 * MT;
     int key[MT][2];
     float rk[MT][2];
+    float lg[MT][2], bsum[MT][2], csum[MT][2];  // hyperbolic: log γ_j, Σ_i w_ij q0_i, Σ_i dS_ij
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             key[mt][r] = j0 + wrow + mt * 16 + g + 8 * r;
             rk[mt][r] = norms && key[mt][r] < si.len_k ? p.rk[si.dk_off(p, key[mt][r], hk) / D] : 1.f;
+            lg[mt][r] = bsum[mt][r] = csum[mt][r] = 0.f;
+            if constexpr (kHyp) {  // rk: k0
+                const bool valid = key[mt][r] < si.len_k;
+                const long long at = si.key_index(p, hk, key[mt][r]);
+                rk[mt][r] = valid ? p.x0k[at] : 1.f;
+                if (midpoint && valid) lg[mt][r] = p.lgk[at];
+            }
         }
     float acc_dk[MT][AT][4], acc_dv[MT][AT][4];
 #pragma unroll
@@ -342,7 +395,15 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
         // Pᵀ into st, dS'ᵀ into dpt (fast path: one FMA and one exp2 per element)
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
         const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-        if (fast) {
+        if constexpr (kHyp) {
+            const float* q0b = sRq + buf * BM;
+            if (midpoint)
+                lorentz_dkdv_tile<Score, true, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, q0b,
+                                                  sLse + buf * BM, sDelta + buf * BM, t4);
+            else
+                lorentz_dkdv_tile<Score, false, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, q0b,
+                                                   sLse + buf * BM, sDelta + buf * BM, t4);
+        } else if (fast) {
             const float c0 = p.scale * kLog2e;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -411,28 +472,33 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     cp_async_wait<0>();
 
     // dv = acc_dv, dk = scale · acc_dk (cosine: dk̂ in f32, projected by a row kernel)
-    using V2 = typename Vec2<T>::type;
+    if constexpr (kHyp) {
+        lorentz_dkdv_epilogue<T, MT, AT>(p, si, hk, d0, acc_dk, acc_dv, bsum, csum, rk, key, sK, sV, ld, wrow, lane,
+                                         midpoint);
+    } else {
+        using V2 = typename Vec2<T>::type;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (key[mt][r] >= si.key_rows(p)) continue;
-            const long long offk = si.dk_off(p, key[mt][r], hk) + d0;
-            const long long offv = si.dv_off(p, key[mt][r], hk) + d0;
+            for (int r = 0; r < 2; ++r) {
+                if (key[mt][r] >= si.key_rows(p)) continue;
+                const long long offk = si.dk_off(p, key[mt][r], hk) + d0;
+                const long long offv = si.dv_off(p, key[mt][r], hk) + d0;
 #pragma unroll
-            for (int at = 0; at < AT; ++at) {
-                const int col = at * 8 + 2 * t4;
-                const uint32_t pv = pack2<T>(acc_dv[mt][at][2 * r], acc_dv[mt][at][2 * r + 1]);
-                *reinterpret_cast<V2*>(static_cast<T*>(p.dv) + offv + col) = *reinterpret_cast<const V2*>(&pv);
-                const float x0 = acc_dk[mt][at][2 * r] * p.scale, x1 = acc_dk[mt][at][2 * r + 1] * p.scale;
-                if (norms) {
-                    *reinterpret_cast<float2*>(p.dk_acc + offk + col) = make_float2(x0, x1);
-                } else {
-                    const uint32_t pk = pack2<T>(x0, x1);
-                    *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
+                for (int at = 0; at < AT; ++at) {
+                    const int col = at * 8 + 2 * t4;
+                    const uint32_t pv = pack2<T>(acc_dv[mt][at][2 * r], acc_dv[mt][at][2 * r + 1]);
+                    *reinterpret_cast<V2*>(static_cast<T*>(p.dv) + offv + col) = *reinterpret_cast<const V2*>(&pv);
+                    const float x0 = acc_dk[mt][at][2 * r] * p.scale, x1 = acc_dk[mt][at][2 * r + 1] * p.scale;
+                    if (norms) {
+                        *reinterpret_cast<float2*>(p.dk_acc + offk + col) = make_float2(x0, x1);
+                    } else {
+                        const uint32_t pk = pack2<T>(x0, x1);
+                        *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
+                    }
                 }
             }
-        }
+    }
 }
 
 }  // namespace attn

@@ -5,22 +5,26 @@
 // K and V blocks of BN keys stream through two shared buffers with cp.async (the next block loads
 // while this one computes). Per key block, per warp (16·MT query rows):
 //   S = Q Kᵀ            [16, BN]   mma.sync m16n8k16, A and B by ldmatrix
-//   s = score(S) + bias, masked → −∞     (Score: softmax or cosine-sim)
+//   s = score(S) + bias, masked → −∞     (Score: softmax, cosine-sim or hyperbolic)
 //   online softmax: m, l, P = 2^(s − m)  (registers)
 //   O = α·O + P V       [16, D]    P straight from registers, V by ldmatrix.trans
 // Epilogue: o = O / l (0 for an empty row), LSE = m + ln l (−∞ for an empty row), f32.
+// Hyperbolic scores read the time coordinates k0 (and the Einstein midpoint's log γ_j) of each key
+// block into shared memory with its K tile (cp.async), q0 once per row; see score.h.
 #pragma once
 #include "loads.h"
 #include "mask.h"
 #include "online_softmax.h"
 #include "score.h"
+#include "lorentz_tile.cuh"
 #include "tiles.h"
 
 namespace attn {
 
 template <typename T, int D, class Score>
 __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
-    constexpr int MT = FwdTile<D>::MT, BM = FwdTile<D>::BM, BN = FwdTile<D>::BN;
+    using Tile = FwdTileOf<Score, D>;
+    constexpr int MT = Tile::MT, BM = Tile::BM, BN = Tile::BN;
     constexpr int ld = SmemRow<D>::ld;
     constexpr int NT = BN / 8;  // n8 tiles of S per 16-row tile
     constexpr int DT = D / 8;   // n8 tiles of O per 16-row tile
@@ -33,6 +37,8 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     T* sV = sK + 2 * BN * ld;                // [2][BN][ld]
     float* sRk = reinterpret_cast<float*>(sV + 2 * BN * ld);  // [2][BN] cosine: 1/‖k‖
     float* sRq = sRk + 2 * BN;                                 // [BM]    cosine: 1/‖q‖
+    float* sK0 = sRk;                                          // [2][BN] hyperbolic: k0
+    float* sLg = sRq + BM;                                     // [2][BN] hyperbolic midpoint: log γ_j
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int b = blockIdx.z, h = blockIdx.y;
@@ -51,11 +57,24 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
     const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
     const bool norms = Score::kNorms && p.l2norm;
+    constexpr bool kHyp = Score::kLorentz;
+    const bool midpoint = kHyp && p.midpoint;
+    // Hyperbolic: the key block's k0 (and log γ_j) with its K tile.
+    auto load_cols = [&](int n, int buf) {
+        if (tid < BN) {
+            const int j = n * BN + tid;
+            const bool valid = j < si.len_k;
+            const long long at = valid ? si.key_index(p, hk, j) : 0;
+            cp_async_4(sK0 + buf * BN + tid, p.x0k + at, valid);
+            if (midpoint) cp_async_4(sLg + buf * BN + tid, p.lgk + at, valid);
+        }
+    };
 
     load_tile_async<T, BM, D, kThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
     if (n_count > 0) {
         load_tile_async<T, BN, D, kThreads>(sK, k, p.k_seq, n_first * BN, si.len_k, tid);
         load_tile_async<T, BN, D, kThreads>(sV, v, p.v_seq, n_first * BN, si.len_k, tid);
+        if constexpr (kHyp) load_cols(n_first, 0);
     }
     cp_async_commit();
 
@@ -89,6 +108,14 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
             l[mt][r] = 0.f;
             rq[mt][r] = 1.f;
         }
+    // Hyperbolic: q0 of this thread's rows (rq holds it; the score reads no norm).
+    if constexpr (kHyp) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                if (row[mt][r] < si.len_q) rq[mt][r] = p.x0q[si.stats_index(p, h, row[mt][r])];
+    }
 
     for (int it = 0; it < n_count; ++it) {
         const int n = n_first + it, buf = it & 1;
@@ -97,6 +124,7 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
         if (it + 1 < n_count) {
             load_tile_async<T, BN, D, kThreads>(sK + (buf ^ 1) * BN * ld, k, p.k_seq, (n + 1) * BN, si.len_k, tid);
             load_tile_async<T, BN, D, kThreads>(sV + (buf ^ 1) * BN * ld, v, p.v_seq, (n + 1) * BN, si.len_k, tid);
+            if constexpr (kHyp) load_cols(n + 1, buf ^ 1);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -145,7 +173,14 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
         const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
         float c[MT][2];
-        if (fast) {
+        if constexpr (kHyp) {
+            if (midpoint)
+                lorentz_scores<Score, true, T>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, sK0 + buf * BN,
+                                               sLg + buf * BN, t4);
+            else
+                lorentz_scores<Score, false, T>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, sK0 + buf * BN,
+                                                sLg + buf * BN, t4);
+        } else if (fast) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 c[mt][0] = p.scale * kLog2e * rq[mt][0];
@@ -179,9 +214,19 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
             }
         }
 
+        if constexpr (Score::kGeodesic) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-            online_softmax_step<NT, DT>(s[mt], acc_o[mt], m[mt], l[mt], p.running_max != 0, c[mt]);
+            for (int mt = 0; mt < MT; ++mt) {
+                if (fast)  // c = −β/√c < 0: the row max comes from the smallest log2 w
+                    online_softmax_step<NT, DT, true>(s[mt], acc_o[mt], m[mt], l[mt], true, c[mt]);
+                else
+                    online_softmax_step<NT, DT>(s[mt], acc_o[mt], m[mt], l[mt], true, c[mt]);
+            }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                online_softmax_step<NT, DT>(s[mt], acc_o[mt], m[mt], l[mt], p.running_max != 0, c[mt]);
+        }
 
         // O += P V   [16·MT, D] per warp
 #pragma unroll
@@ -223,7 +268,8 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
             }
             if (t4 == 0) {
                 const float ref = m[mt][r] == -CUDART_INF_F ? 0.f : m[mt][r];
-                p.lse[si.stats_index(p, h, i)] = lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
+                const float lse = lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
+                p.lse[si.stats_index(p, h, i)] = kHyp ? lse + p.hyp_lse : lse;
             }
         }
 }

@@ -64,6 +64,11 @@ struct SeqInfo {
         const int bh = p.bias_heads == 1 ? 0 : h;
         return (((long long)bb * p.bias_heads + bh) * p.seq_q + i) * p.seq_k + j;
     }
+    // Per-key-row scalars (hyperbolic k0, ‖k‖, log γ): [Hkv, total_k] packed, else [B, Hkv, Nk],
+    // contiguous along j so a key tile's scalars are one run of memory.
+    __device__ __forceinline__ long long key_index(const AttnParams& p, int hk, int j) const {
+        return varlen ? (long long)hk * p.total_k + row_k + j : ((long long)b * p.heads_kv + hk) * p.seq_k + j;
+    }
     // Index into the full [B, Hq, Nq, Nk] dS scratch.
     __device__ __forceinline__ long long ds_index(const AttnParams& p, int h, int i, int j) const {
         return (((long long)b * p.heads_q + h) * p.seq_q + i) * p.seq_k + j;

@@ -21,10 +21,26 @@ __device__ __forceinline__ float exp2_fast(float x) {
     return y;
 }
 
+// log2 x, √x and 1/√x with one MUFU instruction each (approximate to a few ulp; ftz).
+__device__ __forceinline__ float lg2_fast(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rsqrt_fast(float x) {
+    float y;
+    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Reductions across the 4 lanes of a quad (the lanes that share an mma row).
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_min(float x) {
+    x = fminf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fminf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -35,17 +51,26 @@ __device__ __forceinline__ float quad_sum(float x) {
 // in log2 units are c[r]·x (c > 0: the fast path keeps the raw products and folds the scale into
 // the exponential's FMA; the general path passes scores already in log2 units with c = 1; −∞
 // where masked), replace x by the unnormalised probabilities 2^(c·x − m'), and rescale o[DT][4].
-template <int NT, int DT>
+// kNeg: c < 0 (the geodesic's fast path keeps log2 of the distance term), so the row's largest
+// score comes from its smallest value.
+template <int NT, int DT, bool kNeg = false>
 __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o)[DT][4], float (&m)[2], float (&l)[2],
                                                     bool running_max, const float (&c)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float m_new = m[r];
         if (running_max) {
-            float mx = -CUDART_INF_F;
+            if (kNeg) {
+                float mn = CUDART_INF_F;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            m_new = fmaxf(m[r], quad_max(mx) * c[r]);
+                for (int nt = 0; nt < NT; ++nt) mn = fminf(mn, fminf(s[nt][2 * r], s[nt][2 * r + 1]));
+                m_new = fmaxf(m[r], quad_min(mn) * c[r]);
+            } else {
+                float mx = -CUDART_INF_F;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+                m_new = fmaxf(m[r], quad_max(mx) * c[r]);
+            }
         }
         const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;
         if (running_max) {

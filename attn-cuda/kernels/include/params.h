@@ -1,6 +1,8 @@
 // Kernel parameters: one struct passed by value (`__grid_constant__`), mirrored field for field by
 // `attn_cuda::params::AttnParams` (#[repr(C)]). Eight-byte fields first, then four-byte fields, so
-// both sides agree on the layout without padding surprises. Element strides, never bytes.
+// both sides agree on the layout without padding surprises; the hyperbolic block is appended under the
+// same rule (an even number of four-byte fields before it), so the offsets of every other field are
+// those the softmax and cosine-sim kernels were built with. Element strides, never bytes.
 #pragma once
 
 struct AttnParams {
@@ -47,4 +49,18 @@ struct AttnParams {
     float softcap;         // 0: none
     float eps;             // l2-norm epsilon
     float max_offset;      // the fixed row max when running_max == 0
+    // Hyperbolic (REFERENCE.md §4). Per-row scalars in f32 scratch, written by the row kernels of
+    // hyperbolic.cu: query rows indexed like the statistics (stats_index), key rows by key_index.
+    float* x0q;            // q0 = √(1/c + ‖q‖²)
+    float* nq;             // ‖q‖
+    float* x0k;            // k0
+    float* nk;             // ‖k‖
+    float* lgk;            // Einstein midpoint: log γ_j, γ_j = 1/√(1 − min(c‖v_j‖², KLEIN_MAX_NORM2))
+    float* dgk;            // Einstein midpoint: c γ_j², 0 where the Klein-ball clamp is active
+    int midpoint;          // 1: Einstein-midpoint aggregation (the per-key bias log γ_j)
+    float curvature;       // c > 0
+    float beta;            // β > 0
+    float hyp_c;           // fast-path multiplier, log2 units: 2β·log2 e, or −β/√c (geodesic)
+    float hyp_lse;         // the constant part of s, added to LSE: 2β/c, or −(β/√c)·ln c (geodesic)
+    float hyp_grad;        // gradient scale: 2β, or β/√c (geodesic)
 };

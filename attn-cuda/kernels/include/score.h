@@ -7,21 +7,82 @@
 //              reciprocal norms rq, rk of the raw rows (fused: no normalised copy is ever written).
 //              With l2norm_qk = false the norms are 1. The row max is the fixed offset `scale`
 //              unless a bias or l2norm_qk = false makes the scores unbounded (host sets running_max).
-// A future family adds a struct here with the same members.
+//   Hyperbolic (REFERENCE.md §4), from the raw product q·k and the time coordinates q0, k0 (per-row
+//   f32 scalars of the row kernels; the lifted (D+1)-vectors are never stored):
+//     SqLorentz: s = −β d²_L = 2β/c + 2β (q·k − q0 k0)
+//     Geodesic:  s = −(β/√c) arccosh(z), z = c u with u = q0 k0 − q·k clamped at u ≥ (1 + ACOSH_EPS)/c,
+//                arccosh(z) = ln(z + √(z² − 1)) = ln c + ln w,  w = u + √(u² − 1/c²)
+//   Their constant parts (2β/c; −(β/√c) ln c) cancel in P and are added to LSE only. The fast path
+//   keeps one value y per element with s·log2 e = hyp_c·y + const: y = q·k − q0 k0 (SqLorentz) or
+//   y = log2 w (Geodesic, hyp_c = −β/√c < 0), plus the Einstein midpoint's log γ_j / (hyp_c ln 2).
+//   Backward: ∂s/∂q = σ (k0 q/q0 − k), σ = −hyp_grad·ψ with ψ = 1 (SqLorentz) or 1/√(u² − 1/c²)
+//   (Geodesic; 0 where u is clamped).
 #pragma once
+#include "online_softmax.h"
 #include "params.h"
 
 namespace attn {
 
+// kNorms: scores use reciprocal row norms. kSoftcap: a softcap is possible. kLorentz: a hyperbolic
+// score (per-row time coordinates, optional per-key log γ). kGeodesic: its fast-path multiplier is
+// negative (the online max tracks the smallest value).
 struct SoftmaxScore {
-    static constexpr bool kNorms = false;   // scores use reciprocal row norms
-    static constexpr bool kSoftcap = true;  // softcap is possible
+    static constexpr bool kNorms = false;
+    static constexpr bool kSoftcap = true;
+    static constexpr bool kLorentz = false;
+    static constexpr bool kGeodesic = false;
 };
 
 struct CosineScore {
     static constexpr bool kNorms = true;
     static constexpr bool kSoftcap = false;
+    static constexpr bool kLorentz = false;
+    static constexpr bool kGeodesic = false;
 };
+
+struct SqLorentzScore {
+    static constexpr bool kNorms = false;
+    static constexpr bool kSoftcap = false;
+    static constexpr bool kLorentz = true;
+    static constexpr bool kGeodesic = false;
+};
+
+struct GeodesicScore {
+    static constexpr bool kNorms = false;
+    static constexpr bool kSoftcap = false;
+    static constexpr bool kLorentz = true;
+    static constexpr bool kGeodesic = true;
+};
+
+// attn_core::ACOSH_EPS and KLEIN_MAX_NORM2: the same clamps as the CPU reference.
+constexpr float kAcoshEps = 1e-6f;
+constexpr double kKleinMaxNorm2 = 1.0 - 1e-5;
+
+// Per-call constants of a hyperbolic score.
+struct Lorentz {
+    float fast;    // hyp_c
+    float thr;     // (1 + ACOSH_EPS)/c: the geodesic's clamp of u
+    float inv_c2;  // 1/c²
+    __device__ __forceinline__ explicit Lorentz(const AttnParams& p)
+        : fast(p.hyp_c), thr((1.f + kAcoshEps) / p.curvature), inv_c2(1.f / (p.curvature * p.curvature)) {}
+};
+
+// The fast-path value y of one element from the raw product and the time coordinates (see the top
+// of the file), and with kGrad the factor ψ of its gradient. Two FMAs (SqLorentz: one) and, for the
+// geodesic, one MUFU.RSQ and one MUFU.LG2: √t = t·(1/√t) serves both the score and ψ.
+template <class Score, bool kGrad>
+__device__ __forceinline__ float lorentz_value(float qk, float q0, float k0, const Lorentz& L, float& psi) {
+    if (!Score::kGeodesic) {
+        psi = 1.f;
+        return fmaf(-q0, k0, qk);
+    }
+    const float u_raw = fmaf(q0, k0, -qk);
+    const float u = fmaxf(u_raw, L.thr);
+    const float t = fmaf(u, u, -L.inv_c2);  // u² − 1/c² = (z² − 1)/c², no cancellation (exact square)
+    const float rs = rsqrt_fast(t);
+    if (kGrad) psi = u_raw < L.thr ? 0.f : rs;
+    return lg2_fast(fmaf(t, rs, u));  // log2 w, w = u + √t
+}
 
 // s_ij before the bias, from the raw product and the reciprocal norms (1 when unused). `dx` is set
 // to ∂s/∂(raw product)/scale-free factor needed by the backward: the softcap derivative 1 − tanh².

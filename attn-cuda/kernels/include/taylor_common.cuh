@@ -24,33 +24,40 @@
 #include "mask.h"
 #include "mma.h"
 
-// Everything a Taylor kernel needs: the spec (AttnParams: strides, lengths, mask) and the f32 scratch of
-// one call. Mirrored field for field by attn_cuda::taylor::params::TaylorParams (#[repr(C)]).
+// Everything a Taylor kernel needs: the spec (AttnParams: tensors, strides, lengths, mask), the per-row
+// scalars and the f32 sums of one call. Mirrored field for field by attn_cuda::taylor::params::TaylorParams
+// (#[repr(C)]).
 struct TaylorParams {
     AttnParams base;
-    // The sweep of one launch: sources x [rows][D], y [rows][M]; probes z [rows][D], w [rows][M]; results
-    // per probe row, value [rows][M] and grad [rows][D]. Rows are in sweep order (taylor_key_row, taylor_query_row).
-    const float* src_x;
-    const float* src_y;
-    const float* probe_z;
-    const float* probe_w;
+    // Results per probe row (sweep order, taylor_key_row / taylor_query_row): value [rows][M], grad [rows][D].
     float* out_value;
     float* out_grad;
-    // The scratch the row kernels fill and read.
-    float* kx;      // k̂_j per (kv head, key)               [total_k·Hkv][D]
-    float* ky;      // ṽ_j = [v_j, 1]                        [total_k·Hkv][M]
-    float* qz;      // u_i = scale·q̂_i per (query head, query) [total_q·Hq][D]
-    float* qw;      // g̃_i = [ĝ_i, −δ_i] (backward)          [total_q·Hq][M]
+    // The backward's row scalars (per scratch row), from taylor_prep_grads: the sweeps read q, k, v, dO
+    // in the storage dtype and scale them on the fly (TaylorRowRef; the l2-norms of q and k they take
+    // from the tiles they load).
+    float* rg;      // 1/den_i, 0 for a row with no key              [total_q·Hq]
+    float* nd;      // −δ_i = −ĝ_i·o_i                                [total_q·Hq]
     float* acc_q;   // forward: [num, den] [..][M]; backward: dû [..][D]
     float* acc_kv;  // dṽ [total_k·Hkv][M]
     float* acc_k;   // dk̂ [total_k·Hkv][D]
     float* state;   // decode: [B][Hkv][features][M]
+    // The state sweep: per (batch entry, kv head) n_seg states Sᵀ [M][f_pad] (segment sums, then, f32,
+    // their inclusive prefix in place), per segment the bits of its largest |sum| (a non-negative float
+    // as an int), and for f16/bf16 the prefix's storage-type copies (hi, and lo for a gradient read).
+    // Decode: st holds the per-feature-block partials of a step.
+    float* st;      // [B][Hkv][n_seg][M][f_pad]
+    int* st_max;    // [B][Hkv][n_seg]: the largest |segment sum| (f16/bf16)
+    void* st_t;     // f16/bf16: the states in the storage type, [B][Hkv][n_seg][copies][M][f_pad]
     float a0, a1, a2;
-    int order;             // 1 or 2
-    int reverse;           // sweep roles: 0 keys → queries (forward, dQ); 1 queries → keys, reversed (dV, dK)
-    int n_slabs;           // state sweep: feature slabs per (batch entry, kv head)
-    int chunks_per_split;  // state sweep: source chunks folded per block
-    int features;          // decode: feature rows of the state (8 · tiles)
+    int order;      // 1 or 2
+    int reverse;    // sweep roles: 0 keys → queries (forward, dQ); 1 queries → keys, reversed (dV, dK)
+    int n_slabs;    // fold: feature slabs per (batch entry, kv head); decode: feature blocks
+    int seg_len;    // L: sources per segment (a multiple of the chunk C)
+    int n_seg;      // segments of the longest (batch entry, kv head): the st stride
+    int f_pad;      // features per state row: 8 · taylor_tiles rounded up to kTaylorStepTiles
+    int features;   // decode: feature rows of the state (8 · tiles)
+    int copies;     // f16/bf16 state copies: 1 (hi) or 2 (hi, lo: a sweep with a gradient read)
+    int pad_;       // keeps the struct a whole number of 8-byte words on both sides
 };
 
 namespace attn {
@@ -61,8 +68,8 @@ template <int D> struct TaylorDims {
     static constexpr int MP = (M + 15) / 16 * 16;
 };
 
-// Chunk length C of the state sweep (sources folded at a time; the dense part of a probe covers the
-// fewer than C sources past its boundary ⌊hi/C⌋·C) and feature tiles NT per slab, per head dim.
+// Chunk length C of the state fold (sources folded at a time; the segment length L is a multiple of it)
+// and feature tiles NT per fold slab, per head dim.
 // Specialisations only: an unsupported head dim does not compile. Mirrored by taylor::heuristics.
 template <int D> struct TaylorTile;
 template <> struct TaylorTile<16> { static constexpr int C = 64, NT = 28; };
@@ -72,6 +79,8 @@ template <> struct TaylorTile<128> { static constexpr int C = 32, NT = 8; };
 
 constexpr int kTaylorThreads = 128;
 constexpr int kTaylorWarps = 4;
+// Feature tiles per step of the state reads (32 features, two k16 mma steps); states are padded to it.
+constexpr int kTaylorStepTiles = 4;
 
 enum : int { kTileZero = 0, kTileConst = 1, kTileLinear = 2, kTileQuad = 3 };
 
@@ -165,32 +174,58 @@ __device__ __forceinline__ long long taylor_query_row(const AttnParams& p, const
     return row0 * p.heads_q + (long long)hk * p.group * stride + (long long)i * p.group + g;
 }
 
-// One (batch entry, kv head) of a sweep: sizes, rows and the prefix length hi_p of every probe.
+// One row of a sweep side, read straight from the call's tensors (storage dtype): features
+// x = rx·x_raw[0..D) (under qk_l2norm the loaders fold 1/max(‖x_raw‖, eps) into rx) and values
+// y = [ry·y_raw[0..Dv), y_last] (y_raw null: no values, zeros).
+struct TaylorRowRef {
+    const void* x;
+    const void* y;
+    float rx, ry, y_last;
+};
+
+// One (batch entry, kv head) of a sweep: sizes, rows, the prefix length hi_p of every probe, and its
+// segments: the sources split into n_seg segments of L (the last one shorter), whose sums the fold
+// writes and the prefix turns into st[k] = Σ over the sources [0, min((k+1)·L, n_s)).
+// Probe p reads the state of index κ(hi_p) and takes the sources [B_p, hi_p) densely:
+//   κ(hi) = n_seg          when hi = n_s, not causal  (the whole sum, nothing dense)
+//         = ⌊(hi − 1)/L⌋   when 0 < hi, causal or hi < n_s  (1 to L dense sources)
+//         = 0              when hi = 0        (no state, nothing dense)
+//   B_p   = min(κ·L, n_s);  the state of index κ ≥ 1 is st[κ − 1].
+// (hi − 1 rather than hi keeps the probes of a causal tile on one state: query i of a top-left causal
+// sweep has hi = i + 1, so the queries [mL, mL + L) all read st[m − 1]. A causal sweep keeps its
+// last sources dense even for hi = n_s: the reversed sweeps end on the first queries, whose small
+// denominators make their factorised terms ill-conditioned — see NOTES_taylor.md.)
 struct TaylorSweep {
     SeqInfo si;
-    int group, n_s, n_p;
-    long long src0, probe0;
-    bool rev;
+    int hk, group, n_s, n_p;
+    int seg, n_seg;
+    long long probe0;
+    bool rev, causal;
 
-    __device__ __forceinline__ TaylorSweep(const TaylorParams& tp, int b, int hk) : si(tp.base, b) {
+    __device__ __forceinline__ TaylorSweep(const TaylorParams& tp, int b, int hk_) : si(tp.base, b), hk(hk_) {
         group = tp.base.group;
         rev = tp.reverse != 0;
+        causal = tp.base.causal != 0;
+        seg = tp.seg_len;
         const long long key0 = taylor_key_row(tp.base, si, hk, 0);
         const long long query0 = taylor_query_row(tp.base, si, hk, 0, 0);
         if (!rev) {
             n_s = si.len_k;
             n_p = group * si.len_q;
-            src0 = key0;
             probe0 = query0;
         } else {
             n_s = group * si.len_q;
             n_p = si.len_k;
-            src0 = query0;
             probe0 = key0;
         }
+        n_seg = (n_s + seg - 1) / seg;
     }
-    // Scratch row of source s / probe p (reverse: the last row first).
-    __device__ __forceinline__ long long src_row(int s) const { return rev ? src0 + (n_s - 1 - s) : src0 + s; }
+    // κ(hi) and B = min(κ·L, n_s) (see above).
+    __device__ __forceinline__ int state_index(int h) const {
+        return h <= 0 ? 0 : (!causal && h >= n_s ? n_seg : (h - 1) / seg);
+    }
+    __device__ __forceinline__ int boundary(int h) const { return min(state_index(h) * seg, n_s); }
+    // Scratch row of probe p, where its results go (reverse: the last row first).
     __device__ __forceinline__ long long probe_row(int p) const { return rev ? probe0 + (n_p - 1 - p) : probe0 + p; }
     // Sources probe p sees: keys [0, key_hi(i)) of query i = p / G; or, reversed, the G·(len_q − i0(j)) query
     // rows of the queries i ≥ i0(j) that see key j = len_k − 1 − p.
@@ -200,26 +235,123 @@ struct TaylorSweep {
         const int i0 = p.causal != 0 ? min(max(j - si.diag, 0), si.len_q) : 0;
         return group * (si.len_q - i0);
     }
-    // First probe with hi ≥ x (n_p if none); hi is nondecreasing in p.
-    __device__ __forceinline__ int first_probe(const AttnParams& p, int x) const {
-        int lo = 0, up = n_p;
-        while (lo < up) {
-            const int mid = (lo + up) / 2;
-            if (hi(p, mid) >= x) up = mid;
-            else lo = mid + 1;
-        }
-        return lo;
+    // The tensor rows of source s and probe p (reverse: queries i·G + g = n_s − 1 − s as sources, key
+    // n_p − 1 − p as the probe).
+    template <typename T> __device__ __forceinline__ TaylorRowRef key_ref(const TaylorParams& tp, int j) const;
+    template <typename T> __device__ __forceinline__ TaylorRowRef query_ref(const TaylorParams& tp, int i, int g) const;
+    template <typename T> __device__ __forceinline__ TaylorRowRef source(const TaylorParams& tp, int s) const {
+        if (!rev) return key_ref<T>(tp, s);
+        const int r = n_s - 1 - s;
+        return query_ref<T>(tp, r / group, r % group);
+    }
+    template <typename T> __device__ __forceinline__ TaylorRowRef probe(const TaylorParams& tp, int p) const {
+        if (!rev) return query_ref<T>(tp, p / group, p % group);
+        return key_ref<T>(tp, n_p - 1 - p);
     }
 };
 
-// Copy ROWS rows of `width` f32 values (rows `row(r)` of `src`, r < valid) into a shared tile of T with row
-// stride LD, zero-filling columns [width, COLS) and rows ≥ valid.
-template <typename T, int ROWS, int COLS, int LD, class RowFn>
-__device__ __forceinline__ void load_rows_f32(T* dst, const float* src, int width, int valid, RowFn row, int tid) {
+// Key j: x = k̂_j = k_j (the loader applies the l2-norm), y = ṽ_j = [v_j, 1].
+template <typename T>
+__device__ __forceinline__ TaylorRowRef TaylorSweep::key_ref(const TaylorParams& tp, int j) const {
+    const AttnParams& p = tp.base;
+    TaylorRowRef r;
+    r.x = static_cast<const T*>(p.k) + si.k_off(p, j, hk);
+    r.y = static_cast<const T*>(p.v) + si.v_off(p, j, hk);
+    r.rx = 1.f;
+    r.ry = 1.f;
+    r.y_last = 1.f;
+    return r;
+}
+// Query i of head hk·G + g: x = u_i = scale·q_i (the loader applies the l2-norm), y = g̃_i = [rg·dO_i, −δ_i]
+// (the backward's; no y otherwise).
+template <typename T>
+__device__ __forceinline__ TaylorRowRef TaylorSweep::query_ref(const TaylorParams& tp, int i, int g) const {
+    const AttnParams& p = tp.base;
+    const int h = hk * group + g;
+    const long long row = taylor_query_row(p, si, hk, i, g);
+    TaylorRowRef r;
+    r.x = static_cast<const T*>(p.q) + si.q_off(p, i, h);
+    r.y = p.d_o != nullptr ? static_cast<const T*>(p.d_o) + si.o_off(p, i, h) : nullptr;
+    r.rx = p.scale;
+    r.ry = tp.rg != nullptr ? tp.rg[row] : 0.f;
+    r.y_last = tp.nd != nullptr ? tp.nd[row] : 0.f;
+    return r;
+}
+
+// The refs of rows r < valid of a tile (rows ≥ valid: x, y null); call before the barrier that precedes
+// load_x / load_y.
+template <int ROWS, class RefFn>
+__device__ __forceinline__ void taylor_tile_refs(TaylorRowRef* refs, int valid, RefFn ref, int tid) {
+    for (int r = tid; r < ROWS; r += kTaylorThreads) {
+        if (r < valid) {
+            refs[r] = ref(r);
+        } else {
+            refs[r].x = nullptr;
+            refs[r].y = nullptr;
+            refs[r].rx = refs[r].ry = refs[r].y_last = 0.f;
+        }
+    }
+}
+
+// x of tile rows r < ROWS into dst[r·LD + d] as XT (f32 or the storage type): the row factor is
+// r_x = rx·(1/max(‖x_raw‖, eps)) under qk_l2norm, else rx (rx: scale for a query, 1 for a key), written
+// back to refs[r].rx; the tile holds x = r_x·x_raw (SCALE) or x_raw itself (!SCALE: exact, for the
+// dense scores s = r_z·r_x·(z_raw·x_raw), which then round nothing but f32 products). Zero for rows
+// without x. The norm is summed as taylor_row_sq does (lanes over d, then the warp butterfly). Under
+// qk_l2norm it ends with a barrier; callers put their own barrier after it.
+template <typename T, typename XT, int ROWS, int D, int LD, bool SCALE = true>
+__device__ __forceinline__ void taylor_load_x(const TaylorParams& tp, XT* dst, TaylorRowRef* refs, int tid) {
+    const bool l2 = tp.base.l2norm != 0;
+    for (int idx = tid; idx < ROWS * D; idx += kTaylorThreads) {
+        const int r = idx / D, d = idx % D;
+        const TaylorRowRef& ref = refs[r];
+        const float raw = ref.x != nullptr ? to_f32(static_cast<const T*>(ref.x)[d]) : 0.f;
+        dst[r * LD + d] = from_f32<XT>(l2 || !SCALE ? raw : raw * ref.rx);  // raw: exact in XT (an input)
+    }
+    if (!l2) return;
+    __syncthreads();
+    const int warp = tid / 32, lane = tid % 32;
+    for (int r = warp; r < ROWS; r += kTaylorWarps) {
+        float s = 0.f;
+        for (int d = lane; d < D; d += 32) {
+            const float v = to_f32(dst[r * LD + d]);
+            s += v * v;
+        }
+        s = taylor_warp_sum(s);
+        if (lane == 0 && refs[r].x != nullptr) refs[r].rx = refs[r].rx * (1.f / fmaxf(sqrtf(s), tp.base.eps));
+    }
+    __syncthreads();
+    if constexpr (SCALE) {
+        for (int idx = tid; idx < ROWS * D; idx += kTaylorThreads) {
+            const int r = idx / D, d = idx % D;
+            dst[r * LD + d] = from_f32<XT>(to_f32(dst[r * LD + d]) * refs[r].rx);
+        }
+    }
+}
+
+// x_raw of tile rows r < ROWS into dst[r·LD + d] as T (exact), zero for rows without x; the factors in
+// refs are left as they are.
+template <typename T, int ROWS, int D, int LD>
+__device__ __forceinline__ void taylor_load_raw(T* dst, const TaylorRowRef* refs, int tid) {
+    for (int idx = tid; idx < ROWS * D; idx += kTaylorThreads) {
+        const int r = idx / D, d = idx % D;
+        const TaylorRowRef& ref = refs[r];
+        dst[r * LD + d] = ref.x != nullptr ? static_cast<const T*>(ref.x)[d] : from_f32<T>(0.f);
+    }
+}
+
+// y = [ry·y_raw, y_last] of tile rows r < ROWS into dst[r·LD + c] as T for c < COLS (zero past Dv + 1 and
+// for rows without a ref).
+template <typename T, int ROWS, int DV, int COLS, int LD>
+__device__ __forceinline__ void taylor_load_y(T* dst, const TaylorRowRef* refs, int tid) {
     for (int idx = tid; idx < ROWS * COLS; idx += kTaylorThreads) {
         const int r = idx / COLS, c = idx % COLS;
+        const TaylorRowRef& ref = refs[r];
         float v = 0.f;
-        if (r < valid && c < width) v = src[row(r) * width + c];
+        if (ref.x != nullptr) {
+            if (c < DV) v = ref.y != nullptr ? to_f32(static_cast<const T*>(ref.y)[c]) * ref.ry : 0.f;
+            else if (c == DV) v = ref.y_last;
+        }
         dst[r * LD + c] = from_f32<T>(v);
     }
 }

@@ -1,9 +1,11 @@
 // Recurrent Taylor decode: the running sums S[f][v] = Σ_j φ_f(k̂_j) ṽ_j[v] of every feature f of a
 // (batch entry, kv head) over the keys so far, f32, [B][Hkv][features][M] (features = 8·taylor_tiles).
-//   prefill_state: S from the kx, ky scratch of a forward (every valid key of each batch entry);
+//   prefill:       S over every valid key of each batch entry (after its forward);
 //   step:          for each new token i in order: S += φ(k̂_i) ṽ_iᵀ, then every query head g of the group
-//                  reads [num, den] += Σ_f ψ_f(u_ig) S[f] (f32 atomics over the feature blocks; the
-//                  forward's finalize turns them into o and den).
+//                  reads its feature block's part Σ_f ψ_f(u_ig) S[f] of [num, den] into its own slot
+//                  of the partials (st: [n_slabs feature blocks][rows][M]);
+//   reduce:        [num, den] = the sum of the partials in feature-block order (no atomics: the same
+//                  bits on every run), then the forward's finalize turns them into o and den.
 // One block = FB = 64 features of one (batch entry, kv head); thread v owns column v of those rows, so a
 // token costs O(features·M) per kv head: O(D^p·Dv). f32 on CUDA cores for every storage type.
 #pragma once
@@ -13,13 +15,14 @@ namespace attn {
 
 constexpr int kDecodeFeatures = 64;  // features (8 tiles) per block
 
-template <int D>
+template <typename T, int D>
 __device__ __forceinline__ void taylor_decode_prefill(const TaylorParams& tp) {
     constexpr int M = TaylorDims<D>::M, FB = kDecodeFeatures, CK = 32, LDX = D + 4, LDY = M + 3;
     constexpr int PER = (FB * M + kTaylorThreads - 1) / kTaylorThreads;
     __shared__ __align__(16) float sX[CK * LDX];
     __shared__ __align__(16) float sY[CK * LDY];
     __shared__ __align__(16) float sPhi[CK * FB];
+    __shared__ TaylorRowRef sRef[CK];
     const AttnParams& p = tp.base;
     const int tid = threadIdx.x, b = blockIdx.z, hk = blockIdx.y, f0 = blockIdx.x * FB;
     const SeqInfo si(p, b);
@@ -28,13 +31,19 @@ __device__ __forceinline__ void taylor_decode_prefill(const TaylorParams& tp) {
     for (int k = 0; k < PER; ++k) acc[k] = 0.f;
     for (int j0 = 0; j0 < si.len_k; j0 += CK) {
         const int valid = min(CK, si.len_k - j0);
-        for (int idx = tid; idx < CK * D; idx += kTaylorThreads) {
-            const int r = idx / D, d = idx % D;
-            sX[r * LDX + d] = r < valid ? tp.kx[taylor_key_row(p, si, hk, j0 + r) * D + d] : 0.f;
+        // k̂_j (the loader applies the l2-norm), ṽ_j = [v_j, 1]
+        for (int r = tid; r < CK; r += kTaylorThreads) {
+            TaylorRowRef ref{nullptr, nullptr, 1.f, 1.f, 1.f};
+            if (r < valid) ref.x = static_cast<const T*>(p.k) + si.k_off(p, j0 + r, hk);
+            sRef[r] = ref;
         }
+        __syncthreads();
+        taylor_load_x<T, float, CK, D, LDX>(tp, sX, sRef, tid);
         for (int idx = tid; idx < CK * M; idx += kTaylorThreads) {
-            const int r = idx / M, v = idx % M;
-            sY[r * LDY + v] = r < valid ? tp.ky[taylor_key_row(p, si, hk, j0 + r) * M + v] : 0.f;
+            const int r = idx / M, v = idx % M, j = j0 + r;
+            float y = 0.f;
+            if (r < valid) y = v < D ? to_f32(static_cast<const T*>(p.v)[si.v_off(p, j, hk) + v]) : 1.f;
+            sY[r * LDY + v] = y;
         }
         __syncthreads();
         for (int idx = tid; idx < CK * (FB / 8); idx += kTaylorThreads) {
@@ -80,6 +89,7 @@ __device__ __forceinline__ void taylor_decode_step(const TaylorParams& tp) {
     const int b = blockIdx.z, hk = blockIdx.y, f0 = blockIdx.x * FB;
     const SeqInfo si(p, b);
     const int nf = min(FB, tp.features - f0);
+    const long long rows = (long long)p.total_q * p.heads_q;  // query rows of the partials
     float* S = tp.state + (((long long)b * p.heads_kv + hk) * tp.features + f0) * M;
     for (int i = 0; i < si.len_q; ++i) {
         // k̂_i, ṽ_i = [v_i, 1] and u_ig = scale·q̂_ig of the group's heads (one warp per row).
@@ -118,11 +128,21 @@ __device__ __forceinline__ void taylor_decode_step(const TaylorParams& tp) {
             for (int g = 0; g < G; ++g) {
                 float acc = 0.f;
                 for (int f = 0; f < nf; ++f) acc += sPsi[g * FB + f] * S[(long long)f * M + v];
-                atomicAdd(tp.acc_q + taylor_query_row(p, si, hk, i, g) * M + v, acc);
+                tp.st[(long long)blockIdx.x * rows * M + taylor_query_row(p, si, hk, i, g) * M + v] = acc;
             }
         }
         __syncthreads();  // k̂, ṽ, u, φ, ψ are rewritten by the next token
     }
+}
+
+// Grid (⌈rows·M / 128⌉): acc_q[e] = Σ_σ st[σ][e] over the n_slabs feature blocks, in order.
+__device__ __forceinline__ void taylor_decode_reduce(const TaylorParams& tp) {
+    const long long n = (long long)tp.base.total_q * tp.base.heads_q * (tp.base.head_dim + 1);
+    const long long e = (long long)blockIdx.x * kTaylorThreads + threadIdx.x;
+    if (e >= n) return;
+    float s = 0.f;
+    for (int fb = 0; fb < tp.n_slabs; ++fb) s += tp.st[fb * n + e];
+    tp.acc_q[e] = s;
 }
 
 }  // namespace attn

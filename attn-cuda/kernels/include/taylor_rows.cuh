@@ -1,8 +1,8 @@
-// Taylor row kernels: one warp per row, lanes over the features. They turn the call's tensors (storage
-// dtype, the spec's strides) into the f32 sweep scratch and the sweeps' f32 sums back into outputs.
-//   prep_keys      k̂_j = k_j / max(‖k_j‖, eps) (or k_j), ṽ_j = [v_j, 1]          → kx, ky
-//   prep_queries   u_i = scale·q̂_i                                              → qz
-//   prep_grads     ĝ_i = dO_i / den_i, δ_i = ĝ_i·o_i, g̃_i = [ĝ_i, −δ_i]           → qw   (0 for an empty row)
+// Taylor row kernels: one warp per row, lanes over the features. They write the backward's per-row
+// scalars (the sweeps read q, k, v, dO themselves and take the l2-norms from their tiles), and turn
+// the sweeps' f32 sums back into outputs.
+//   prep_grads     rg_i = 1/den_i, ĝ_i = rg_i·dO_i, δ_i = ĝ_i·o_i: g̃_i = [ĝ_i, −δ_i]   → rg, nd = −δ
+//                  (both 0 for a row with no key)
 //   finalize_fwd   o_i = num_i / den_i, stats = den_i                          (o = 0, den = 0 for an empty row)
 //   finalize_dq    dq = J(q)ᵀ (scale·dû_i)       J: the l2-norm's Jacobian, the identity without qk_l2norm
 //   finalize_dkdv  dk = J(k)ᵀ dk̂_j, dv = dṽ_j[0..Dv)                           (0 for keys past key_lens)
@@ -44,59 +44,27 @@ __device__ __forceinline__ void taylor_l2norm_bwd(T* dx, const float* dxh, float
 }
 
 template <typename T>
-__device__ __forceinline__ void taylor_prep_keys(const TaylorParams& tp) {
-    const AttnParams& p = tp.base;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.z, hk = blockIdx.y, j = blockIdx.x * kTaylorWarps + warp;
-    const SeqInfo si(p, b);
-    if (j >= si.len_k) return;
-    const int D = p.head_dim, M = D + 1;
-    const T* k = static_cast<const T*>(p.k) + si.k_off(p, j, hk);
-    const T* v = static_cast<const T*>(p.v) + si.v_off(p, j, hk);
-    const float r = p.l2norm ? 1.f / fmaxf(sqrtf(taylor_row_sq(k, D, lane)), p.eps) : 1.f;
-    const long long row = taylor_key_row(p, si, hk, j);
-    for (int d = lane; d < D; d += 32) tp.kx[row * D + d] = to_f32(k[d]) * r;
-    for (int d = lane; d < M; d += 32) tp.ky[row * M + d] = d < D ? to_f32(v[d]) : 1.f;
-}
-
-template <typename T>
-__device__ __forceinline__ void taylor_prep_queries(const TaylorParams& tp) {
-    const AttnParams& p = tp.base;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kTaylorWarps + warp;
-    const SeqInfo si(p, b);
-    if (i >= si.len_q) return;
-    const int D = p.head_dim;
-    const T* q = static_cast<const T*>(p.q) + si.q_off(p, i, h);
-    const float r = p.scale * (p.l2norm ? 1.f / fmaxf(sqrtf(taylor_row_sq(q, D, lane)), p.eps) : 1.f);
-    const long long row = taylor_query_row(p, si, h / p.group, i, h % p.group);
-    for (int d = lane; d < D; d += 32) tp.qz[row * D + d] = to_f32(q[d]) * r;
-}
-
-template <typename T>
 __device__ __forceinline__ void taylor_prep_grads(const TaylorParams& tp) {
     const AttnParams& p = tp.base;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kTaylorWarps + warp;
     const SeqInfo si(p, b);
     if (i >= si.len_q) return;
-    const int D = p.head_dim, M = D + 1;
-    float* w = tp.qw + taylor_query_row(p, si, h / p.group, i, h % p.group) * M;
+    const long long row = taylor_query_row(p, si, h / p.group, i, h % p.group);
     if (si.key_hi(p, i) == 0) {  // no allowed key: no gradient flows through this row
-        for (int d = lane; d < M; d += 32) w[d] = 0.f;
+        if (lane == 0) tp.rg[row] = tp.nd[row] = 0.f;
         return;
     }
     const float inv = 1.f / p.lse[si.stats_index(p, h, i)];
     const T* o = static_cast<const T*>(p.o) + si.o_off(p, i, h);
     const T* g = static_cast<const T*>(p.d_o) + si.o_off(p, i, h);
     float delta = 0.f;
-    for (int d = lane; d < D; d += 32) {
-        const float gh = to_f32(g[d]) * inv;
-        w[d] = gh;
-        delta += gh * to_f32(o[d]);
-    }
+    for (int d = lane; d < p.head_dim; d += 32) delta += to_f32(g[d]) * inv * to_f32(o[d]);
     delta = taylor_warp_sum(delta);
-    if (lane == 0) w[D] = -delta;
+    if (lane == 0) {
+        tp.rg[row] = inv;
+        tp.nd[row] = -delta;
+    }
 }
 
 template <typename T>

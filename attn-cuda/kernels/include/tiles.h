@@ -2,6 +2,7 @@
 // cannot compile. Mirrored by attn_cuda::heuristics (host side: grid and shared-memory sizes).
 // Every kernel runs 4 warps (128 threads); a warp owns 16 rows of the M side of its products.
 #pragma once
+#include <type_traits>
 
 namespace attn {
 
@@ -37,5 +38,20 @@ template <> struct DkvTile<64> { static constexpr int MT = 2, BN = 128, BM = 32,
 template <> struct DkvTile<96> { static constexpr int MT = 1, BN = 64, BM = 32, DA = 96; };
 template <> struct DkvTile<128> { static constexpr int MT = 1, BN = 64, BM = 32, DA = 128; };
 template <> struct DkvTile<256> { static constexpr int MT = 1, BN = 64, BM = 32, DA = 128; };
+
+// Hyperbolic scores keep per-row scalars and row sums in registers besides the skeleton's tiles; where
+// two 16-row tiles per warp would spill (ptxas, sm_90a: dQ and dK/dV at D = 64, the forward at
+// D = 96) they take one. Every other head dim uses the skeleton's tile.
+template <int D> struct LorentzFwdTile : FwdTile<D> {};
+template <> struct LorentzFwdTile<96> { static constexpr int MT = 1, BM = 64, BN = 64; };
+template <int D> struct LorentzDqTile : DqTile<D> {};
+template <> struct LorentzDqTile<64> { static constexpr int MT = 1, BM = 64, BN = 64; };
+template <int D> struct LorentzDkvTile : DkvTile<D> {};
+template <> struct LorentzDkvTile<64> { static constexpr int MT = 1, BN = 64, BM = 32, DA = 64; };
+
+// The tile of a score: the skeleton's, or the hyperbolic one.
+template <class Score, int D> using FwdTileOf = std::conditional_t<Score::kLorentz, LorentzFwdTile<D>, FwdTile<D>>;
+template <class Score, int D> using DqTileOf = std::conditional_t<Score::kLorentz, LorentzDqTile<D>, DqTile<D>>;
+template <class Score, int D> using DkvTileOf = std::conditional_t<Score::kLorentz, LorentzDkvTile<D>, DkvTile<D>>;
 
 }  // namespace attn

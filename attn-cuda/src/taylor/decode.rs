@@ -5,7 +5,8 @@
 //! of the head (`8·tiles`: 1 + D for order 1, + the D(D+1)/2 pairs for order 2, in 8-wide tiles) and the
 //! `M = Dv + 1` columns of `ṽ = [v, 1]`, in f32. A new token `i` folds in as `S += φ(k̂_i) ṽ_iᵀ` and
 //! each query head of its group reads `[num, den] = Σ_f ψ_f(u_i) S[f]`: `O(features·M)` per kv head and
-//! token, i.e. `O(D^p·Dv)`.
+//! token, i.e. `O(D^p·Dv)`. Each block of 64 features writes its part of the sum, and one pass adds the
+//! parts in order (the same bits on every run).
 
 use super::heuristics::{self, DECODE_FEATURES};
 use super::{check, Call, Forward};
@@ -144,7 +145,7 @@ impl CudaAttn {
             mut o,
             mut lse,
         } = io;
-        let scratch = super::forward_impl(
+        super::forward_impl(
             &call,
             &mut p,
             Forward {
@@ -157,13 +158,19 @@ impl CudaAttn {
             },
         )?;
         let d = spec.head_dim();
-        p.kx = scratch.kx.device_ptr(call.stream).0;
-        p.ky = scratch.ky.device_ptr(call.stream).0;
+        // The prefill reads k and v again: hold their stream guards until it is enqueued.
+        let c = call.checker(pass);
+        let (k_ptr, _gk) = c.input("k", &k, spec.k_len())?;
+        let (v_ptr, _gv) = c.input("v", &v, spec.v_len())?;
+        (p.base.k, p.base.v) = (k_ptr, v_ptr);
         p.state = state.sums.device_ptr(call.stream).0;
         p.features = state.shape.features() as i32;
         call.run(
             super::Launch {
-                name: format!("attn_taylor_decode_prefill_d{d}"),
+                name: format!(
+                    "attn_taylor_decode_prefill_{}_d{d}",
+                    super::dtype_tag(spec.dtype())
+                ),
                 grid: (
                     heuristics::blocks(state.shape.features(), DECODE_FEATURES),
                     spec.heads_kv(),
@@ -206,20 +213,30 @@ impl CudaAttn {
         let (stats, _gs) = c.output("stats", &mut lse, spec.stats_len())?;
         (p.base.q, p.base.k, p.base.v, p.base.o, p.base.lse) = (q, k, v, o, stats);
         let (d, m) = (spec.head_dim(), heuristics::width(spec.head_dim()));
-        let (_acc, acc) = call.scratch(spec.total_q() * spec.heads_q() * m)?;
+        let sums_len = spec.total_q() * spec.heads_q() * m;
+        let blocks = heuristics::blocks(state.shape.features(), DECODE_FEATURES);
+        let (_acc, acc) = call.scratch(sums_len)?;
+        // SAFETY (uninitialised): block σ of the step writes partial σ of every query row and column.
+        let partials = unsafe { call.stream.alloc::<f32>(blocks * sums_len) }?;
         p.acc_q = acc;
+        p.st = partials.device_ptr(call.stream).0;
+        p.n_slabs = blocks as i32;
         let (sums, _gsum) = state.sums.device_ptr_mut(call.stream);
         p.state = sums;
         p.features = state.shape.features() as i32;
         call.run(
             super::Launch {
                 name: format!("attn_taylor_decode_step_{}_d{d}", super::dtype_tag(spec.dtype())),
-                grid: (
-                    heuristics::blocks(state.shape.features(), DECODE_FEATURES),
-                    spec.heads_kv(),
-                    spec.batch(),
-                ),
+                grid: (blocks, spec.heads_kv(), spec.batch()),
                 smem: heuristics::decode_step_smem(d, spec.group()),
+            },
+            &p,
+        )?;
+        call.run(
+            super::Launch {
+                name: "attn_taylor_decode_reduce".into(),
+                grid: (heuristics::blocks(sums_len, heuristics::THREADS as usize), 1, 1),
+                smem: 0,
             },
             &p,
         )?;

@@ -1,9 +1,11 @@
-//! An f64 emulation of the Taylor kernels' control flow, line for line: the row kernels' scratch layout
-//! (`taylor_key_row`, `taylor_query_row`), `TaylorSweep` (sizes, reversed rows, `hi`, `first_probe`), the
-//! dense part past each chunk boundary, the state sweep's slabs, splits and read rules, and the finalize
-//! kernels. The tests run it on random specs and compare every output with attn-cpu-ref: what it checks is
-//! the decomposition the kernels implement (which sources each probe gets from which block), not the mma
-//! fragment plumbing, which only the GPU suite can check.
+//! An f64 emulation of the Taylor kernels' control flow, line for line: the backward's row scalars in
+//! sweep order (`taylor_key_row`, `taylor_query_row`), `TaylorSweep` (sizes, reversed rows, the tensor
+//! rows each source and probe reads, `hi`, the segments and the state index κ), the dense part past
+//! each segment boundary, the fold's slabs and segments, the ordered prefix, the reads' probe tiles and
+//! their state range, and the finalize kernels (the f16/bf16 forward kernel computes the same dense and
+//! state parts of each probe in one pass). The tests run it on random specs and compare every output
+//! with attn-cpu-ref: what it checks is the decomposition the kernels implement (which sources each
+//! probe gets from which kernel), not the mma fragment plumbing, which only the GPU suite can check.
 
 use super::heuristics::{self, state_tile};
 use attn_core::{AttnSpec, Causal, FamilySpec, SeqLengths};
@@ -77,36 +79,33 @@ struct Sweep {
     group: usize,
     n_s: usize,
     n_p: usize,
-    src0: usize,
+    seg: usize,
+    n_seg: usize,
     probe0: usize,
     rev: bool,
+    causal: bool,
 }
 
 impl Sweep {
-    fn new(spec: &AttnSpec, b: usize, hk: usize, rev: bool) -> Self {
+    fn new(spec: &AttnSpec, b: usize, hk: usize, rev: bool, seg: usize) -> Self {
         let seq = Seq::new(spec, b);
         let group = spec.group();
         let (key0, query0) = (seq.key_row(spec, hk, 0), seq.query_row(spec, hk, 0, 0));
-        let (n_s, n_p, src0, probe0) = if rev {
-            (group * seq.len_q, seq.len_k, query0, key0)
+        let (n_s, n_p, probe0) = if rev {
+            (group * seq.len_q, seq.len_k, key0)
         } else {
-            (seq.len_k, group * seq.len_q, key0, query0)
+            (seq.len_k, group * seq.len_q, query0)
         };
         Sweep {
             seq,
             group,
             n_s,
             n_p,
-            src0,
+            seg,
+            n_seg: n_s.div_ceil(seg),
             probe0,
             rev,
-        }
-    }
-    fn src_row(&self, s: usize) -> usize {
-        if self.rev {
-            self.src0 + (self.n_s - 1 - s)
-        } else {
-            self.src0 + s
+            causal: spec.causal() != Causal::None,
         }
     }
     fn probe_row(&self, p: usize) -> usize {
@@ -128,17 +127,18 @@ impl Sweep {
         };
         self.group * (self.seq.len_q - i0)
     }
-    fn first_probe(&self, spec: &AttnSpec, x: usize) -> usize {
-        let (mut lo, mut up) = (0, self.n_p);
-        while lo < up {
-            let mid = (lo + up) / 2;
-            if self.hi(spec, mid) >= x {
-                up = mid;
-            } else {
-                lo = mid + 1;
-            }
+    /// κ(hi): the state a probe reads (st[κ − 1]; none for κ = 0).
+    fn state_index(&self, h: usize) -> usize {
+        if h == 0 {
+            0
+        } else if !self.causal && h >= self.n_s {
+            self.n_seg
+        } else {
+            (h - 1) / self.seg
         }
-        lo
+    }
+    fn boundary(&self, h: usize) -> usize {
+        (self.state_index(h) * self.seg).min(self.n_s)
     }
 }
 
@@ -205,13 +205,68 @@ fn psi_grad((k, a, b0): (u8, usize, usize), d: usize, z: &[f64], t: &[f64], c: [
     g
 }
 
-/// The kernels' inputs of one sweep and where its results go.
+/// The call's tensors (the spec's layouts), the row scalars of the prep kernels (sweep order) and where
+/// a sweep's results go.
 struct SweepIo<'a> {
-    src_x: &'a [f64],
-    src_y: &'a [f64],
-    probe_z: &'a [f64],
-    probe_w: &'a [f64],
+    q: &'a [f64],
+    k: &'a [f64],
+    v: &'a [f64],
+    d_o: Option<&'a [f64]>,
+    rg: &'a [f64],
+    nd: &'a [f64],
     out: &'a mut [f64],
+}
+
+/// `TaylorRowRef`, resolved: x and y = [values, last] of one row.
+struct Row {
+    x: Vec<f64>,
+    y: Vec<f64>,
+}
+
+impl Sweep {
+    /// `key_ref` through `taylor_load_x`: k̂_j = k_j/max(‖k_j‖, eps) (or k_j), ṽ_j = [v_j, 1].
+    fn key_ref(&self, spec: &AttnSpec, io: &SweepIo<'_>, hk: usize, j: usize) -> Row {
+        let (d, b) = (spec.head_dim(), self.seq.b);
+        let r = inv_norm(&io.k[spec.k_offset(b, j, hk)..][..d], &family(spec));
+        let (ko, vo) = (spec.k_offset(b, j, hk), spec.v_offset(b, j, hk));
+        let mut y = io.v[vo..vo + d].to_vec();
+        y.push(1.0);
+        Row {
+            x: io.k[ko..ko + d].iter().map(|x| x * r).collect(),
+            y,
+        }
+    }
+    /// `query_ref` through `taylor_load_x`: u = scale·q/max(‖q‖, eps) (or scale·q), g̃ = [rg·dO, −δ]
+    /// (zeros without dO).
+    fn query_ref(&self, spec: &AttnSpec, io: &SweepIo<'_>, hk: usize, i: usize, g: usize) -> Row {
+        let (d, b, h) = (spec.head_dim(), self.seq.b, hk * self.group + g);
+        let row = self.seq.query_row(spec, hk, i, g);
+        let (qo, oo) = (spec.q_offset(b, i, h), spec.o_offset(b, i, h));
+        let fam = family(spec);
+        let r = fam.scale * inv_norm(&io.q[qo..qo + d], &fam);
+        let mut y: Vec<f64> = match io.d_o {
+            Some(d_o) => d_o[oo..oo + d].iter().map(|x| x * io.rg[row]).collect(),
+            None => vec![0.0; d],
+        };
+        y.push(if io.d_o.is_some() { io.nd[row] } else { 0.0 });
+        Row {
+            x: io.q[qo..qo + d].iter().map(|x| x * r).collect(),
+            y,
+        }
+    }
+    fn source(&self, spec: &AttnSpec, io: &SweepIo<'_>, hk: usize, s: usize) -> Row {
+        if !self.rev {
+            return self.key_ref(spec, io, hk, s);
+        }
+        let r = self.n_s - 1 - s;
+        self.query_ref(spec, io, hk, r / self.group, r % self.group)
+    }
+    fn probe(&self, spec: &AttnSpec, io: &SweepIo<'_>, hk: usize, p: usize) -> Row {
+        if !self.rev {
+            return self.query_ref(spec, io, hk, p / self.group, p % self.group);
+        }
+        self.key_ref(spec, io, hk, self.n_p - 1 - p)
+    }
 }
 
 struct Family {
@@ -243,107 +298,94 @@ fn family(spec: &AttnSpec) -> Family {
     }
 }
 
-/// `taylor_dense_*` then `taylor_state_*` of one sweep.
-fn sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, sms: usize) {
+/// `taylor_dense_*`, `taylor_fold`, `taylor_prefix` and `taylor_read_*` of one sweep, with segments of
+/// `seg` sources (the host's `seg_len` when `None`).
+fn sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, seg: Option<usize>) {
     let fam = family(spec);
     let (d, m) = (spec.head_dim(), spec.head_dim() + 1);
     let width = if grad { d } else { m };
-    let tile = state_tile(d).expect("supported head dim");
-    let (c, nt) = (tile.c, tile.nt);
     let poly = |s: f64| fam.c[0] + s * (fam.c[1] + fam.c[2] * s);
     let dpoly = |s: f64| fam.c[1] + 2.0 * fam.c[2] * s;
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
-    // Dense: every probe row written.
-    for b in 0..spec.batch() {
-        for hk in 0..spec.heads_kv() {
-            let sw = Sweep::new(spec, b, hk, rev);
-            for p in 0..sw.n_p {
-                let pr = sw.probe_row(p);
-                let (z, w) = (&io.probe_z[pr * d..][..d], &io.probe_w[pr * m..][..m]);
-                let hi = sw.hi(spec, p);
-                let mut acc = vec![0.0; width];
-                for s in hi / c * c..hi {
-                    let sr = sw.src_row(s);
-                    let (x, y) = (&io.src_x[sr * d..][..d], &io.src_y[sr * m..][..m]);
-                    let t = dot(z, x);
-                    if grad {
-                        let coef = dpoly(t) * dot(w, y);
-                        acc.iter_mut().zip(x).for_each(|(a, x)| *a += coef * x);
-                    } else {
-                        acc.iter_mut().zip(y).for_each(|(a, y)| *a += poly(t) * y);
-                    }
-                }
-                io.out[pr * width..][..width].copy_from_slice(&acc);
-            }
-        }
-    }
-    // State: blocks (slab, split) of every (b, kv head), with the host's split heuristic.
     let max_sources = if rev {
         spec.group() * spec.seq_q()
     } else {
         spec.seq_k()
     };
-    let chunks = max_sources / c;
-    if chunks == 0 {
-        return;
-    }
-    let slabs = heuristics::slabs(d, fam.order).expect("supported");
-    let (splits, per) = heuristics::split(chunks, slabs * spec.heads_kv() * spec.batch(), sms);
+    let heads = spec.batch() * spec.heads_kv();
+    let seg = seg.unwrap_or_else(|| {
+        let causal = spec.causal() != Causal::None;
+        heuristics::seg_len(d, fam.order, max_sources, heads, 2, causal).expect("supported head dim")
+    });
+    let f_pad = heuristics::f_pad(d, fam.order);
+    let nt = state_tile(d).expect("supported head dim").nt;
+    let slabs = heuristics::fold_slabs(d, fam.order).expect("supported head dim");
+    let bp = heuristics::read_probes(d, 2, grad);
     for b in 0..spec.batch() {
         for hk in 0..spec.heads_kv() {
-            let sw = Sweep::new(spec, b, hk, rev);
-            for block in 0..slabs * splits {
-                let (slab, split) = (block % slabs, block / slabs);
-                let n_chunks = sw.n_s / c;
-                let c_lo = split * per;
-                let c_hi = (c_lo + per).min(n_chunks);
-                if c_lo >= c_hi || sw.first_probe(spec, (c_lo + 1) * c) >= sw.n_p {
-                    continue;
+            let sw = Sweep::new(spec, b, hk, rev, seg);
+            // Dense: every probe row written, the sources [B_p, hi_p).
+            for p in 0..sw.n_p {
+                let pr = sw.probe_row(p);
+                let Row { x: z, y: w } = sw.probe(spec, &io, hk, p);
+                let hi = sw.hi(spec, p);
+                let mut acc = vec![0.0; width];
+                for s in sw.boundary(hi)..hi {
+                    let Row { x, y } = sw.source(spec, &io, hk, s);
+                    let t = dot(&z, &x);
+                    if grad {
+                        let coef = dpoly(t) * dot(&w, &y);
+                        acc.iter_mut().zip(&x).for_each(|(a, x)| *a += coef * x);
+                    } else {
+                        acc.iter_mut().zip(&y).for_each(|(a, y)| *a += poly(t) * y);
+                    }
                 }
-                let desc: Vec<_> = (0..nt)
-                    .map(|t| feature_tile(slab * nt + t, d, fam.order))
-                    .collect();
-                // Sᵀ[v][f] over the slab's 8·NT features.
-                let mut sums = vec![0.0; m * 8 * nt];
-                for ch in c_lo..c_hi {
-                    for r in 0..c {
-                        let sr = sw.src_row(ch * c + r);
-                        let (x, y) = (&io.src_x[sr * d..][..d], &io.src_y[sr * m..][..m]);
-                        for (t, &ft) in desc.iter().enumerate() {
-                            for e in 0..8 {
-                                let ph = phi(ft, e, x);
-                                for (v, yv) in y.iter().enumerate() {
-                                    sums[v * 8 * nt + 8 * t + e] += ph * yv;
-                                }
-                            }
+                io.out[pr * width..][..width].copy_from_slice(&acc);
+            }
+            // Fold: block (slab σ, segment k) writes st[k][v][f] for its features f ∈ [8·NT·σ, …) ∩ [0, f_pad).
+            let mut st = vec![vec![0.0; m * f_pad]; sw.n_seg];
+            for block in 0..slabs * sw.n_seg {
+                let (slab, k) = (block % slabs, block / slabs);
+                for s in k * seg..((k + 1) * seg).min(sw.n_s) {
+                    let Row { x, y } = sw.source(spec, &io, hk, s);
+                    for f in 8 * nt * slab..(8 * nt * (slab + 1)).min(f_pad) {
+                        let ph = phi(feature_tile(f / 8, d, fam.order), f % 8, &x);
+                        for (v, yv) in y.iter().enumerate() {
+                            st[k][v * f_pad + f] += ph * yv;
                         }
                     }
-                    let bound = (ch + 1) * c;
-                    let pa = sw.first_probe(spec, bound);
-                    let pb = if ch + 1 < c_hi {
-                        sw.first_probe(spec, bound + c)
-                    } else {
-                        sw.n_p
-                    };
-                    for p in pa..pb {
+                }
+            }
+            // Prefix: st[k] ← st[0] + … + st[k].
+            for k in 1..sw.n_seg {
+                let (done, rest) = st.split_at_mut(k);
+                rest[0].iter_mut().zip(&done[k - 1]).for_each(|(x, p)| *x += p);
+            }
+            // Reads: tiles of BP probes, each over the states κ ∈ [max(1, κ(first)), κ(last)].
+            for p0 in (0..sw.n_p).step_by(bp) {
+                let p_end = (p0 + bp).min(sw.n_p);
+                let k_lo = sw.state_index(sw.hi(spec, p0)).max(1);
+                let k_hi = sw.state_index(sw.hi(spec, p_end - 1));
+                for k in k_lo..=k_hi {
+                    let state = &st[k - 1];
+                    for p in (p0..p_end).filter(|&p| sw.state_index(sw.hi(spec, p)) == k) {
                         let pr = sw.probe_row(p);
-                        let (z, w) = (&io.probe_z[pr * d..][..d], &io.probe_w[pr * m..][..m]);
+                        let Row { x: z, y: w } = sw.probe(spec, &io, hk, p);
                         let out = &mut io.out[pr * width..][..width];
-                        if !grad {
-                            for (v, o) in out.iter_mut().enumerate() {
-                                for (t, &ft) in desc.iter().enumerate() {
-                                    for e in 0..8 {
-                                        *o += psi(ft, e, z, fam.c) * sums[v * 8 * nt + 8 * t + e];
-                                    }
+                        for t in 0..f_pad / 8 {
+                            let ft = feature_tile(t, d, fam.order);
+                            if !grad {
+                                let ps: Vec<f64> = (0..8).map(|e| psi(ft, e, &z, fam.c)).collect();
+                                for (v, o) in out.iter_mut().enumerate() {
+                                    let row = &state[v * f_pad + 8 * t..][..8];
+                                    *o += ps.iter().zip(row).map(|(p, s)| p * s).sum::<f64>();
                                 }
-                            }
-                        } else {
-                            for (t, &ft) in desc.iter().enumerate() {
+                            } else {
                                 let tw: Vec<f64> = (0..8)
-                                    .map(|e| (0..m).map(|v| w[v] * sums[v * 8 * nt + 8 * t + e]).sum())
+                                    .map(|e| (0..m).map(|v| w[v] * state[v * f_pad + 8 * t + e]).sum())
                                     .collect();
                                 for (dd, o) in out.iter_mut().enumerate() {
-                                    *o += psi_grad(ft, dd, z, &tw, fam.c);
+                                    *o += psi_grad(ft, dd, &z, &tw, fam.c);
                                 }
                             }
                         }
@@ -354,13 +396,13 @@ fn sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, sms: usize) {
     }
 }
 
-fn normalised(row: &[f64], fam: &Family) -> Vec<f64> {
-    let r = if fam.l2 {
-        row.iter().map(|x| x * x).sum::<f64>().sqrt().max(fam.eps)
+/// `1/max(‖x‖, eps)`, or 1 without the l2-norm.
+fn inv_norm(row: &[f64], fam: &Family) -> f64 {
+    if fam.l2 {
+        1.0 / row.iter().map(|x| x * x).sum::<f64>().sqrt().max(fam.eps)
     } else {
         1.0
-    };
-    row.iter().map(|x| x / r).collect()
+    }
 }
 
 /// `taylor_l2norm_bwd`.
@@ -389,53 +431,40 @@ pub(super) struct Emulated {
     pub dv: Vec<f64>,
 }
 
-pub(super) fn run(spec: &AttnSpec, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], sms: usize) -> Emulated {
+pub(super) fn run(
+    spec: &AttnSpec,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    seg: Option<usize>,
+) -> Emulated {
     let fam = family(spec);
     let (d, m, g) = (spec.head_dim(), spec.head_dim() + 1, spec.group());
     let (rows_q, rows_k) = (spec.total_q() * spec.heads_q(), spec.total_k() * spec.heads_kv());
-    let (mut kx, mut ky, mut qz) = (
-        vec![0.0; rows_k * d],
-        vec![0.0; rows_k * m],
-        vec![0.0; rows_q * d],
-    );
-    // prep_keys, prep_queries
-    for b in 0..spec.batch() {
-        let seq = Seq::new(spec, b);
-        for hk in 0..spec.heads_kv() {
-            for j in 0..seq.len_k {
-                let row = seq.key_row(spec, hk, j);
-                let ko = spec.k_offset(b, j, hk);
-                kx[row * d..][..d].copy_from_slice(&normalised(&k[ko..ko + d], &fam));
-                let vo = spec.v_offset(b, j, hk);
-                ky[row * m..][..d].copy_from_slice(&v[vo..vo + d]);
-                ky[row * m + d] = 1.0;
-            }
-        }
-        for h in 0..spec.heads_q() {
-            for i in 0..seq.len_q {
-                let row = seq.query_row(spec, h / g, i, h % g);
-                let qo = spec.q_offset(b, i, h);
-                let u: Vec<f64> = normalised(&q[qo..qo + d], &fam)
-                    .iter()
-                    .map(|x| fam.scale * x)
-                    .collect();
-                qz[row * d..][..d].copy_from_slice(&u);
-            }
+    let (mut rg, mut nd) = (vec![0.0; rows_q], vec![0.0; rows_q]);
+    fn io<'a>(
+        [q, k, v]: [&'a [f64]; 3],
+        d_o: Option<&'a [f64]>,
+        rg: &'a [f64],
+        nd: &'a [f64],
+        out: &'a mut [f64],
+    ) -> SweepIo<'a> {
+        SweepIo {
+            q,
+            k,
+            v,
+            d_o,
+            rg,
+            nd,
+            out,
         }
     }
+    let x = [q, k, v];
     // forward
     let mut acc = vec![0.0; rows_q * m];
-    let none = vec![0.0; rows_q * m];
-    let io = SweepIo {
-        src_x: &kx,
-        src_y: &ky,
-        probe_z: &qz,
-        probe_w: &none,
-        out: &mut acc,
-    };
-    sweep(spec, io, false, false, sms);
+    sweep(spec, io(x, None, &rg, &nd, &mut acc), false, false, seg);
     let (mut o, mut den) = (vec![0.0; spec.o_len()], vec![0.0; spec.stats_len()]);
-    let mut qw = vec![0.0; rows_q * m];
     for b in 0..spec.batch() {
         let seq = Seq::new(spec, b);
         for h in 0..spec.heads_q() {
@@ -450,13 +479,8 @@ pub(super) fn run(spec: &AttnSpec, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64],
                 den[spec.stats_index(b, h, i)] = dn;
                 // prep_grads
                 if !empty {
-                    let mut delta = 0.0;
-                    for c in 0..d {
-                        let gh = d_o[oo + c] / dn;
-                        qw[row * m + c] = gh;
-                        delta += gh * o[oo + c];
-                    }
-                    qw[row * m + d] = -delta;
+                    rg[row] = 1.0 / dn;
+                    nd[row] = -(0..d).map(|c| d_o[oo + c] * rg[row] * o[oo + c]).sum::<f64>();
                 }
             }
         }
@@ -464,30 +488,9 @@ pub(super) fn run(spec: &AttnSpec, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64],
     // backward
     let mut du = vec![0.0; rows_q * d];
     let (mut dvt, mut dkh) = (vec![0.0; rows_k * m], vec![0.0; rows_k * d]);
-    let dq_io = SweepIo {
-        src_x: &kx,
-        src_y: &ky,
-        probe_z: &qz,
-        probe_w: &qw,
-        out: &mut du,
-    };
-    sweep(spec, dq_io, false, true, sms);
-    let dv_io = SweepIo {
-        src_x: &qz,
-        src_y: &qw,
-        probe_z: &kx,
-        probe_w: &ky,
-        out: &mut dvt,
-    };
-    sweep(spec, dv_io, true, false, sms);
-    let dk_io = SweepIo {
-        src_x: &qz,
-        src_y: &qw,
-        probe_z: &kx,
-        probe_w: &ky,
-        out: &mut dkh,
-    };
-    sweep(spec, dk_io, true, true, sms);
+    sweep(spec, io(x, Some(d_o), &rg, &nd, &mut du), false, true, seg);
+    sweep(spec, io(x, Some(d_o), &rg, &nd, &mut dvt), true, false, seg);
+    sweep(spec, io(x, Some(d_o), &rg, &nd, &mut dkh), true, true, seg);
     let (mut dq, mut dk, mut dv) = (
         vec![0.0; spec.dq_len()],
         vec![0.0; spec.dk_len()],
@@ -531,12 +534,12 @@ mod tests {
         );
     }
 
-    fn check(p: AttnProblem, seed: u64, sms: usize) {
+    fn check(p: AttnProblem, seed: u64, seg: Option<usize>) {
         let spec = p.validate().expect("valid problem");
         let case = random_case(&spec, seed);
         let f = forward_f64(&spec, case.inputs()).expect("reference");
         let g = backward_f64(&spec, case.inputs(), &f.o, &case.d_o, &f.stats).expect("reference");
-        let e = run(&spec, &case.q, &case.k, &case.v, &case.d_o, sms);
+        let e = run(&spec, &case.q, &case.k, &case.v, &case.d_o, seg);
         close("o", &e.o, &f.o);
         close("den", &e.den, &f.stats);
         close("dq", &e.dq, &g.dq);
@@ -603,12 +606,14 @@ mod tests {
         }
     }
 
-    /// Every mask option at sizes with several chunks, with one SM (many splits) and many (no split).
+    /// Every mask option at sizes with several segments: the host's segment length (the fold chunk at
+    /// these sizes), twice that, and one longer than every sequence (one segment: a probe either reads
+    /// the whole sum or none of it).
     #[test]
     fn emulated_kernel_decomposition_matches_the_reference() {
         let mut n = 0u64;
         for order in [1u8, 2] {
-            for sms in [1, 1000] {
+            for seg in [None, Some(128), Some(1024)] {
                 for (d, l2) in [(16, false), (32, true)] {
                     let f = fam(order, l2);
                     let cases = [
@@ -631,7 +636,7 @@ mod tests {
                     ];
                     for p in cases {
                         n += 1;
-                        check(p, n, sms);
+                        check(p, n, seg);
                     }
                 }
             }

@@ -1,5 +1,5 @@
 //! Sizes of the Taylor kernels: pure host functions, the mirror of `TaylorTile`, `TaylorDims`,
-//! `TaylorStateSmem` and the dense kernel's carve-up in `kernels/include/taylor_*.cuh`.
+//! `TaylorFoldSmem`, `TaylorReadSmem` and the dense kernel's carve-up in `kernels/include/taylor_*.cuh`.
 
 /// Head dims with Taylor kernels (the value head dim must equal the head dim).
 pub(crate) const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
@@ -14,8 +14,12 @@ pub(crate) const DENSE_PROBES: usize = 64;
 const DENSE_SOURCES: usize = 64;
 /// Features (8 tiles) per block of the decode kernels (`kDecodeFeatures`).
 pub(crate) const DECODE_FEATURES: usize = 64;
+/// Feature tiles per step of the state reads (`kTaylorStepTiles`): states are padded to whole steps.
+pub(crate) const STEP_TILES: usize = 4;
+/// Bytes the segment states of one sweep may take before the segments get longer.
+const STATE_BUDGET: usize = 8 << 30;
 
-/// Chunk length `C` of the state sweep and feature tiles `NT` per slab (`TaylorTile<D>`).
+/// Chunk length `C` of the fold and feature tiles `NT` per fold slab.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StateTile {
     pub c: usize,
@@ -59,28 +63,170 @@ pub(crate) fn tiles(d: usize, order: u8) -> usize {
     }
 }
 
-/// Feature slabs (blocks along the features) of the state sweep.
-pub(crate) fn slabs(d: usize, order: u8) -> Option<usize> {
-    Some(tiles(d, order).div_ceil(state_tile(d)?.nt))
-}
-
-/// Dynamic shared memory of the state sweep (`TaylorStateSmem<T, D>::kBytes`); `elem` is the storage
-/// size (4 for the f32 kernels, which keep no storage-type copy of the sums).
+/// Features per state row, `f_pad`: the tiles rounded up to whole read steps, 8 features each.
 ///
 /// ```text
-/// D = 64, bf16: 80·132·4 + 80·136·2 + 64·68·4 + 64·88·2 + max(64·136·2, 64·132·4) + 16·16 = 126 720
+/// f_pad(64, 1) = 96    f_pad(64, 2) = 2400    f_pad(128, 2) = 8864
 /// ```
-pub(crate) fn state_smem(d: usize, elem: usize) -> Option<usize> {
+pub(crate) fn f_pad(d: usize, order: u8) -> usize {
+    8 * tiles(d, order).div_ceil(STEP_TILES) * STEP_TILES
+}
+
+/// Feature slabs (blocks along the features) of the fold: `⌈f_pad / 8 / NT⌉`.
+pub(crate) fn fold_slabs(d: usize, order: u8) -> Option<usize> {
+    Some((f_pad(d, order) / 8).div_ceil(state_tile(d)?.nt))
+}
+
+/// Fold blocks to aim for when the segments only serve parallelism: two per SM of an H100.
+const FOLD_BLOCKS: usize = 264;
+
+/// Segment length `L` of the state sweep over `n_s` sources (a multiple of the fold chunk `C`), for
+/// `heads` (batch entry, kv head) pairs, storage size `elem`, and whether the probes read the states
+/// before their own position (`causal`) or all read the whole sum.
+///
+/// Every segment is a state of `M × f_pad` entries (an f32 sum, and for f16/bf16 its hi and lo copies:
+/// 8 bytes). Causal: probes past a segment boundary take up to L sources densely, so L doubles from C
+/// while there are more than 16 segments, up to 256 (order 1, whose state read costs little) or 1024
+/// (order 2; 2048 at D = 128, whose state is 9.1 MB). Not causal: no probe reads an intermediate state,
+/// so the segments only give the fold enough blocks (`FOLD_BLOCKS` over slabs × heads, at most 16).
+/// Either way L grows further only while the states would exceed 8 GiB.
+///
+/// ```text
+/// seg_len(64, 2, 200, 8, 2, true)        = 64      // 4 segments: short sequences keep C
+/// seg_len(64, 2, 16384, 32, 2, true)     = 1024    // 16 segments × 32 heads × 1.25 MB = 640 MB
+/// seg_len(64, 2, 1 << 20, 8, 2, true)    = 2048    // 1024 segments would take 10 GB
+/// seg_len(64, 1, 16384, 32, 2, true)     = 256
+/// seg_len(64, 1, 16384, 32, 2, false)    = 1856    // 9 segments: 288 fold blocks
+/// seg_len(64, 2, 16384, 32, 2, false)    = 16384   // 19 slabs × 32 heads = 608 blocks already
+/// ```
+pub(crate) fn seg_len(
+    d: usize,
+    order: u8,
+    n_s: usize,
+    heads: usize,
+    elem: usize,
+    causal: bool,
+) -> Option<usize> {
+    let c = state_tile(d)?.c;
+    let mut l = if causal {
+        let cap = match (order, d) {
+            (1, _) => 256,
+            (_, 128) => 2048,
+            _ => 1024,
+        };
+        let mut l = c;
+        while l < cap && 16 * l < n_s {
+            l *= 2;
+        }
+        l
+    } else {
+        let blocks = fold_slabs(d, order)? * heads.max(1);
+        let segments = FOLD_BLOCKS.div_ceil(blocks).clamp(1, 16);
+        n_s.div_ceil(segments).div_ceil(c).max(1) * c
+    };
+    let state = width(d) * f_pad(d, order) * state_entry_bytes(elem);
+    while l < n_s && heads * n_s.div_ceil(l) * state > STATE_BUDGET {
+        l *= 2;
+    }
+    Some(l)
+}
+
+/// Dynamic shared memory of the fold (`TaylorFoldSmem<T, D>::kBytes`); `elem` is the storage size
+/// (4 for the f32 kernel, which keeps its sums in shared memory; the mma kernel keeps them in registers).
+///
+/// ```text
+/// D = 64, bf16: 64·68·4 + 64·88·2 + 64·136·2 + 16·16 = 46 336
+/// ```
+pub(crate) fn fold_smem(d: usize, elem: usize) -> Option<usize> {
     let t = state_tile(d)?;
-    let f = 8 * t.nt;
-    let mp = width_padded(d);
-    let pad = 16 / elem;
-    let master = mp * (f + 4) * 4;
-    let copy = if elem == 2 { mp * (f + pad) * elem } else { 0 };
+    let (f, pad) = (8 * t.nt, 16 / elem);
     let x = t.c * (d + 4) * 4;
-    let y = t.c * (mp + pad) * elem;
-    let feat = (t.c * (f + pad) * elem).max(t.c * (f + 4) * 4);
-    Some(master + copy + x + y + feat + t.nt * 16)
+    let y = t.c * (width_padded(d) + pad) * elem;
+    let feat = t.c * (f + pad) * elem;
+    let sums = if elem == 4 { width(d) * (f + 4) * 4 } else { 0 };
+    Some(x + y + feat + sums + t.nt * 16)
+}
+
+/// Row tiles of 16 probes per warp of a state read (`TaylorReadSmem::RT`): two for the tensor-core value
+/// read at D ≤ 64 (each step's state tile then serves 128 probes), else one.
+fn read_row_tiles(d: usize, elem: usize, grad: bool) -> usize {
+    if elem == 2 && !grad && d <= 64 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Probes per block of the state reads (`TaylorReadSmem::BP`): 4 warps × 16 rows × the row tiles on
+/// tensor cores, 32 for f32 (whose f64 sums take twice the space).
+pub(crate) fn read_probes(d: usize, elem: usize, grad: bool) -> usize {
+    if elem == 2 {
+        64 * read_row_tiles(d, elem, grad)
+    } else {
+        32
+    }
+}
+
+/// Dynamic shared memory of a state read (`TaylorReadSmem<T, D, GRAD>::kBytes`): z `[BP][D + 4]` f32;
+/// for the gradient w `[BP][MP + pad]` and T `[BP][36]` f32, else Ψ `[BP][32 + pad]`; the S tiles
+/// `[MP or M][32 + pad]` (tensor cores: two buffers, and hi and lo for the gradient); the sums `[BP][D]`
+/// (gradient) or `[BP][M]` (f32 value), f32 next to tensor cores and f64 for f32 inputs.
+///
+/// ```text
+/// D = 64, bf16, value: 128·68·4 + 128·40·2 + 2·80·40·2 = 57 856
+/// ```
+pub(crate) fn read_smem(d: usize, elem: usize, grad: bool) -> Option<usize> {
+    state_tile(d)?;
+    let (bp, pad, kf) = (read_probes(d, elem, grad), 16 / elem, 8 * STEP_TILES);
+    let mp = width_padded(d);
+    let z = bp * (d + 4) * 4;
+    let w = if grad { bp * (mp + pad) * elem } else { 0 };
+    let feat = if grad {
+        bp * (kf + 4) * 4
+    } else {
+        bp * (kf + pad) * elem
+    };
+    let (rows, tiles) = match (elem, grad) {
+        (2, true) => (mp, 4),
+        (2, false) => (mp, 2),
+        _ => (width(d), 1),
+    };
+    let acc = if elem == 2 { 4 } else { 8 };
+    let sums = match (grad, elem) {
+        (true, _) => bp * d * acc,
+        (false, 2) => 0,
+        (false, _) => bp * width(d) * acc,
+    };
+    Some(z + w + feat + tiles * rows * (kf + pad) * elem + sums)
+}
+
+/// Dynamic shared memory of the f16/bf16 forward tile kernel (`TaylorForwardSmem<T, D>::kBytes`): z f32
+/// `[64][D + 4]` and T `[64][D + 8]`, the dense source tiles x `[BS][D + 8]` and y `[BS][MP + 8]` (BS =
+/// 64, or 32 at D = 128 so that two blocks fit an SM), Ψ `[64][40]` and two S tiles `[MP][40]`.
+///
+/// ```text
+/// D = 64:  64·68·4 + 64·72·2 + 64·72·2 + 64·88·2 + 64·40·2 + 2·80·40·2 = 65 024
+/// D = 128: 64·132·4 + 64·136·2 + 32·136·2 + 32·152·2 + 64·40·2 + 2·144·40·2 = 97 792
+/// ```
+pub(crate) fn forward_smem(d: usize) -> Option<usize> {
+    state_tile(d)?;
+    let (mp, kf) = (width_padded(d), 8 * STEP_TILES);
+    let (bp, bs) = (
+        DENSE_PROBES,
+        if d <= 64 { DENSE_SOURCES } else { DENSE_SOURCES / 2 },
+    );
+    let z = bp * (d + 4) * 4 + bp * (d + 8) * 2;
+    let dense = bs * (d + 8 + mp + 8) * 2;
+    Some(z + dense + bp * (kf + 8) * 2 + 2 * mp * (kf + 8) * 2)
+}
+
+/// Bytes of one state entry: the f32 sum, and for f16/bf16 its storage-type copies (hi and lo).
+fn state_entry_bytes(elem: usize) -> usize {
+    if elem == 4 {
+        4
+    } else {
+        4 + 2 * elem
+    }
 }
 
 /// Dynamic shared memory of the tensor-core dense kernel: z and x tiles `[64][D + 8]`, the y tile
@@ -100,26 +246,6 @@ pub(crate) fn decode_step_smem(d: usize, group: usize) -> usize {
     (DECODE_FEATURES + group * DECODE_FEATURES + d + mv + group * d) * 4
 }
 
-/// How the state sweep splits the sequence: `(splits, chunks per split)`.
-///
-/// Each (slab, batch entry, kv head) runs as `splits` blocks that fold `chunks_per_split` chunks each,
-/// enough blocks to give every SM two, and at most 8 splits (each split re-reads its probes) and no more
-/// than there are chunks.
-///
-/// ```text
-/// split(256 chunks, 13 slabs × 32 heads, 132 SMs) = (1, 256)      // 416 blocks already
-/// split(256 chunks, 1 slab × 8 heads, 132 SMs)    = (8, 32)       // order 1, few heads, long sequence
-/// ```
-pub(crate) fn split(chunks: usize, blocks_per_split: usize, sms: usize) -> (usize, usize) {
-    if chunks == 0 {
-        return (0, 1);
-    }
-    let want = (2 * sms).div_ceil(blocks_per_split.max(1));
-    let splits = want.clamp(1, 8).min(chunks);
-    let per = chunks.div_ceil(splits);
-    (chunks.div_ceil(per), per)
-}
-
 /// Blocks needed to cover `n` rows `per_block` at a time.
 pub(crate) fn blocks(n: usize, per_block: usize) -> usize {
     n.div_ceil(per_block)
@@ -134,12 +260,25 @@ mod tests {
         assert_eq!(tiles(64, 1), 9);
         assert_eq!(tiles(64, 2), 297);
         assert_eq!(tiles(128, 2), 1105);
-        assert_eq!(slabs(64, 2), Some(19));
-        assert_eq!(state_smem(64, 2), Some(126_720));
-        assert_eq!(split(256, 13 * 32, 132), (1, 256));
-        assert_eq!(split(256, 8, 132), (8, 32));
-        assert_eq!(split(3, 8, 132), (3, 1));
-        assert_eq!(split(0, 8, 132), (0, 1));
+        assert_eq!(f_pad(64, 1), 96);
+        assert_eq!(f_pad(64, 2), 2400);
+        assert_eq!(f_pad(128, 2), 8864);
+        assert_eq!(fold_slabs(64, 2), Some(19));
+        assert_eq!(fold_slabs(128, 2), Some(139));
+        assert_eq!(fold_smem(64, 2), Some(46_336));
+        assert_eq!(read_smem(64, 2, false), Some(57_856));
+        assert_eq!(read_probes(64, 2, false), 128);
+        assert_eq!(forward_smem(64), Some(65_024));
+        assert_eq!(forward_smem(128), Some(97_792));
+        assert_eq!(read_probes(128, 2, false), 64);
+        assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
+        assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
+        assert_eq!(seg_len(64, 2, 1 << 20, 8, 2, true), Some(2048));
+        assert_eq!(seg_len(64, 1, 16_384, 32, 2, true), Some(256));
+        assert_eq!(seg_len(64, 1, 16_384, 32, 2, false), Some(1856));
+        assert_eq!(seg_len(64, 2, 16_384, 32, 2, false), Some(16_384));
+        assert_eq!(seg_len(128, 2, 110, 4, 4, true), Some(32));
+        assert_eq!(seg_len(48, 2, 100, 1, 2, true), None);
     }
 
     #[test]
@@ -158,16 +297,50 @@ mod tests {
     fn shared_memory_fits_the_sm80_limit_and_slabs_hold_whole_steps() {
         for d in HEAD_DIMS {
             let t = state_tile(d).expect("tile");
-            assert_eq!((t.c % 16, t.nt % 4), (0, 0), "D = {d}");
+            assert_eq!((t.c % 16, t.nt % STEP_TILES), (0, 0), "D = {d}");
             for elem in [2, 4] {
-                let s = state_smem(d, elem).expect("supported");
-                assert!(s <= 163 * 1024, "state D = {d}, elem {elem}: {s}");
-                assert!(dense_smem(d, elem, true) <= 163 * 1024);
+                let f = fold_smem(d, elem).expect("supported");
+                assert!(f <= 163 * 1024, "fold D = {d}, elem {elem}: {f}");
+                for grad in [false, true] {
+                    let r = read_smem(d, elem, grad).expect("supported");
+                    assert!(r <= 163 * 1024, "read D = {d}, elem {elem}, grad {grad}: {r}");
+                    assert!(dense_smem(d, elem, grad) <= 163 * 1024);
+                    assert!(forward_smem(d).expect("supported") <= 163 * 1024);
+                }
+                // Every (p, d) pair of a gradient read belongs to one thread of 128.
+                assert_eq!(read_probes(d, elem, true) * d % THREADS as usize, 0);
+            }
+            for order in [1, 2] {
+                let slabs = fold_slabs(d, order).expect("supported");
+                assert!(slabs * t.nt * 8 >= f_pad(d, order) && (slabs - 1) * t.nt * 8 < f_pad(d, order));
             }
             assert!(decode_step_smem(d, 64) <= 163 * 1024);
         }
         assert_eq!(state_tile(48), None);
-        assert_eq!(slabs(96, 2), None);
+        assert_eq!(fold_slabs(96, 2), None);
+    }
+
+    #[test]
+    fn segments_are_whole_chunks_and_the_states_fit_the_budget() {
+        for d in HEAD_DIMS {
+            let c = state_tile(d).expect("tile").c;
+            for order in [1, 2] {
+                for n in [0, 1, 63, 64, 65, 1000, 16_384, 1 << 20] {
+                    for (heads, elem, causal) in
+                        [(1, 2, true), (32, 2, true), (256, 2, false), (32, 4, false)]
+                    {
+                        let l = seg_len(d, order, n, heads, elem, causal).expect("supported");
+                        assert_eq!(l % c, 0, "D = {d}, order {order}, n = {n}");
+                        let bytes =
+                            heads * n.div_ceil(l) * width(d) * f_pad(d, order) * state_entry_bytes(elem);
+                        assert!(
+                            bytes <= STATE_BUDGET || l >= n,
+                            "D = {d}, order {order}, n = {n}: {bytes}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// `(D, C, NT)` of every `template <> struct TaylorTile<D> { ... C = .., NT = ..; };` line.
@@ -194,20 +367,6 @@ mod tests {
         assert_eq!(tiles.len(), HEAD_DIMS.len(), "one TaylorTile per head dim");
         for (d, c, nt) in tiles {
             assert_eq!(state_tile(d), Some(StateTile { c, nt }), "TaylorTile<{d}>");
-        }
-    }
-
-    #[test]
-    fn splits_cover_every_chunk_and_never_exceed_eight() {
-        for chunks in [1, 2, 7, 64, 1000, 16_384] {
-            for blocks in [1, 5, 300, 10_000] {
-                let (n, per) = split(chunks, blocks, 132);
-                assert!((1..=8).contains(&n), "{chunks} {blocks}: {n}");
-                assert!(
-                    n * per >= chunks && (n - 1) * per < chunks,
-                    "{chunks} {blocks}: {n} × {per}"
-                );
-            }
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The Taylor kernels' parameter struct: the spec's `AttnParams` followed by the f32 scratch of a call,
+//! The Taylor kernels' parameter struct: the spec's `AttnParams` followed by the row scalars and f32 sums of a call,
 //! the mirror of `struct TaylorParams` in `kernels/include/taylor_common.cuh`, field for field.
 
 use crate::params::AttnParams;
@@ -10,20 +10,23 @@ use cudarc::driver::DeviceRepr;
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct TaylorParams {
     pub base: AttnParams,
-    pub src_x: u64,
-    pub src_y: u64,
-    pub probe_z: u64,
-    pub probe_w: u64,
     pub out_value: u64,
     pub out_grad: u64,
-    pub kx: u64,
-    pub ky: u64,
-    pub qz: u64,
-    pub qw: u64,
+    /// Backward: `1/den` per query row (0 for a row with no key).
+    pub rg: u64,
+    /// Backward: `−δ = −(dO/den)·o` per query row.
+    pub nd: u64,
     pub acc_q: u64,
     pub acc_kv: u64,
     pub acc_k: u64,
     pub state: u64,
+    /// State sweep: `[B][Hkv][n_seg][M][f_pad]` f32 segment sums, then their prefix; decode: the
+    /// per-feature-block partials of a step.
+    pub st: u64,
+    /// State sweep: `[B][Hkv][n_seg]` the bits of each segment's largest |sum| (zeroed before the fold).
+    pub st_max: u64,
+    /// f16/bf16 state sweep: the states in the storage type, `[B][Hkv][n_seg][copies][M][f_pad]`.
+    pub st_t: u64,
     pub a0: f32,
     pub a1: f32,
     pub a2: f32,
@@ -31,10 +34,20 @@ pub(crate) struct TaylorParams {
     pub order: i32,
     /// Sweep roles: 0 keys → queries (forward, dQ), 1 queries → keys reversed (dV, dK).
     pub reverse: i32,
+    /// Fold: feature slabs per (batch entry, kv head); decode: feature blocks of the partials.
     pub n_slabs: i32,
-    pub chunks_per_split: i32,
+    /// Sources per segment `L`.
+    pub seg_len: i32,
+    /// Segments of the longest (batch entry, kv head): the stride of `st`.
+    pub n_seg: i32,
+    /// Features per state row (8 · tiles, padded to whole read steps).
+    pub f_pad: i32,
     /// Decode: feature rows of the state (8 per tile).
     pub features: i32,
+    /// f16/bf16 state copies: 1 (hi) or 2 (hi and lo, for a sweep with a gradient read).
+    pub copies: i32,
+    /// Keeps the struct a whole number of 8-byte words on both sides.
+    pub pad_: i32,
 }
 
 // SAFETY: `TaylorParams` is `#[repr(C)]`, made of `AttnParams` (itself `#[repr(C)]` integers and floats,
@@ -77,10 +90,10 @@ mod tests {
     use attn_core::{AttnProblem, DType, Family, TaylorParams as Taylor};
 
     #[test]
-    fn params_are_the_attn_params_then_fourteen_pointers_and_eight_scalars() {
+    fn params_are_the_attn_params_then_eleven_pointers_and_twelve_scalars() {
         assert_eq!(
             std::mem::size_of::<TaylorParams>(),
-            std::mem::size_of::<AttnParams>() + 14 * 8 + 8 * 4
+            std::mem::size_of::<AttnParams>() + 11 * 8 + 12 * 4
         );
         assert_eq!(std::mem::size_of::<TaylorParams>() % 8, 0);
         assert_eq!(std::mem::align_of::<TaylorParams>(), 8);

@@ -10,6 +10,7 @@
 #![allow(dead_code)] // each test binary uses part of the harness
 
 pub mod bench;
+pub mod hyperbolic;
 pub mod shapes;
 
 use attn_core::{AttnSpec, Element, FamilySpec};

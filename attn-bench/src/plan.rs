@@ -1,0 +1,421 @@
+//! What a run measures: a preset's named sections, each made of one or more grids.
+//!
+//! The single-grid presets (`flash`, `cpu-small`) have one section, `grid`. The GPU presets split
+//! BENCHMARKS.md's programme into sections that can be selected (`--sections`) so that a run fits
+//! in one device call or is split across two:
+//!
+//! - `flash`: softmax, cosine-sim and both hyperbolic scores on the FlashAttention convention (bf16,
+//!   `B = 16384 / N`, `H = 2048 / D`, D ∈ {64, 128}, N = 512 … 16384, causal and not, fwd and fwd_bwd);
+//! - `taylor`: Taylor order 1 and 2 at D = 64, N = 1024 … 65536 (B = 1 beyond 16384), causal and
+//!   not, with softmax on the same points for the crossover;
+//! - `memory`: B = 1, H = 8, causal fwd_bwd at N = 131072, D = 128 for softmax and at
+//!   N = 1 048 576, D = 64 for Taylor order 1 and 2 (memory O(N·D) where materialised attention
+//!   would need B·H·N² scores).
+//!
+//! `gpu-smoke` has the same sections at toy sizes, so the GPU script's whole path can be exercised
+//! on a CPU. A point that appears in two sections is measured once, in the first.
+
+use crate::grid::{BadPoint, FamilyId, GridConfig, GridPoint, PassKind};
+use attn_core::DType;
+use std::collections::HashSet;
+use std::str::FromStr;
+
+/// Named starting points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// One grid: BENCHMARKS.md's FlashAttention convention over every family ([`GridConfig::flash`]).
+    Flash,
+    /// One grid the CPU reference finishes in minutes ([`GridConfig::cpu_small`]).
+    CpuSmall,
+    /// The H100 programme in sections `flash`, `taylor`, `memory` (module doc).
+    H100,
+    /// The H100 sections at toy sizes, for a dry run of the GPU script on a CPU.
+    GpuSmoke,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 4] = [Preset::Flash, Preset::CpuSmall, Preset::H100, Preset::GpuSmoke];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Preset::Flash => "flash",
+            Preset::CpuSmall => "cpu-small",
+            Preset::H100 => "h100",
+            Preset::GpuSmoke => "gpu-smoke",
+        }
+    }
+}
+
+impl FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Preset::ALL.into_iter().find(|p| p.label() == s).ok_or_else(|| {
+            let known: Vec<&str> = Preset::ALL.iter().map(|p| p.label()).collect();
+            format!("unknown preset `{s}` (known: {})", known.join(", "))
+        })
+    }
+}
+
+/// A named part of a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Section {
+    pub name: String,
+    pub grids: Vec<GridConfig>,
+}
+
+/// A point of a plan with the section it belongs to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlannedPoint<'a> {
+    pub section: &'a str,
+    pub point: GridPoint,
+}
+
+/// Keep only the listed values of each dimension (`None`: keep all).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Filter {
+    pub families: Option<Vec<FamilyId>>,
+    pub dtypes: Option<Vec<DType>>,
+    pub head_dims: Option<Vec<usize>>,
+    pub causal: Option<Vec<bool>>,
+    pub passes: Option<Vec<PassKind>>,
+}
+
+fn keep<T: PartialEq>(v: &mut Vec<T>, allowed: &Option<Vec<T>>) {
+    if let Some(allowed) = allowed {
+        v.retain(|x| allowed.contains(x));
+    }
+}
+
+/// Sections in measurement order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub sections: Vec<Section>,
+}
+
+const FLASH_N: [usize; 6] = [512, 1024, 2048, 4096, 8192, 16384];
+const TAYLOR_N: [usize; 7] = [1024, 2048, 4096, 8192, 16384, 32768, 65536];
+
+/// A grid of the FlashAttention convention with the given lists (no long-N extension).
+fn convention(
+    families: &[FamilyId],
+    head_dims: &[usize],
+    seq_lens: &[usize],
+    tokens: usize,
+    hidden: usize,
+) -> GridConfig {
+    GridConfig {
+        families: families.to_vec(),
+        dtypes: vec![DType::BF16],
+        head_dims: head_dims.to_vec(),
+        causal: vec![false, true],
+        passes: vec![PassKind::Fwd, PassKind::FwdBwd],
+        seq_lens: seq_lens.to_vec(),
+        long_seq_lens: Vec::new(),
+        long_families: Vec::new(),
+        tokens,
+        hidden,
+        batch: None,
+        heads: None,
+    }
+}
+
+/// One causal fwd_bwd point per family at fixed B, H (a memory point).
+fn memory_point(families: &[FamilyId], heads: usize, n: usize, d: usize) -> GridConfig {
+    GridConfig {
+        causal: vec![true],
+        passes: vec![PassKind::FwdBwd],
+        batch: Some(1),
+        heads: Some(heads),
+        ..convention(families, &[d], &[n], n, heads * d)
+    }
+}
+
+const SOFTMAX_LIKE: [FamilyId; 4] = [
+    FamilyId::Softmax,
+    FamilyId::CosineSim,
+    FamilyId::HyperbolicGeodesic,
+    FamilyId::HyperbolicSqLorentz,
+];
+const TAYLOR_AND_SOFTMAX: [FamilyId; 3] = [FamilyId::Taylor1, FamilyId::Taylor2, FamilyId::Softmax];
+const TAYLOR: [FamilyId; 2] = [FamilyId::Taylor1, FamilyId::Taylor2];
+
+impl Plan {
+    /// A plan of one section, `grid`.
+    pub fn single(grid: GridConfig) -> Self {
+        Plan {
+            sections: vec![Section {
+                name: "grid".into(),
+                grids: vec![grid],
+            }],
+        }
+    }
+
+    /// The plan a preset starts from.
+    ///
+    /// ```
+    /// use attn_bench::plan::{Plan, Preset};
+    /// let p = Plan::preset(Preset::H100);
+    /// assert_eq!(p.section_names(), vec!["flash", "taylor", "memory"]);
+    /// ```
+    pub fn preset(preset: Preset) -> Self {
+        let section = |name: &str, grids: Vec<GridConfig>| Section {
+            name: name.into(),
+            grids,
+        };
+        match preset {
+            Preset::Flash => Plan::single(GridConfig::flash()),
+            Preset::CpuSmall => Plan::single(GridConfig::cpu_small()),
+            Preset::H100 => Plan {
+                sections: vec![
+                    section(
+                        "flash",
+                        vec![convention(&SOFTMAX_LIKE, &[64, 128], &FLASH_N, 16384, 2048)],
+                    ),
+                    section(
+                        "taylor",
+                        vec![convention(&TAYLOR_AND_SOFTMAX, &[64], &TAYLOR_N, 16384, 2048)],
+                    ),
+                    section(
+                        "memory",
+                        vec![
+                            memory_point(&[FamilyId::Softmax], 8, 131_072, 128),
+                            memory_point(&TAYLOR, 8, 1 << 20, 64),
+                        ],
+                    ),
+                ],
+            },
+            Preset::GpuSmoke => Plan {
+                sections: vec![
+                    section(
+                        "flash",
+                        vec![convention(&SOFTMAX_LIKE, &[32, 64], &[32, 64], 128, 128)],
+                    ),
+                    section(
+                        "taylor",
+                        vec![convention(
+                            &TAYLOR_AND_SOFTMAX,
+                            &[32],
+                            &[32, 64, 128, 256],
+                            128,
+                            64,
+                        )],
+                    ),
+                    section(
+                        "memory",
+                        vec![
+                            memory_point(&[FamilyId::Softmax], 2, 512, 64),
+                            memory_point(&TAYLOR, 2, 2048, 32),
+                        ],
+                    ),
+                ],
+            },
+        }
+    }
+
+    pub fn section_names(&self) -> Vec<&str> {
+        self.sections.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Keep the named sections, in the plan's order; an unknown name is an error listing the known.
+    pub fn select(&mut self, names: &[String]) -> Result<(), String> {
+        let known = self.section_names().join(", ");
+        for n in names {
+            if !self.sections.iter().any(|s| &s.name == n) {
+                return Err(format!("unknown section `{n}` (this preset has: {known})"));
+            }
+        }
+        self.sections.retain(|s| names.contains(&s.name));
+        Ok(())
+    }
+
+    /// Narrow every grid to the filter's values.
+    pub fn filter(&mut self, f: &Filter) {
+        for g in self.sections.iter_mut().flat_map(|s| s.grids.iter_mut()) {
+            keep(&mut g.families, &f.families);
+            keep(&mut g.long_families, &f.families);
+            keep(&mut g.dtypes, &f.dtypes);
+            keep(&mut g.head_dims, &f.head_dims);
+            keep(&mut g.causal, &f.causal);
+            keep(&mut g.passes, &f.passes);
+        }
+    }
+
+    /// Every point in measurement order (sections in order, each grid's own order), a point that
+    /// an earlier section already holds left out; and the points that cannot be built.
+    pub fn points(&self) -> (Vec<PlannedPoint<'_>>, Vec<BadPoint>) {
+        let mut seen = HashSet::new();
+        let mut good = Vec::new();
+        let mut bad = Vec::new();
+        for s in &self.sections {
+            for g in &s.grids {
+                let (points, b) = g.points();
+                bad.extend(b);
+                for p in points {
+                    if seen.insert(p) {
+                        good.push(PlannedPoint {
+                            section: &s.name,
+                            point: p,
+                        });
+                    }
+                }
+            }
+        }
+        (good, bad)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flops::{bytes_moved, pass_flops};
+
+    fn in_section<'a>(pts: &'a [PlannedPoint<'a>], name: &str) -> Vec<&'a GridPoint> {
+        pts.iter()
+            .filter(|p| p.section == name)
+            .map(|p| &p.point)
+            .collect()
+    }
+
+    #[test]
+    fn h100_flash_section_is_the_flash_attention_grid() {
+        let plan = Plan::preset(Preset::H100);
+        let (pts, bad) = plan.points();
+        assert!(bad.is_empty(), "{bad:?}");
+        let flash = in_section(&pts, "flash");
+        // 4 families × 2 D × 2 causal × 6 N × 2 passes.
+        assert_eq!(flash.len(), 4 * 2 * 2 * 6 * 2);
+        for p in &flash {
+            assert_eq!(p.dtype, DType::BF16);
+            assert_eq!(p.batch * p.seq, 16384, "{p}");
+            assert_eq!(p.heads_q * p.head_dim, 2048, "{p}");
+            assert!(!p.family.is_linear());
+            assert!(matches!(p.pass, PassKind::Fwd | PassKind::FwdBwd));
+        }
+        for f in SOFTMAX_LIKE {
+            assert!(flash.iter().any(|p| p.family == f), "{f}");
+        }
+    }
+
+    #[test]
+    fn h100_taylor_section_has_the_long_n_points_and_softmax_beyond_the_flash_grid() {
+        let plan = Plan::preset(Preset::H100);
+        let (pts, _) = plan.points();
+        let taylor = in_section(&pts, "taylor");
+        // Taylor: 2 orders × 7 N × 2 causal × 2 passes; softmax D = 64 up to N = 16384 is already
+        // in the flash section, so only N = 32768 and 65536 are new: 2 N × 2 causal × 2 passes.
+        assert_eq!(taylor.len(), 2 * 7 * 2 * 2 + 2 * 2 * 2);
+        for p in &taylor {
+            assert_eq!(p.head_dim, 64);
+            assert_eq!(p.heads_q, 32);
+            assert_eq!(p.batch, (16384 / p.seq).max(1), "{p}");
+            if p.family == FamilyId::Softmax {
+                assert!(p.seq > 16384, "{p}");
+            }
+        }
+        // The crossover has softmax on every Taylor N once both sections are counted.
+        for n in TAYLOR_N {
+            for causal in [false, true] {
+                assert!(pts.iter().any(|p| p.point.family == FamilyId::Softmax
+                    && p.point.head_dim == 64
+                    && p.point.seq == n
+                    && p.point.causal == causal));
+            }
+        }
+    }
+
+    #[test]
+    fn h100_memory_section_is_three_causal_fwd_bwd_points() {
+        let plan = Plan::preset(Preset::H100);
+        let (pts, _) = plan.points();
+        let mem = in_section(&pts, "memory");
+        let got: Vec<(FamilyId, usize, usize, usize, usize)> = mem
+            .iter()
+            .map(|p| (p.family, p.batch, p.heads_q, p.seq, p.head_dim))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (FamilyId::Softmax, 1, 8, 131_072, 128),
+                (FamilyId::Taylor1, 1, 8, 1_048_576, 64),
+                (FamilyId::Taylor2, 1, 8, 1_048_576, 64),
+            ]
+        );
+        assert!(mem.iter().all(|p| p.causal && p.pass == PassKind::FwdBwd));
+        // Work of the softmax point: 3.5 · 4·B·H·N²·D / 2 (causal).
+        let s = mem[0].shape();
+        let expect = 3.5 * 4.0 * 8.0 * 131_072f64.powi(2) * 128.0 / 2.0;
+        assert_eq!(pass_flops(FamilyId::Softmax, PassKind::FwdBwd, &s), expect);
+        // Bytes of the order-2 point: fwd (q, k, v, o, stats) + bwd (q, k, v, o, dO, stats, dq, dk, dv).
+        let t = mem[2].shape();
+        let elems = (1usize << 20) as f64 * 8.0 * 64.0;
+        let stats = (1usize << 20) as f64 * 8.0 * 4.0;
+        assert_eq!(
+            bytes_moved(PassKind::FwdBwd, &t, 2),
+            (4.0 * elems * 2.0 + stats) + (8.0 * elems * 2.0 + stats)
+        );
+    }
+
+    #[test]
+    fn h100_flops_of_the_whole_plan_fit_a_few_minutes() {
+        // At 150 TFLOP/s (below our kernels' measured rates) 33 calls of every point must take
+        // under ~4 minutes of kernel time; the Taylor points are bandwidth-bound and small here.
+        let plan = Plan::preset(Preset::H100);
+        let (pts, _) = plan.points();
+        let flops: f64 = pts
+            .iter()
+            .map(|p| pass_flops(p.point.family, p.point.pass, &p.point.shape()))
+            .sum();
+        let seconds = 33.0 * flops / 150e12;
+        assert!(seconds < 240.0, "{seconds:.0} s");
+        assert!(seconds > 60.0, "{seconds:.0} s: the grid lost points");
+    }
+
+    #[test]
+    fn sections_select_and_filter() {
+        let mut plan = Plan::preset(Preset::H100);
+        assert!(plan.select(&["flash".into(), "nope".into()]).is_err());
+        plan.select(&["memory".into(), "taylor".into()])
+            .expect("known sections");
+        assert_eq!(plan.section_names(), vec!["taylor", "memory"]);
+        plan.filter(&Filter {
+            families: Some(vec![FamilyId::Taylor2]),
+            passes: Some(vec![PassKind::FwdBwd]),
+            ..Filter::default()
+        });
+        let (pts, _) = plan.points();
+        assert_eq!(pts.len(), 7 * 2 + 1);
+        assert!(pts
+            .iter()
+            .all(|p| p.point.family == FamilyId::Taylor2 && p.point.pass == PassKind::FwdBwd));
+    }
+
+    #[test]
+    fn smoke_preset_mirrors_the_h100_sections() {
+        let h100 = Plan::preset(Preset::H100);
+        let smoke = Plan::preset(Preset::GpuSmoke);
+        assert_eq!(h100.section_names(), smoke.section_names());
+        let (pts, bad) = smoke.points();
+        assert!(bad.is_empty(), "{bad:?}");
+        for name in smoke.section_names() {
+            let fam = |pts: &[PlannedPoint<'_>]| -> HashSet<FamilyId> {
+                pts.iter()
+                    .filter(|p| p.section == name)
+                    .map(|p| p.point.family)
+                    .collect()
+            };
+            assert_eq!(fam(&pts), fam(&h100.points().0), "{name}");
+        }
+        assert!(pts.iter().all(|p| p.point.seq <= 2048));
+    }
+
+    #[test]
+    fn single_presets_have_one_section() {
+        for p in [Preset::Flash, Preset::CpuSmall] {
+            assert_eq!(Plan::preset(p).section_names(), vec!["grid"]);
+        }
+        for p in Preset::ALL {
+            assert_eq!(p.label().parse::<Preset>(), Ok(p));
+        }
+        assert!("h200".parse::<Preset>().is_err());
+    }
+}

@@ -1,0 +1,217 @@
+//! The short table printed last by `run --summary` (and so by the GPU script): per (family, pass,
+//! D), our row at the largest non-causal N and, when a larger N was measured (the memory points are
+//! causal), our row at the largest N; at each the fastest baseline measured on the same point with
+//! `×best = t_best / t_ours` (above 1: ours is faster). A family without a row of ours gets one
+//! line with the reason it was skipped. The full table is the markdown report.
+
+use crate::impls::is_ours_label;
+use crate::report::sig3;
+use crate::schema::{BenchFile, Row};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+const OURS_ORDER: [&str; 2] = ["attn-cuda", "attn-cpu-ref"];
+
+fn family_rank(f: &str) -> usize {
+    crate::grid::FamilyId::ALL
+        .iter()
+        .position(|x| x.label() == f)
+        .unwrap_or(usize::MAX)
+}
+
+fn shorten(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let cut: String = s.chars().take(n).collect();
+        format!("{cut}…")
+    }
+}
+
+/// The fastest baseline row at `r`'s point.
+fn best_baseline<'a>(file: &'a BenchFile, r: &Row) -> Option<&'a Row> {
+    let key = r.key();
+    file.rows
+        .iter()
+        .filter(|b| !is_ours_label(&b.implementation) && b.key() == key)
+        .min_by(|a, b| a.ms_median.total_cmp(&b.ms_median))
+}
+
+/// The short table (module doc).
+pub fn summary(file: &BenchFile) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "summary: {} (commit {}, {})",
+        file.device, file.commit, file.date
+    );
+    let _ = writeln!(
+        out,
+        "| family | pass | D | causal | B×H | N | ours | ms | TFLOP/s | MiB | best baseline | ms | ×best |"
+    );
+    let _ = writeln!(out, "|{}", "---|".repeat(13));
+
+    let mut families: Vec<&str> = file
+        .rows
+        .iter()
+        .map(|r| r.family.as_str())
+        .chain(file.skipped.iter().map(|s| s.family.as_str()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    families.sort_by_key(|f| (family_rank(f), f.to_string()));
+    for family in families {
+        let ours = OURS_ORDER.iter().copied().find(|o| {
+            file.rows
+                .iter()
+                .any(|r| r.family == family && r.implementation == *o)
+        });
+        let Some(ours) = ours else {
+            let reason = file
+                .skipped
+                .iter()
+                .find(|s| s.family == family && is_ours_label(&s.implementation))
+                .map(|s| format!("{} skipped: {}", s.implementation, shorten(&s.reason, 90)))
+                .unwrap_or_else(|| "no row of ours".into());
+            let _ = writeln!(out, "| {family} | {reason} |");
+            continue;
+        };
+        let mine: Vec<&Row> = file
+            .rows
+            .iter()
+            .filter(|r| r.family == family && r.implementation == ours)
+            .collect();
+        // (pass, D) → (largest-N non-causal row, largest-N row).
+        let mut slices: BTreeMap<(&str, usize), (Option<&Row>, &Row)> = BTreeMap::new();
+        for r in &mine {
+            let slot = slices.entry((r.pass.as_str(), r.head_dim)).or_insert((None, r));
+            if !r.causal && slot.0.is_none_or(|a| r.seq_q > a.seq_q) {
+                slot.0 = Some(r);
+            }
+            if r.seq_q > slot.1.seq_q || (r.seq_q == slot.1.seq_q && !r.causal) {
+                slot.1 = r;
+            }
+        }
+        let picked = slices.values().flat_map(|(a, b)| match a {
+            Some(a) if a.seq_q >= b.seq_q => vec![*a],
+            Some(a) => vec![*a, *b],
+            None => vec![*b],
+        });
+        for r in picked {
+            let (base, base_ms, ratio) = match best_baseline(file, r) {
+                Some(b) => (
+                    b.implementation.clone(),
+                    sig3(b.ms_median),
+                    sig3(b.ms_median / r.ms_median),
+                ),
+                None => ("—".into(), "—".into(), "—".into()),
+            };
+            let _ = writeln!(
+                out,
+                "| {family} | {} | {} | {} | {}×{} | {} | {ours} | {} | {} | {} | {base} | {base_ms} | {ratio} |",
+                r.pass,
+                r.head_dim,
+                if r.causal { "yes" } else { "no" },
+                r.batch,
+                r.heads_q,
+                r.seq_q,
+                sig3(r.ms_median),
+                sig3(r.tflops),
+                r.peak_mib.map(sig3).unwrap_or_else(|| "—".into()),
+            );
+        }
+    }
+    let ours_rows = file
+        .rows
+        .iter()
+        .filter(|r| is_ours_label(&r.implementation))
+        .count();
+    let _ = writeln!(
+        out,
+        "{} rows ({} ours, {} baselines), {} skipped, {} grid points not built",
+        file.rows.len(),
+        ours_rows,
+        file.rows.len() - ours_rows,
+        file.skipped.len(),
+        file.bad_points.len()
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::Skipped;
+
+    fn row(imp: &str, family: &str, pass: &str, n: usize, causal: bool, ms: f64) -> Row {
+        Row {
+            implementation: imp.into(),
+            family: family.into(),
+            params: String::new(),
+            dtype: "bf16".into(),
+            pass: pass.into(),
+            batch: 16384usize.div_ceil(n).max(1),
+            heads_q: 32,
+            heads_kv: 32,
+            seq_q: n,
+            seq_k: n,
+            head_dim: 64,
+            causal,
+            ms_median: ms,
+            ms_min: ms,
+            tflops: 100.0,
+            tokens_per_s: 1.0,
+            peak_mib: Some(12.5),
+            gpu: "gpu".into(),
+            commit: "c".into(),
+            date: "d".into(),
+            ms_spread: None,
+            runs: None,
+            bytes_moved: None,
+            bandwidth_pct: None,
+            peak_source: None,
+            timer: None,
+        }
+    }
+
+    #[test]
+    fn picks_the_largest_regular_n_and_every_memory_point_with_the_best_baseline() {
+        let mut f = BenchFile::new("gpu".into(), "c".into(), "d".into());
+        for (n, ms) in [(1024, 1.0), (16384, 8.0)] {
+            f.rows.push(row("attn-cuda", "softmax", "fwd", n, false, ms));
+            f.rows
+                .push(row("sdpa_flash", "softmax", "fwd", n, false, 2.0 * ms));
+            f.rows
+                .push(row("sdpa_cudnn", "softmax", "fwd", n, false, 0.5 * ms));
+        }
+        f.rows.push(row("attn-cuda", "softmax", "fwd", 4096, true, 3.0));
+        f.rows
+            .push(row("attn-cuda", "taylor2", "fwd_bwd", 1 << 20, true, 300.0));
+        f.skipped.push(Skipped {
+            implementation: "attn-cuda".into(),
+            family: "hyperbolic_geodesic".into(),
+            dtype: "bf16".into(),
+            pass: "fwd".into(),
+            batch: 1,
+            heads_q: 1,
+            heads_kv: 1,
+            seq_q: 64,
+            seq_k: 64,
+            head_dim: 64,
+            causal: false,
+            reason: "unsupported: the hyperbolic family has no kernel".into(),
+        });
+        let s = summary(&f);
+        let lines: Vec<&str> = s.lines().filter(|l| l.starts_with("| ")).collect();
+        // Header, softmax fwd at N = 16384 only, taylor2 memory point, hyperbolic skip.
+        assert_eq!(lines.len(), 4, "{s}");
+        assert!(lines[1].contains("| 16384 | attn-cuda | 8.00 |"), "{s}");
+        assert!(lines[1].contains("| sdpa_cudnn | 4.00 | 0.500 |"), "{s}");
+        assert!(
+            lines[2].contains("| 1048576 |") && lines[2].contains("| — | — | — |"),
+            "{s}"
+        );
+        assert!(lines[3].contains("attn-cuda skipped: unsupported"), "{s}");
+        assert!(s.contains("8 rows (4 ours, 4 baselines), 1 skipped"), "{s}");
+    }
+}

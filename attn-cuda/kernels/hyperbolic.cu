@@ -1,0 +1,122 @@
+// Hyperbolic attention (REFERENCE.md §4) in the Lorentz model of curvature −c: squared-Lorentz and
+// geodesic scores, Euclidean or Einstein-midpoint aggregation (a runtime flag: the per-key bias
+// log γ_j), forward and backward.
+//   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_{f16,bf16}_d{32,64,96,128,256}:
+//       the flash skeleton on tensor cores (score.h, lorentz_tile.cuh)
+//   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
+//   attn_hyp_rows_{q,k}_{f32,f16,bf16}: the per-row scalars every kernel above reads, one warp per
+//       row, sums in f64 and rounded once to f32:
+//       q rows: q0 = √(1/c + ‖q‖²) and ‖q‖ (stats_index);
+//       k rows: k0 and ‖k‖, and for the Einstein midpoint γ_j = 1/√(1 − min(c‖v_j‖², KLEIN_MAX_NORM2)):
+//       log γ_j and its gradient factor c γ_j² (0 where the clamp is active), at key_index.
+#include "include/flash_bwd.cuh"
+#include "include/flash_fwd.cuh"
+#include "include/hyp_simt.cuh"
+
+namespace attn {
+
+template <typename T>
+__device__ __forceinline__ double row_sum_sq_f64(const T* x, int D, int lane) {
+    double s = 0.0;
+    for (int d = lane; d < D; d += 32) {
+        const double v = to_f32(x[d]);
+        s += v * v;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
+template <typename T, bool kQuery>
+__device__ __forceinline__ void hyp_rows(const AttnParams& p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int b = blockIdx.z, h = blockIdx.y, n = blockIdx.x * kSimtRows + warp;
+    const SeqInfo si(p, b);
+    if (n >= (kQuery ? si.len_q : si.key_rows(p))) return;
+    const int D = p.head_dim;
+    const double c = p.curvature;
+    const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
+    const double s2 = row_sum_sq_f64(x, D, lane);
+    const long long at = kQuery ? si.stats_index(p, h, n) : si.key_index(p, h, n);
+    float lg = 0.f, dg = 0.f;
+    if (!kQuery && p.midpoint) {
+        const double n2 = c * row_sum_sq_f64(static_cast<const T*>(p.v) + si.v_off(p, n, h), D, lane);
+        const bool clamped = n2 > kKleinMaxNorm2;
+        const double m2 = fmin(n2, kKleinMaxNorm2);
+        lg = (float)(-0.5 * log1p(-m2));
+        dg = clamped ? 0.f : (float)(c / (1.0 - m2));
+    }
+    if (lane == 0) {
+        const float x0 = (float)sqrt(1.0 / c + s2), norm = (float)sqrt(s2);
+        if (kQuery) {
+            p.x0q[at] = x0;
+            p.nq[at] = norm;
+        } else {
+            p.x0k[at] = x0;
+            p.nk[at] = norm;
+            if (p.midpoint) {
+                p.lgk[at] = lg;
+                p.dgk[at] = dg;
+            }
+        }
+    }
+}
+
+}  // namespace attn
+
+#define ATTN_HYP_ROWS(DT, T)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(128) attn_hyp_rows_q_##DT(const __grid_constant__ AttnParams p) {  \
+        attn::hyp_rows<T, true>(p);                                                                                \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) attn_hyp_rows_k_##DT(const __grid_constant__ AttnParams p) {  \
+        attn::hyp_rows<T, false>(p);                                                                               \
+    }
+
+ATTN_HYP_ROWS(f32, float)
+ATTN_HYP_ROWS(f16, __half)
+ATTN_HYP_ROWS(bf16, __nv_bfloat16)
+
+#define ATTN_HYP(NAME, SCORE, DT, T, D)                                                                            \
+    extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \
+        attn_hyperbolic_##NAME##_fwd_##DT##_d##D(const __grid_constant__ AttnParams p) {                            \
+        attn::flash_fwd<T, D, SCORE>(p);                                                                           \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \
+        attn_hyperbolic_##NAME##_bwd_dq_##DT##_d##D(const __grid_constant__ AttnParams p) {                         \
+        attn::flash_bwd_dq<T, D, SCORE>(p);                                                                        \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \
+        attn_hyperbolic_##NAME##_bwd_dkdv_##DT##_d##D(const __grid_constant__ AttnParams p) {                       \
+        attn::flash_bwd_dkdv<T, D, SCORE>(p);                                                                      \
+    }
+
+#define ATTN_HYP_DTYPES(NAME, SCORE, D)         \
+    ATTN_HYP(NAME, SCORE, f16, __half, D)       \
+    ATTN_HYP(NAME, SCORE, bf16, __nv_bfloat16, D)
+
+#define ATTN_HYP_DIMS(NAME, SCORE)      \
+    ATTN_HYP_DTYPES(NAME, SCORE, 32)    \
+    ATTN_HYP_DTYPES(NAME, SCORE, 64)    \
+    ATTN_HYP_DTYPES(NAME, SCORE, 96)    \
+    ATTN_HYP_DTYPES(NAME, SCORE, 128)   \
+    ATTN_HYP_DTYPES(NAME, SCORE, 256)
+
+ATTN_HYP_DIMS(sq_lorentz, attn::SqLorentzScore)
+ATTN_HYP_DIMS(geodesic, attn::GeodesicScore)
+
+#define ATTN_HYP_SIMT(NAME, SCORE)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128)                                                              \
+        attn_hyperbolic_##NAME##_fwd_f32(const __grid_constant__ AttnParams p) {                                    \
+        attn::hyp_simt_fwd<SCORE>(p);                                                                              \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128)                                                              \
+        attn_hyperbolic_##NAME##_bwd_dq_f32(const __grid_constant__ AttnParams p) {                                 \
+        attn::hyp_simt_bwd_dq<SCORE>(p);                                                                           \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128)                                                              \
+        attn_hyperbolic_##NAME##_bwd_dkdv_f32(const __grid_constant__ AttnParams p) {                               \
+        attn::hyp_simt_bwd_dkdv<SCORE>(p);                                                                         \
+    }
+
+ATTN_HYP_SIMT(sq_lorentz, attn::SqLorentzScore)
+ATTN_HYP_SIMT(geodesic, attn::GeodesicScore)

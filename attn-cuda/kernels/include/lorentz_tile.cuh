@@ -1,0 +1,229 @@
+// The hyperbolic family's per-element work inside the flash skeleton's tiles (score.h has the math):
+// the forward's scores of one key block, and the backward's P, dS and weighted dS of one tile with the
+// row sums its epilogues need. Each has a fast path (a tile with no mask and no bias: one value y per
+// element, the constant multiplier hyp_c folded into the exponential's FMA) and a general path
+// (scores in log2 units, masked → −∞). kMid: Einstein-midpoint aggregation, the per-key bias log γ_j.
+//
+// Gradients leave the tiles as w = dS·ψ rounded to the storage type — the very values the dQ and dK
+// MMAs consume — and the row sums Σ_j w_ij k0_j (dQ) and Σ_i w_ij q0_i (dK) are taken over those same
+// rounded values, so the epilogue's difference Σ w k − (Σ w k0) q/q0 (which cancels when k/k0 ≈ q/q0,
+// i.e. for close points far from the origin) carries f32 rounding only, never the storage type's.
+#pragma once
+#include "mask.h"
+#include "mma.h"
+#include "online_softmax.h"
+#include "score.h"
+
+namespace attn {
+
+// x rounded to the storage type T and widened back.
+template <typename T>
+__device__ __forceinline__ float round_to(float x) {
+    return to_f32(from_f32<T>(x));
+}
+
+// Forward scores of one key block of BN = 8·NT keys starting at j0 for MT 16-row tiles: raw products
+// in s → fast-path values y with c = hyp_c, or log2-unit scores with c = 1 (general path).
+// q0: this thread's rows' time coordinates; sK0, sLg: the block's k0 and log γ_j in shared memory.
+template <class Score, bool kMid, typename T, int MT, int NT>
+__device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInfo& si, int h, int j0, bool fast, bool full,
+                                               float (&s)[MT][NT][4], float (&c)[MT][2], const float (&q0)[MT][2],
+                                               const int (&row)[MT][2], const int (&lo)[MT][2], const int (&hi)[MT][2],
+                                               const float* sK0, const float* sLg, int t4) {
+    const Lorentz L(p);
+    const float lg_fast = kLog2e / L.fast;  // log γ (natural) → the fast path's units
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int cl = nt * 8 + 2 * t4;
+        const float2 k0 = *reinterpret_cast<const float2*>(sK0 + cl);
+        const float2 lg = kMid ? *reinterpret_cast<const float2*>(sLg + cl) : make_float2(0.f, 0.f);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2;
+                const float k0j = (e & 1) ? k0.y : k0.x, lgj = (e & 1) ? lg.y : lg.x;
+                float psi;
+                const float y = lorentz_value<Score, false>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
+                if (fast) {
+                    s[mt][nt][e] = kMid ? fmaf(lgj, lg_fast, y) : y;
+                } else {
+                    const int col = j0 + cl + (e & 1);
+                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                    float x = fmaf(L.fast, y, kMid ? lgj * kLog2e : 0.f);
+                    if (allowed && p.bias != nullptr)
+                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]) * kLog2e;
+                    s[mt][nt][e] = allowed ? x : -CUDART_INF_F;
+                }
+            }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) c[mt][0] = c[mt][1] = fast ? L.fast : 1.f;
+}
+
+// dQ kernel, one key block: s holds S = QKᵀ, dp holds dP = dO Vᵀ. On return s holds w = dS·ψ rounded
+// to T, and a[mt][r] (thread-partial) has gained Σ_j w_ij k0_j. lse2: LSE_i in log2 units less the
+// score's constant (+∞ for rows that must get P = 0). With a bias, dS goes to the bias scratch.
+template <class Score, bool kMid, typename T, int MT, int NT>
+__device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqInfo& si, int h, int j0, bool fast,
+                                                bool full, float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
+                                                float (&a)[MT][2], const float (&q0)[MT][2], const float (&lse2)[MT][2],
+                                                const float (&delta)[MT][2], const int (&row)[MT][2],
+                                                const int (&lo)[MT][2], const int (&hi)[MT][2], const float* sK0,
+                                                const float* sLg, int t4) {
+    const Lorentz L(p);
+    const float lg_fast = kLog2e / L.fast;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int cl = nt * 8 + 2 * t4;
+        const float2 k0 = *reinterpret_cast<const float2*>(sK0 + cl);
+        const float2 lg = kMid ? *reinterpret_cast<const float2*>(sLg + cl) : make_float2(0.f, 0.f);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2;
+                const float k0j = (e & 1) ? k0.y : k0.x, lgj = (e & 1) ? lg.y : lg.x;
+                float psi;
+                const float y = lorentz_value<Score, true>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
+                float ds;
+                if (fast) {
+                    const float pr = exp2_fast(fmaf(kMid ? fmaf(lgj, lg_fast, y) : y, L.fast, -lse2[mt][r]));
+                    ds = pr * (dp[mt][nt][e] - delta[mt][r]);
+                } else {
+                    const int col = j0 + cl + (e & 1);
+                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                    float x = fmaf(L.fast, y, kMid ? lgj * kLog2e : 0.f);
+                    if (allowed && p.bias != nullptr)
+                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]) * kLog2e;
+                    const float pr = allowed ? exp2_fast(x - lse2[mt][r]) : 0.f;
+                    ds = pr * (dp[mt][nt][e] - delta[mt][r]);
+                    if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
+                }
+                const float w = round_to<T>(ds * psi);
+                a[mt][r] = fmaf(w, k0j, a[mt][r]);
+                s[mt][nt][e] = w;
+            }
+    }
+}
+
+// dK/dV kernel, one streamed query block of BM = 8·QT queries starting at i0 (query head h): st holds
+// Sᵀ = K Qᵀ, dpt holds dPᵀ = V dOᵀ (rows = this thread's keys). On return st holds Pᵀ and dpt holds
+// wᵀ rounded to T; bsum gains Σ_i w_ij q0_i and, with kMid, csum gains Σ_i dS_ij. k0 and lg: the
+// keys' time coordinates and log γ_j; sQ0, sLse, sDelta: the query block's q0, LSE (log2 units, less
+// the score's constant) and δ.
+template <class Score, bool kMid, typename T, int MT, int QT>
+__device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const SeqInfo& si, int h, int i0, bool fast,
+                                                  bool full, float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
+                                                  float (&bsum)[MT][2], float (&csum)[MT][2], const float (&k0)[MT][2],
+                                                  const float (&lg)[MT][2], const int (&key)[MT][2],
+                                                  const float* sQ0, const float* sLse, const float* sDelta, int t4) {
+    const Lorentz L(p);
+    const float lg_fast = kLog2e / L.fast;
+#pragma unroll
+    for (int qt = 0; qt < QT; ++qt) {
+        const int cl = qt * 8 + 2 * t4;
+        const float2 q0 = *reinterpret_cast<const float2*>(sQ0 + cl);
+        const float2 lse = *reinterpret_cast<const float2*>(sLse + cl);
+        const float2 delta = *reinterpret_cast<const float2*>(sDelta + cl);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2;
+                const float q0i = (e & 1) ? q0.y : q0.x;
+                const float lsei = (e & 1) ? lse.y : lse.x, di = (e & 1) ? delta.y : delta.x;
+                float psi;
+                const float y = lorentz_value<Score, true>(st[mt][qt][e], q0i, k0[mt][r], L, psi);
+                float pr;
+                if (fast) {
+                    pr = exp2_fast(fmaf(kMid ? fmaf(lg[mt][r], lg_fast, y) : y, L.fast, -lsei));
+                } else {
+                    const int i = i0 + cl + (e & 1);
+                    const int j = key[mt][r];
+                    const bool allowed =
+                        full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
+                    float x = fmaf(L.fast, y, kMid ? lg[mt][r] * kLog2e : 0.f);
+                    if (allowed && p.bias != nullptr)
+                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]) * kLog2e;
+                    pr = allowed ? exp2_fast(x - lsei) : 0.f;
+                }
+                const float ds = pr * (dpt[mt][qt][e] - di);
+                const float w = round_to<T>(ds * psi);
+                bsum[mt][r] = fmaf(w, q0i, bsum[mt][r]);
+                if (kMid) csum[mt][r] += ds;
+                st[mt][qt][e] = pr;
+                dpt[mt][qt][e] = w;
+            }
+    }
+}
+
+// dQ epilogue: dq_i = hyp_grad·(acc_i − (a_i/q0_i)·q_i), q_i read from the resident Q tile.
+template <typename T, int MT, int DT>
+__device__ __forceinline__ void lorentz_dq_epilogue(const AttnParams& p, const SeqInfo& si, int h,
+                                                    const float (&acc)[MT][DT][4], const float (&a)[MT][2],
+                                                    const float (&q0)[MT][2], const int (&row)[MT][2], const T* sQ,
+                                                    int ld, int wrow, int lane) {
+    using V2 = typename Vec2<T>::type;
+    const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float ai = quad_sum(a[mt][r]);  // every lane of the quad takes part
+            if (row[mt][r] >= si.len_q) continue;
+            const float ratio = ai / q0[mt][r];
+            const T* qrow = sQ + (wrow + mt * 16 + g + 8 * r) * ld;
+            T* dq = static_cast<T*>(p.dq) + si.dq_off(p, row[mt][r], h);
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                const int col = dt * 8 + 2 * t4;
+                const float x0 = p.hyp_grad * fmaf(-ratio, to_f32(qrow[col]), acc[mt][dt][2 * r]);
+                const float x1 = p.hyp_grad * fmaf(-ratio, to_f32(qrow[col + 1]), acc[mt][dt][2 * r + 1]);
+                const uint32_t packed = pack2<T>(x0, x1);
+                *reinterpret_cast<V2*>(dq + col) = *reinterpret_cast<const V2*>(&packed);
+            }
+        }
+}
+
+// dK/dV epilogue for columns [d0, d0 + 8·AT): dk_j = hyp_grad·(acc_dk − (b_j/k0_j)·k_j) and
+// dv_j = acc_dv + (Σ_i dS_ij)·c γ_j²·v_j (Einstein midpoint), k_j and v_j read from the resident tiles.
+// Padded keys (j ≥ len_k, rows dk and dv still hold) get zeros.
+template <typename T, int MT, int AT>
+__device__ __forceinline__ void lorentz_dkdv_epilogue(const AttnParams& p, const SeqInfo& si, int hk, int d0,
+                                                      const float (&acc_dk)[MT][AT][4],
+                                                      const float (&acc_dv)[MT][AT][4], const float (&bsum)[MT][2],
+                                                      const float (&csum)[MT][2], const float (&k0)[MT][2],
+                                                      const int (&key)[MT][2], const T* sK, const T* sV, int ld,
+                                                      int wrow, int lane, bool midpoint) {
+    using V2 = typename Vec2<T>::type;
+    const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float bj = quad_sum(bsum[mt][r]);
+            const float cj = quad_sum(csum[mt][r]);
+            const int j = key[mt][r];
+            if (j >= si.key_rows(p)) continue;
+            const bool valid = j < si.len_k;
+            const float ratio = valid ? bj / k0[mt][r] : 0.f;
+            const float mid = midpoint && valid ? cj * p.dgk[si.key_index(p, hk, j)] : 0.f;
+            const T* krow = sK + (wrow + mt * 16 + g + 8 * r) * ld + d0;
+            const T* vrow = sV + (wrow + mt * 16 + g + 8 * r) * ld + d0;
+            T* dk = static_cast<T*>(p.dk) + si.dk_off(p, j, hk) + d0;
+            T* dv = static_cast<T*>(p.dv) + si.dv_off(p, j, hk) + d0;
+#pragma unroll
+            for (int at = 0; at < AT; ++at) {
+                const int col = at * 8 + 2 * t4;
+                const uint32_t pk = pack2<T>(p.hyp_grad * fmaf(-ratio, to_f32(krow[col]), acc_dk[mt][at][2 * r]),
+                                             p.hyp_grad * fmaf(-ratio, to_f32(krow[col + 1]), acc_dk[mt][at][2 * r + 1]));
+                const uint32_t pv = pack2<T>(fmaf(mid, to_f32(vrow[col]), acc_dv[mt][at][2 * r]),
+                                             fmaf(mid, to_f32(vrow[col + 1]), acc_dv[mt][at][2 * r + 1]));
+                *reinterpret_cast<V2*>(dk + col) = *reinterpret_cast<const V2*>(&pk);
+                *reinterpret_cast<V2*>(dv + col) = *reinterpret_cast<const V2*>(&pv);
+            }
+        }
+}
+
+}  // namespace attn

@@ -1,0 +1,225 @@
+//! Hyperbolic kernels (squared Lorentz and geodesic scores, Euclidean and Einstein-midpoint
+//! aggregation) against the f64 CPU reference: every score × aggregation × dtype × head dim × mask
+//! option, random shapes with tails, random dO, outputs poisoned with NaN before each launch; plus
+//! points far from the origin, identical q and k (zero distance: the clamp, zero gradient through
+//! that pair) and values near and beyond the Klein ball's edge (the clamp of γ). The tolerance is
+//! `common`'s (2 × the naive same-dtype error + atol) against `common::hyperbolic::naive`, except
+//! for f16/bf16 points far from the origin, where that baseline loses every digit and the kernels
+//! must stay within 2·atol of the reference instead. Each test runs all its cases and reports every
+//! failure (case, field, max error, bound) before failing.
+//!
+//! GPU-only: `cargo xtask test-gpu` (or the bundle of `cargo xtask gpu-bundle`) runs them with
+//! `--ignored`.
+
+mod common;
+
+use attn_core::{Aggregation, AttnProblem, AttnSpec, Causal, DType, Family, HypScore, HyperbolicParams};
+use common::hyperbolic::{check_points, naive, shape_points, Points};
+use common::shapes::{dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
+
+const DIMS: [usize; 5] = [32, 64, 96, 128, 256];
+
+/// Sequence lengths scale down with the head dim so the f64 reference stays quick.
+fn max_len(d: usize) -> usize {
+    if d >= 256 {
+        90
+    } else {
+        140
+    }
+}
+
+const LENGTHS: Lengths = Lengths {
+    max: max_len,
+    min_k: 40,
+};
+
+/// Typical points: rows of norm about 1.5 (time coordinates ≈ 1.8 at c = 1), scores of order β.
+const TYPICAL: Points = Points::Scaled { radius: 1.5 };
+
+fn hyp(score: HypScore, aggregation: Aggregation, curvature: f32, beta: f32) -> Family {
+    Family::Hyperbolic(HyperbolicParams {
+        score,
+        curvature,
+        beta,
+        aggregation,
+    })
+}
+
+type Make = dyn Fn(Family, DType, usize, &mut Shapes) -> AttnProblem;
+
+fn run(name: &str, family: Family, points: Points, offset: usize, make: &Make) {
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for (n, &d) in DIMS.iter().enumerate() {
+        let seed = 7000 + 31 * n as u64;
+        for dtype in DType::ALL {
+            let mut shapes = Shapes::new(seed, LENGTHS);
+            let spec: AttnSpec = make(family, dtype, d, &mut shapes)
+                .validate()
+                .expect("valid test problem");
+            let r = match dtype {
+                DType::F32 => check_points::<f32>(&spec, seed, offset, points),
+                DType::F16 => check_points::<half::f16>(&spec, seed, offset, points),
+                DType::BF16 => check_points::<half::bf16>(&spec, seed, offset, points),
+            };
+            cases += 1;
+            if let Err(e) = r {
+                failures.push(format!("D={d} {dtype}: {e}"));
+            }
+        }
+    }
+    println!("{name}: {cases} cases, {} failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{name}: {} of {cases} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+fn causal_top_left_q_shorter(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let nk = s.tail(70, max_len(d));
+    let nq = s.tail(20, nk - 20);
+    AttnProblem::new(f, dt, 2, 2, 1, nq, nk, d).with_causal(Causal::TopLeft)
+}
+
+fn causal_bottom_right_q_longer(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    // Nq > Nk: the first Nq − Nk queries see no key (zeros, LSE = −∞, zero gradients).
+    let nq = s.tail(70, max_len(d));
+    let nk = s.tail(20, nq - 20);
+    AttnProblem::new(f, dt, 1, 3, 3, nq, nk, d).with_causal(Causal::BottomRight)
+}
+
+fn key_padding_and_window(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
+    // Batch entry 2 has no valid key at all.
+    let lens = vec![nk, s.next(1, nk - 1), 0];
+    AttnProblem::new(f, dt, 3, 2, 2, nq, nk, d)
+        .with_key_lens(lens)
+        .with_window(Some(s.next(5, 40)), Some(s.next(0, 12)))
+}
+
+fn bias_broadcast_batch(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
+        .with_bias(1, 4)
+        .with_causal(Causal::TopLeft)
+}
+
+fn bias_broadcast_heads(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d).with_bias(2, 1)
+}
+
+/// Hq = Hkv and Nq = Nk, so k can be a copy of q (`Points::Identical`).
+fn square(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let n = s.tail(40, max_len(d));
+    AttnProblem::new(f, dt, 2, 2, 2, n, n, d)
+}
+
+use Aggregation::{EinsteinMidpoint as Mid, Euclidean as Euc};
+use HypScore::{Geodesic as Geo, SquaredLorentz as Sq};
+
+macro_rules! gpu_tests {
+    ($($name:ident: $family:expr, $points:expr, $make:expr, $offset:expr;)*) => {$(
+        #[test]
+        #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+        fn $name() {
+            run(stringify!($name), $family, $points, $offset, &$make);
+        }
+    )*};
+}
+
+gpu_tests! {
+    sq_lorentz_dense_gqa_with_tails_matches_reference: hyp(Sq, Euc, 1.0, 1.0), TYPICAL, dense_gqa, 0;
+    geodesic_dense_gqa_with_tails_matches_reference: hyp(Geo, Euc, 1.0, 1.0), TYPICAL, dense_gqa, 0;
+    sq_lorentz_midpoint_dense_gqa_matches_reference: hyp(Sq, Mid, 0.5, 0.7), TYPICAL, dense_gqa, 0;
+    geodesic_midpoint_dense_gqa_matches_reference: hyp(Geo, Mid, 2.0, 1.7), TYPICAL, dense_gqa, 0;
+    sq_lorentz_midpoint_causal_top_left_q_shorter_than_k_matches_reference: hyp(Sq, Mid, 1.0, 1.0), TYPICAL, causal_top_left_q_shorter, 0;
+    geodesic_causal_top_left_q_shorter_than_k_matches_reference: hyp(Geo, Euc, 0.8, 1.3), TYPICAL, causal_top_left_q_shorter, 0;
+    geodesic_midpoint_causal_bottom_right_q_longer_than_k_zeroes_empty_rows: hyp(Geo, Mid, 1.0, 1.0), TYPICAL, causal_bottom_right_q_longer, 0;
+    sq_lorentz_causal_bottom_right_q_longer_than_k_zeroes_empty_rows: hyp(Sq, Euc, 1.5, 0.5), TYPICAL, causal_bottom_right_q_longer, 0;
+    geodesic_key_padding_and_sliding_window_match_reference: hyp(Geo, Euc, 1.0, 1.0), TYPICAL, key_padding_and_window, 0;
+    sq_lorentz_midpoint_key_padding_and_sliding_window_match_reference: hyp(Sq, Mid, 1.0, 1.0), TYPICAL, key_padding_and_window, 0;
+    sq_lorentz_midpoint_packed_varlen_causal_matches_reference: hyp(Sq, Mid, 1.0, 1.0), TYPICAL, varlen_causal, 0;
+    geodesic_packed_varlen_causal_matches_reference: hyp(Geo, Euc, 1.0, 2.0), TYPICAL, varlen_causal, 0;
+    geodesic_midpoint_mqa_bhnd_layout_matches_reference: hyp(Geo, Mid, 1.0, 1.0), TYPICAL, mqa_bhnd, 0;
+    sq_lorentz_strided_views_at_an_offset_match_reference: hyp(Sq, Euc, 1.0, 1.0), TYPICAL, strided_views, 8;
+    geodesic_batch_broadcast_bias_gradient_matches_reference: hyp(Geo, Euc, 1.0, 1.0), TYPICAL, bias_broadcast_batch, 0;
+    sq_lorentz_midpoint_head_broadcast_bias_gradient_matches_reference: hyp(Sq, Mid, 1.0, 1.0), TYPICAL, bias_broadcast_heads, 0;
+    sq_lorentz_points_far_from_the_origin_match_reference: hyp(Sq, Euc, 1.0, 0.5), Points::FarCluster { radius: 30.0 }, dense_gqa, 0;
+    geodesic_points_far_from_the_origin_match_reference: hyp(Geo, Euc, 1.0, 1.0), Points::FarCluster { radius: 30.0 }, dense_gqa, 0;
+    geodesic_midpoint_points_far_from_the_origin_match_reference: hyp(Geo, Mid, 1.0, 2.0), Points::FarCluster { radius: 10.0 }, causal_top_left_q_shorter, 0;
+    geodesic_identical_q_and_k_have_finite_gradients_matching_reference: hyp(Geo, Euc, 1.0, 1.0), Points::Identical { radius: 1.5 }, square, 0;
+    sq_lorentz_identical_q_and_k_match_reference: hyp(Sq, Mid, 1.0, 1.0), Points::Identical { radius: 1.5 }, square, 0;
+    geodesic_midpoint_values_at_and_beyond_the_klein_edge_are_clamped_like_the_reference: hyp(Geo, Mid, 1.0, 1.0), Points::KleinEdge { radius: 1.5 }, dense_gqa, 0;
+    sq_lorentz_midpoint_values_at_and_beyond_the_klein_edge_are_clamped_like_the_reference: hyp(Sq, Mid, 0.5, 1.0), Points::KleinEdge { radius: 1.5 }, causal_bottom_right_q_longer, 0;
+}
+
+/// The baseline itself (CPU only): in f32 it must track the f64 reference closely on typical points,
+/// or the GPU tests' bound would be meaningless; and the shaped cases must do what they say.
+#[test]
+fn f32_naive_baseline_tracks_the_reference_and_cases_are_shaped_as_named() {
+    for family in [
+        hyp(Sq, Mid, 0.5, 0.7),
+        hyp(Geo, Euc, 2.0, 1.7),
+        hyp(Geo, Mid, 1.0, 1.0),
+    ] {
+        let spec = AttnProblem::new(family, DType::F32, 1, 2, 1, 23, 29, 32)
+            .with_causal(Causal::BottomRight)
+            .validate()
+            .expect("valid problem");
+        let mut case = attn_cpu_ref::testing::random_case(&spec, 5);
+        shape_points(&mut case, TYPICAL);
+        let r = attn_cpu_ref::forward_f64(&spec, case.inputs()).expect("forward");
+        let g =
+            attn_cpu_ref::backward_f64(&spec, case.inputs(), &r.o, &case.d_o, &r.stats).expect("backward");
+        let base = naive::<f32>(&spec, case.inputs(), &case.d_o);
+        for (name, got, want) in [
+            ("o", &base.o, &r.o),
+            ("dq", &base.dq, &g.dq),
+            ("dk", &base.dk, &g.dk),
+            ("dv", &base.dv, &g.dv),
+        ] {
+            let err = attn_cpu_ref::testing::max_abs_diff(got, want);
+            let scale = attn_cpu_ref::testing::max_abs(want).max(1e-3);
+            assert!(err < 1e-4 * scale, "{family:?} {name}: {err:e} (scale {scale:e})");
+        }
+    }
+    let spec = AttnProblem::new(hyp(Geo, Mid, 1.0, 1.0), DType::F32, 1, 2, 2, 9, 9, 32)
+        .validate()
+        .expect("valid problem");
+    let mut case = attn_cpu_ref::testing::random_case(&spec, 1);
+    shape_points(&mut case, Points::Identical { radius: 1.5 });
+    assert_eq!(case.q, case.k);
+    let mut case = attn_cpu_ref::testing::random_case(&spec, 1);
+    shape_points(&mut case, Points::KleinEdge { radius: 1.5 });
+    let c_norm2: Vec<f64> = case.v.chunks(32).map(|v| v.iter().map(|x| x * x).sum()).collect();
+    assert!(c_norm2.iter().any(|&n| (n - 0.9995).abs() < 1e-9));
+    assert!(c_norm2.iter().any(|&n| n > 1.0));
+    let mut case = attn_cpu_ref::testing::random_case(&spec, 1);
+    shape_points(&mut case, Points::FarCluster { radius: 30.0 });
+    let norm = case.q[..32].iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!((25.0..35.0).contains(&norm), "{norm}");
+}
+
+/// Bad curvature or temperature never reaches a kernel: validation names the argument (CPU only).
+#[test]
+fn nonpositive_or_nan_curvature_and_beta_are_typed_errors() {
+    for (c, beta, arg) in [
+        (0.0, 1.0, "curvature"),
+        (-1.0, 1.0, "curvature"),
+        (f32::NAN, 1.0, "curvature"),
+        (1.0, 0.0, "beta"),
+        (1.0, -2.0, "beta"),
+        (1.0, f32::NAN, "beta"),
+    ] {
+        let err = AttnProblem::new(hyp(Geo, Mid, c, beta), DType::BF16, 1, 1, 1, 8, 8, 64)
+            .validate()
+            .expect_err("invalid hyperbolic parameters");
+        assert!(
+            matches!(err, attn_core::AttnError::InvalidArgument { arg: a, .. } if a == arg),
+            "c = {c}, β = {beta}: {err}"
+        );
+    }
+}
