@@ -11,6 +11,19 @@ pub enum CudaAttnError {
     /// The CUDA driver reported an error (launch failure, out of memory, ...).
     #[error("CUDA driver error: {0}")]
     Cuda(#[from] DriverError),
+    /// The driver refused or failed a kernel launch; names the kernel and its configuration.
+    #[error("{op}: launching {kernel} (grid {grid:?}, {threads} threads, {smem} B dynamic shared memory) failed: {source}")]
+    Launch {
+        op: Op,
+        kernel: String,
+        grid: (u32, u32, u32),
+        threads: u32,
+        smem: u32,
+        source: DriverError,
+    },
+    /// A size the crate computed does not fit the driver's types (a bug, reported rather than wrapped).
+    #[error("attn-cuda internal error: {what}")]
+    Internal { what: String },
     /// The crate was built without nvcc (or nvcc failed and `ATTN_REQUIRE_NVCC` was unset).
     #[error("{op}: attn-cuda was built without its kernels (nvcc was not found at build time; run `cargo xtask setup-cuda` and rebuild)")]
     KernelsNotBuilt { op: Op },

@@ -7,7 +7,9 @@ use crate::error::{CudaAttnError, Result};
 use crate::params::AttnParams;
 use attn_core::Op;
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -24,8 +26,92 @@ pub(crate) fn kernels_built() -> bool {
 /// The loaded modules of one context and the functions looked up so far.
 pub(crate) struct Kernels {
     modules: HashMap<Module, Arc<CudaModule>>,
-    /// name → (function, dynamic shared memory it is configured for)
-    functions: Mutex<HashMap<String, (CudaFunction, usize)>>,
+    functions: FunctionCache,
+}
+
+/// Functions looked up so far: name → (function, dynamic shared memory it is configured for).
+#[derive(Default)]
+pub(crate) struct FunctionCache(Mutex<HashMap<String, (CudaFunction, usize)>>);
+
+impl FunctionCache {
+    /// `name` from `module`, opted in to at least `smem` bytes of dynamic shared memory.
+    ///
+    /// The driver's default limit of 48 KiB counts static and dynamic shared memory together, so a
+    /// kernel with static arrays fails at 48 KiB of dynamic memory or a little below it (the Taylor
+    /// gradient read at D = 32 asked for exactly 49 152 bytes beside its static probe table and got
+    /// `CUDA_ERROR_INVALID_VALUE` on the H100). Every function with dynamic shared memory is therefore
+    /// opted in to what it uses.
+    pub(crate) fn get(&self, module: &Arc<CudaModule>, name: &str, smem: usize) -> Result<CudaFunction> {
+        // A poisoned lock only means another thread panicked mid-lookup; entries are whole.
+        let mut functions = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((f, configured)) = functions.get(name) {
+            if *configured >= smem {
+                return Ok(f.clone());
+            }
+        }
+        let f = module.load_function(name)?;
+        if smem > 0 {
+            let bytes = i32::try_from(smem).map_err(|_| CudaAttnError::Internal {
+                what: format!("{name}: {smem} bytes of shared memory do not fit the driver's i32"),
+            })?;
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )?;
+        }
+        functions.insert(name.to_string(), (f.clone(), smem));
+        Ok(f)
+    }
+}
+
+/// The launch configuration of kernel `name` on grid `(x, heads, batch)`: a typed error naming the
+/// kernel when a dimension is zero or past the driver's limit.
+pub(crate) fn launch_config(
+    op: Op,
+    name: &str,
+    grid: (usize, usize, usize),
+    threads: u32,
+    smem: usize,
+) -> Result<LaunchConfig> {
+    let dim = |n: usize, max: usize, what: &str| -> Result<u32> {
+        if n == 0 || n > max {
+            return Err(attn_core::AttnError::Unsupported {
+                op,
+                backend: crate::dispatch::BACKEND,
+                what: format!("{name} grid of {n} blocks along {what} (limit {max})"),
+            }
+            .into());
+        }
+        Ok(n as u32)
+    };
+    Ok(LaunchConfig {
+        grid_dim: (
+            dim(grid.0, i32::MAX as usize, "x")?,
+            dim(grid.1, 65_535, "heads")?,
+            dim(grid.2, 65_535, "batch")?,
+        ),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: u32::try_from(smem).map_err(|_| CudaAttnError::Internal {
+            what: format!("{name}: {smem} bytes of shared memory"),
+        })?,
+    })
+}
+
+/// A failed launch of kernel `name` with `cfg`, as an error that names both.
+pub(crate) fn launch_error(
+    op: Op,
+    name: &str,
+    cfg: &LaunchConfig,
+) -> impl FnOnce(DriverError) -> CudaAttnError {
+    let (name, cfg) = (name.to_string(), *cfg);
+    move |source| CudaAttnError::Launch {
+        op,
+        kernel: name,
+        grid: cfg.grid_dim,
+        threads: cfg.block_dim.0,
+        smem: cfg.shared_mem_bytes,
+        source,
+    }
 }
 
 type Cache = Mutex<Vec<(usize, Arc<Kernels>)>>;
@@ -64,7 +150,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
     }
     let kernels = Arc::new(Kernels {
         modules,
-        functions: Mutex::new(HashMap::new()),
+        functions: FunctionCache::default(),
     });
     entries.push((key, kernels.clone()));
     Ok(kernels)
@@ -72,25 +158,11 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
 
 impl Kernels {
     fn function(&self, kernel: &Kernel, op: Op) -> Result<CudaFunction> {
-        let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((f, smem)) = functions.get(&kernel.name) {
-            if *smem >= kernel.smem {
-                return Ok(f.clone());
-            }
-        }
         let module = self
             .modules
             .get(&kernel.module)
             .ok_or(CudaAttnError::KernelsNotBuilt { op })?;
-        let f = module.load_function(&kernel.name)?;
-        if kernel.smem > 48 * 1024 {
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                kernel.smem as i32,
-            )?;
-        }
-        functions.insert(kernel.name.clone(), (f.clone(), kernel.smem));
-        Ok(f)
+        self.functions.get(module, &kernel.name, kernel.smem)
     }
 
     /// Launch `kernel` with `params` on `stream`. The caller guarantees that every pointer in
@@ -104,27 +176,7 @@ impl Kernels {
         op: Op,
     ) -> Result<()> {
         let f = self.function(kernel, op)?;
-        let (gx, gy, gz) = kernel.grid;
-        let dim = |n: usize, max: usize, what: &str| -> Result<u32> {
-            if n == 0 || n > max {
-                return Err(attn_core::AttnError::Unsupported {
-                    op,
-                    backend: crate::dispatch::BACKEND,
-                    what: format!("{} grid of {n} blocks along {what} (limit {max})", kernel.name),
-                }
-                .into());
-            }
-            Ok(n as u32)
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (
-                dim(gx, i32::MAX as usize, "x")?,
-                dim(gy, 65_535, "heads")?,
-                dim(gz, 65_535, "batch")?,
-            ),
-            block_dim: (kernel.threads, 1, 1),
-            shared_mem_bytes: kernel.smem as u32,
-        };
+        let cfg = launch_config(op, &kernel.name, kernel.grid, kernel.threads, kernel.smem)?;
         let mut builder = stream.launch_builder(&f);
         builder.arg(params);
         // SAFETY: `params` is the #[repr(C)] mirror of the kernel's only parameter; every pointer
@@ -132,7 +184,7 @@ impl Kernels {
         // those buffers outlive this call (the guards that recorded their use are held by the
         // caller until after the launch is enqueued). Grid and shared memory match the kernel's
         // tile configuration (dispatch + heuristics mirror tiles.h).
-        unsafe { builder.launch(cfg) }?;
+        unsafe { builder.launch(cfg) }.map_err(launch_error(op, &kernel.name, &cfg))?;
         Ok(())
     }
 }

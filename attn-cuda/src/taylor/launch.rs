@@ -4,13 +4,12 @@
 //! looked up once and configured for their dynamic shared memory.
 
 use crate::error::{CudaAttnError, Result};
+use crate::runtime::{launch_config, launch_error, FunctionCache};
 use crate::taylor::heuristics::THREADS;
 use crate::taylor::params::TaylorParams;
-use attn_core::{AttnError, Op};
-use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use attn_core::Op;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 mod embedded {
@@ -31,8 +30,7 @@ pub(crate) struct Launch {
 /// The loaded module of one context and the functions looked up so far.
 pub(crate) struct Kernels {
     module: Arc<CudaModule>,
-    /// name → (function, dynamic shared memory it is configured for)
-    functions: Mutex<HashMap<String, (CudaFunction, usize)>>,
+    functions: FunctionCache,
 }
 
 type Cache = Mutex<Vec<(usize, Arc<Kernels>)>>;
@@ -56,7 +54,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
     }
     let kernels = Arc::new(Kernels {
         module: ctx.load_module(Ptx::from_binary(bytes.to_vec()))?,
-        functions: Mutex::new(HashMap::new()),
+        functions: FunctionCache::default(),
     });
     entries.push((key, kernels.clone()));
     Ok(kernels)
@@ -64,21 +62,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
 
 impl Kernels {
     fn function(&self, launch: &Launch) -> Result<CudaFunction> {
-        let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((f, smem)) = functions.get(&launch.name) {
-            if *smem >= launch.smem {
-                return Ok(f.clone());
-            }
-        }
-        let f = self.module.load_function(&launch.name)?;
-        if launch.smem > 48 * 1024 {
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                launch.smem as i32,
-            )?;
-        }
-        functions.insert(launch.name.clone(), (f.clone(), launch.smem));
-        Ok(f)
+        self.functions.get(&self.module, &launch.name, launch.smem)
     }
 
     /// Launch one kernel with `params` on `stream`. The caller guarantees that every pointer in `params`
@@ -91,27 +75,7 @@ impl Kernels {
         op: Op,
     ) -> Result<()> {
         let f = self.function(launch)?;
-        let (gx, gy, gz) = launch.grid;
-        let dim = |n: usize, max: usize, what: &str| -> Result<u32> {
-            if n == 0 || n > max {
-                return Err(AttnError::Unsupported {
-                    op,
-                    backend: crate::dispatch::BACKEND,
-                    what: format!("{} grid of {n} blocks along {what} (limit {max})", launch.name),
-                }
-                .into());
-            }
-            Ok(n as u32)
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (
-                dim(gx, i32::MAX as usize, "x")?,
-                dim(gy, 65_535, "heads")?,
-                dim(gz, 65_535, "batch")?,
-            ),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: launch.smem as u32,
-        };
+        let cfg = launch_config(op, &launch.name, launch.grid, THREADS, launch.smem)?;
         let mut builder = stream.launch_builder(&f);
         builder.arg(params);
         // SAFETY: `params` is the #[repr(C)] mirror of the kernel's only parameter; every pointer in it
@@ -120,7 +84,7 @@ impl Kernels {
         // stream guards until every launch of the call is enqueued; cudarc frees in stream order). Grid and
         // shared memory come from `taylor::heuristics`, the mirror of the kernels' tiles; a kernel given
         // less shared memory than its layout traps rather than writing past it.
-        unsafe { builder.launch(cfg) }?;
+        unsafe { builder.launch(cfg) }.map_err(launch_error(op, &launch.name, &cfg))?;
         Ok(())
     }
 }
