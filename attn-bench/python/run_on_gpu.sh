@@ -9,7 +9,8 @@
 # --sections    sections of the h100 plan (default all three; split across two calls with e.g.
 #               `--sections flash`, then `--sections taylor,memory --merge <first call's JSON>`)
 # --budget-s    wall-clock budget of the whole call; ours gets about 40% of it (attn-bench
-#               --max-seconds, one process per section), the baselines what is left
+#               --max-seconds, one process per section, each an equal share of what is left), the
+#               baselines what is left
 #               (run_baselines.py --deadline-s); a point that does not fit is a skipped row with
 #               that reason. All three sections take about two calls of 540 s: flash in one,
 #               taylor and memory in the other
@@ -93,10 +94,15 @@ say "== plan: preset $PRESET, sections $SECTIONS"
 
 # One process per section: a kernel fault poisons its CUDA context, and only that section's later
 # points are lost (each is then a skipped row with the driver's error).
+# Each section gets an equal share of what is left of ours' budget (time a section does not use passes
+# to the next), so a long first section cannot starve the next one.
 OURS_END=$(( SECONDS + $(left) * 2 / 5 ))
 OURS_FILES=()
-for SECTION in ${SECTIONS//,/ }; do
-  SEC_S=$(( OURS_END - SECONDS ))
+read -r -a SECTION_LIST <<< "${SECTIONS//,/ }"
+SECTIONS_LEFT=${#SECTION_LIST[@]}
+for SECTION in "${SECTION_LIST[@]}"; do
+  SEC_S=$(( (OURS_END - SECONDS) / SECTIONS_LEFT ))
+  SECTIONS_LEFT=$(( SECTIONS_LEFT - 1 ))
   [ "$SEC_S" -lt 1 ] && SEC_S=1
   say "== ours, section $SECTION: attn-bench run ($IMPLS, budget ${SEC_S} s)"
   "$BIN" run --preset "$PRESET" --sections "$SECTION" --impls "$IMPLS" --runs "$RUNS" --warmup "$WARMUP" \
