@@ -105,20 +105,16 @@ fn tiny_cpu_run_produces_rows_table_and_plots() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn impossible_points_are_recorded_and_the_rest_measured() {
-    let mut grid = tiny_grid();
-    grid.families = vec![FamilyId::Softmax];
-    grid.head_dims = vec![16, 40]; // 96 is not a multiple of 40
-    grid.seq_lens = vec![0, 32];
-    grid.passes = vec![PassKind::Fwd];
+/// `run` of attn-cpu-ref alone over `plan` (no warm-up, two timed runs, seed 0) within the run
+/// budget `max_seconds`.
+fn run_cpu_ref(plan: Plan, max_seconds: Option<f64>) -> BenchFile {
     let cfg = RunConfig {
-        plan: Plan::single(grid),
+        plan,
         timing: TimingConfig { warmup: 0, runs: 2 },
         impls: vec![ImplId::AttnCpuRef],
         seed: 0,
         max_point_seconds: None,
-        max_seconds: None,
+        max_seconds,
         progress: false,
     };
     let ctx = RunContext {
@@ -128,7 +124,17 @@ fn impossible_points_are_recorded_and_the_rest_measured() {
         date: "d".into(),
         bandwidth_gbs: None,
     };
-    let file = run(&cfg, &ctx);
+    run(&cfg, &ctx)
+}
+
+#[test]
+fn impossible_points_are_recorded_and_the_rest_measured() {
+    let mut grid = tiny_grid();
+    grid.families = vec![FamilyId::Softmax];
+    grid.head_dims = vec![16, 40]; // 96 is not a multiple of 40
+    grid.seq_lens = vec![0, 32];
+    grid.passes = vec![PassKind::Fwd];
+    let file = run_cpu_ref(Plan::single(grid), None);
     assert_eq!(file.rows.len(), 1);
     assert_eq!(file.bad_points.len(), 3, "{:?}", file.bad_points);
 }
@@ -137,23 +143,7 @@ fn impossible_points_are_recorded_and_the_rest_measured() {
 fn a_run_budget_skips_what_would_not_fit_with_the_reason() {
     let mut plan = Plan::preset(Preset::GpuSmoke);
     plan.select(&["memory".into()]).expect("a gpu-smoke section");
-    let cfg = RunConfig {
-        plan,
-        timing: TimingConfig { warmup: 0, runs: 2 },
-        impls: vec![ImplId::AttnCpuRef],
-        seed: 0,
-        max_point_seconds: None,
-        max_seconds: Some(0.0),
-        progress: false,
-    };
-    let ctx = RunContext {
-        device: "cpu".into(),
-        host: "cpu".into(),
-        commit: "c".into(),
-        date: "d".into(),
-        bandwidth_gbs: None,
-    };
-    let file = run(&cfg, &ctx);
+    let file = run_cpu_ref(plan, Some(0.0));
     assert!(file.rows.is_empty());
     // Softmax, Taylor order 1 and 2: one causal fwd_bwd point each.
     assert_eq!(file.skipped.len(), 3);
