@@ -31,7 +31,8 @@ pub fn sig3(x: f64) -> String {
     format!("{x:.decimals$}")
 }
 
-const OURS_ORDER: [&str; 2] = ["attn-cuda", "attn-cpu-ref"];
+/// Our implementations, in the order that picks the one the ratios compare with.
+pub(crate) const OURS_ORDER: [&str; 2] = ["attn-cuda", "attn-cpu-ref"];
 
 /// Order families the way the library lists them, unknown labels last.
 fn family_rank(f: &str) -> usize {
@@ -39,6 +40,20 @@ fn family_rank(f: &str) -> usize {
         .iter()
         .position(|x| x.label() == f)
         .unwrap_or(usize::MAX)
+}
+
+/// The families of a file's rows and skips, in the library's order (unknown labels last, by name).
+pub(crate) fn families(file: &BenchFile) -> Vec<&str> {
+    let mut families: Vec<&str> = file
+        .rows
+        .iter()
+        .map(|r| r.family.as_str())
+        .chain(file.skipped.iter().map(|s| s.family.as_str()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    families.sort_by_key(|f| (family_rank(f), f.to_string()));
+    families
 }
 
 /// The markdown document for a file.
@@ -74,16 +89,7 @@ pub fn markdown(file: &BenchFile) -> String {
         peak_sources(file)
     );
 
-    let mut families: Vec<&str> = file
-        .rows
-        .iter()
-        .map(|r| r.family.as_str())
-        .chain(file.skipped.iter().map(|s| s.family.as_str()))
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    families.sort_by_key(|f| (family_rank(f), f.to_string()));
-    for family in families {
+    for family in families(file) {
         family_table(&mut out, file, family);
     }
     crossover_table(&mut out, file);
@@ -368,12 +374,14 @@ fn skips(out: &mut String, file: &BenchFile) {
     }
 }
 
+/// Row and skip fixtures, shared with [`crate::summary`]'s tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::schema::Skipped;
 
-    fn row(imp: &str, family: &str, n: usize, ms: f64) -> Row {
+    /// A CPU f32 forward row: B = 1, H = 2, `N × N`, D = 64, not causal, `ms` for every time.
+    pub(crate) fn row(imp: &str, family: &str, n: usize, ms: f64) -> Row {
         Row {
             implementation: imp.into(),
             family: family.into(),
@@ -404,25 +412,31 @@ mod tests {
         }
     }
 
+    /// The skip of `r`'s implementation at `r`'s point.
+    pub(crate) fn skip(r: &Row, reason: &str) -> Skipped {
+        Skipped {
+            implementation: r.implementation.clone(),
+            family: r.family.clone(),
+            dtype: r.dtype.clone(),
+            pass: r.pass.clone(),
+            batch: r.batch,
+            heads_q: r.heads_q,
+            heads_kv: r.heads_kv,
+            seq_q: r.seq_q,
+            seq_k: r.seq_k,
+            head_dim: r.head_dim,
+            causal: r.causal,
+            reason: reason.into(),
+        }
+    }
+
     #[test]
     fn ratio_column_is_baseline_over_ours() {
         let mut f = BenchFile::new("cpu".into(), "c".into(), "d".into());
         f.rows.push(row("attn-cpu-ref", "softmax", 256, 2.0));
         f.rows.push(row("candle_naive", "softmax", 256, 5.0));
-        f.skipped.push(Skipped {
-            implementation: "sdpa_flash".into(),
-            family: "softmax".into(),
-            dtype: "f32".into(),
-            pass: "fwd".into(),
-            batch: 1,
-            heads_q: 2,
-            heads_kv: 2,
-            seq_q: 256,
-            seq_k: 256,
-            head_dim: 64,
-            causal: false,
-            reason: "no GPU".into(),
-        });
+        f.skipped
+            .push(skip(&row("sdpa_flash", "softmax", 256, 0.0), "no GPU"));
         let md = markdown(&f);
         assert!(md.contains("| candle_naive ms | ×candle_naive |"), "{md}");
         assert!(md.contains("| 5.00 | 2.50 |"), "{md}");

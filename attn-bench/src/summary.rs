@@ -5,19 +5,10 @@
 //! line with the reason it was skipped. The full table is the markdown report.
 
 use crate::impls::is_ours_label;
-use crate::report::sig3;
+use crate::report::{families, sig3, OURS_ORDER};
 use crate::schema::{BenchFile, Row};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write;
-
-const OURS_ORDER: [&str; 2] = ["attn-cuda", "attn-cpu-ref"];
-
-fn family_rank(f: &str) -> usize {
-    crate::grid::FamilyId::ALL
-        .iter()
-        .position(|x| x.label() == f)
-        .unwrap_or(usize::MAX)
-}
 
 fn shorten(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
@@ -51,16 +42,7 @@ pub fn summary(file: &BenchFile) -> String {
     );
     let _ = writeln!(out, "|{}", "---|".repeat(13));
 
-    let mut families: Vec<&str> = file
-        .rows
-        .iter()
-        .map(|r| r.family.as_str())
-        .chain(file.skipped.iter().map(|s| s.family.as_str()))
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    families.sort_by_key(|f| (family_rank(f), f.to_string()));
-    for family in families {
+    for family in families(file) {
         let ours = OURS_ORDER.iter().copied().find(|o| {
             file.rows
                 .iter()
@@ -141,36 +123,22 @@ pub fn summary(file: &BenchFile) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::tests::{row as cpu_row, skip};
     use crate::schema::Skipped;
 
+    /// A bf16 row of the GPU grid: 16k tokens per batch (B = 16384/N), H = 32.
     fn row(imp: &str, family: &str, pass: &str, n: usize, causal: bool, ms: f64) -> Row {
         Row {
-            implementation: imp.into(),
-            family: family.into(),
-            params: String::new(),
             dtype: "bf16".into(),
             pass: pass.into(),
             batch: 16384usize.div_ceil(n).max(1),
             heads_q: 32,
             heads_kv: 32,
-            seq_q: n,
-            seq_k: n,
-            head_dim: 64,
             causal,
-            ms_median: ms,
-            ms_min: ms,
             tflops: 100.0,
-            tokens_per_s: 1.0,
             peak_mib: Some(12.5),
             gpu: "gpu".into(),
-            commit: "c".into(),
-            date: "d".into(),
-            ms_spread: None,
-            runs: None,
-            bytes_moved: None,
-            bandwidth_pct: None,
-            peak_source: None,
-            timer: None,
+            ..cpu_row(imp, family, n, ms)
         }
     }
 
@@ -187,19 +155,12 @@ mod tests {
         f.rows.push(row("attn-cuda", "softmax", "fwd", 4096, true, 3.0));
         f.rows
             .push(row("attn-cuda", "taylor2", "fwd_bwd", 1 << 20, true, 300.0));
+        let hyp = row("attn-cuda", "hyperbolic_geodesic", "fwd", 64, false, 0.0);
         f.skipped.push(Skipped {
-            implementation: "attn-cuda".into(),
-            family: "hyperbolic_geodesic".into(),
-            dtype: "bf16".into(),
-            pass: "fwd".into(),
             batch: 1,
             heads_q: 1,
             heads_kv: 1,
-            seq_q: 64,
-            seq_k: 64,
-            head_dim: 64,
-            causal: false,
-            reason: "unsupported: the hyperbolic family has no kernel".into(),
+            ..skip(&hyp, "unsupported: the hyperbolic family has no kernel")
         });
         let s = summary(&f);
         let lines: Vec<&str> = s.lines().filter(|l| l.starts_with("| ")).collect();
