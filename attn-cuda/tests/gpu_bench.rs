@@ -15,29 +15,14 @@
 mod common;
 
 use attn_core::{Aggregation, AttnProblem, Causal, DType, Family, HypScore};
-use attn_cuda::CudaAttn;
-use common::bench::{backward, forward, time_ms, Bufs};
+use common::bench::{forward, forward_backward, time_ms, BenchArgs, Bufs};
 use std::collections::HashMap;
-use std::io::Write;
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if !args.iter().any(|a| a == "--bench") {
-        println!("gpu_bench: pass --bench to time the kernels on a GPU (nothing to do otherwise)");
+    let Some(args) = BenchArgs::parse("gpu_bench", "the kernels") else {
         return;
-    }
-    let out = args
-        .iter()
-        .position(|a| a == "--out")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
-    let g = match CudaAttn::new(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("gpu_bench: {e}");
-            std::process::exit(1);
-        }
     };
+    let g = args.gpu();
     let mut rows = vec!["family,d,n,causal,pass,ms,tflops,vs_softmax".to_string()];
     println!(
         "{:<22} {:>4} {:>6} {:>6} {:>8} {:>9} {:>8} {:>8}",
@@ -70,10 +55,7 @@ fn main() {
                     let flops =
                         4.0 * (b * h) as f64 * (n * n) as f64 * d as f64 * if causal { 0.5 } else { 1.0 };
                     let t_f = time_ms(&g, 3, 10, || forward(&g, &spec, &mut bufs));
-                    let t_fb = time_ms(&g, 2, 6, || {
-                        forward(&g, &spec, &mut bufs);
-                        backward(&g, &spec, &mut bufs);
-                    });
+                    let t_fb = time_ms(&g, 2, 6, || forward_backward(&g, &spec, &mut bufs));
                     for (pass, ms, fl) in [("fwd", t_f, flops), ("fwd_bwd", t_fb, 3.5 * flops)] {
                         let tf = fl / (ms * 1e-3) / 1e12;
                         let key = (d, n, causal, pass);
@@ -98,10 +80,7 @@ fn main() {
         .validate()
         .expect("valid problem");
     let mut bufs = Bufs::new(&g, &spec);
-    let ms = time_ms(&g, 1, 1, || {
-        forward(&g, &spec, &mut bufs);
-        backward(&g, &spec, &mut bufs);
-    });
+    let ms = time_ms(&g, 1, 1, || forward_backward(&g, &spec, &mut bufs));
     let flops = 3.5 * 4.0 * 8.0 * (131_072f64 * 131_072f64) * 128.0 * 0.5;
     println!(
         "long: B=1 H=8 N=131072 D=128 causal fwd+bwd {ms:.1} ms ({:.1} TFLOP/s)",
@@ -111,8 +90,5 @@ fn main() {
         "softmax,128,131072,true,fwd_bwd_long,{ms:.4},{:.2},1.000",
         flops / (ms * 1e-3) / 1e12
     ));
-    if let Some(path) = out {
-        let mut f = std::fs::File::create(&path).expect("create csv");
-        writeln!(f, "{}", rows.join("\n")).expect("write csv");
-    }
+    args.write_csv(&rows);
 }

@@ -13,67 +13,21 @@
 
 mod common;
 
-use attn_core::{AttnProblem, Causal, DType, Family, TaylorParams};
-use attn_cuda::cudarc::driver::CudaSlice;
-use attn_cuda::CudaAttn;
-use common::bench::{backward, forward, time_ms, Bufs};
-use half::bf16;
-use std::io::Write;
+use attn_core::{AttnProblem, Causal, DType};
+use common::bench::{all_finite, forward, forward_backward, time_ms, BenchArgs, Bufs};
+use common::taylor_family;
 
 /// The H100's measured copy bandwidth (GPU.md), the 100% of the order-1 column.
 const HBM_BYTES_PER_S: f64 = 3.0e12;
 
-/// Order 1 as the tests run it (l2-normalised q, k, so f > 0); order 2 with the default coefficients.
-fn family(order: u8) -> Family {
-    if order == 1 {
-        Family::Taylor(TaylorParams {
-            order: 1,
-            a: [1.0, 0.8, 0.0],
-            scale: Some(0.9),
-            qk_l2norm: true,
-        })
-    } else {
-        Family::taylor(2)
-    }
-}
-
-/// The comma-separated values after `flag`, or `default`.
-fn list(args: &[String], flag: &str, default: &[usize]) -> Vec<usize> {
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| default.to_vec())
-}
-
-fn finite(g: &CudaAttn, x: &CudaSlice<bf16>) -> bool {
-    let v: Vec<bf16> = g.stream().clone_dtoh(x).expect("download");
-    v.iter().all(|x| x.is_finite())
-}
-
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if !args.iter().any(|a| a == "--bench") {
-        println!(
-            "gpu_bench_taylor: pass --bench to time the Taylor kernels on a GPU (nothing to do otherwise)"
-        );
+    let Some(args) = BenchArgs::parse("gpu_bench_taylor", "the Taylor kernels") else {
         return;
-    }
-    let out = args
-        .iter()
-        .position(|a| a == "--out")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
-    let orders = list(&args, "--orders", &[1, 2]);
-    let dims = list(&args, "--dims", &[64, 128]);
-    let max_n = list(&args, "--max-n", &[65_536])[0];
-    let g = match CudaAttn::new(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("gpu_bench_taylor: {e}");
-            std::process::exit(1);
-        }
     };
+    let orders = args.list("--orders", &[1, 2]);
+    let dims = args.list("--dims", &[64, 128]);
+    let max_n = args.list("--max-n", &[65_536])[0];
+    let g = args.gpu();
     let mut rows = vec!["order,d,n,b,h,causal,pass,ms,tb_per_s,hbm_pct,tflops,finite".to_string()];
     println!(
         "{:>5} {:>4} {:>6} {:>3} {:>3} {:>6} {:>8} {:>10} {:>7} {:>6} {:>8} {:>6}",
@@ -85,7 +39,7 @@ fn main() {
             for n in n_list {
                 for causal in [false, true] {
                     let (b, h) = ((16_384 / n).max(1), 2048 / d);
-                    let mut p = AttnProblem::new(family(order as u8), DType::BF16, b, h, h, n, n, d);
+                    let mut p = AttnProblem::new(taylor_family(order as u8), DType::BF16, b, h, h, n, n, d);
                     if causal {
                         p = p.with_causal(Causal::BottomRight);
                     }
@@ -93,12 +47,14 @@ fn main() {
                     let mut bufs = Bufs::new(&g, &spec);
                     let long = n >= 32_768;
                     let t_f = time_ms(&g, 2, if long { 3 } else { 7 }, || forward(&g, &spec, &mut bufs));
-                    let ok_f = finite(&g, &bufs.o);
+                    let ok_f = all_finite(&g, &bufs.o);
                     let t_fb = time_ms(&g, 1, if long { 2 } else { 5 }, || {
-                        forward(&g, &spec, &mut bufs);
-                        backward(&g, &spec, &mut bufs);
+                        forward_backward(&g, &spec, &mut bufs)
                     });
-                    let ok_fb = ok_f && finite(&g, &bufs.dq) && finite(&g, &bufs.dk) && finite(&g, &bufs.dv);
+                    let ok_fb = ok_f
+                        && all_finite(&g, &bufs.dq)
+                        && all_finite(&g, &bufs.dk)
+                        && all_finite(&g, &bufs.dv);
                     let tensor = (b * h * n * d * 2) as f64; // bytes of one bf16 [B, N, H, D] tensor
                     let (f, m) = ((1 + d + d * (d + 1) / 2) as f64, (d + 1) as f64);
                     let flops = 4.0 * (b * h * n) as f64 * f * m;
@@ -125,8 +81,5 @@ fn main() {
             }
         }
     }
-    if let Some(path) = out {
-        let mut f = std::fs::File::create(&path).expect("create csv");
-        writeln!(f, "{}", rows.join("\n")).expect("write csv");
-    }
+    args.write_csv(&rows);
 }

@@ -13,9 +13,13 @@
 
 mod common;
 
-use attn_core::{Aggregation, AttnProblem, AttnSpec, Causal, DType, Family, HypScore, HyperbolicParams};
+use attn_core::{Aggregation, AttnProblem, Causal, DType, Family, HypScore, HyperbolicParams};
 use common::hyperbolic::{check_points, naive, shape_points, Points};
-use common::shapes::{dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
+use common::shapes::{
+    bias_broadcast_batch, bias_broadcast_heads, causal_bottom_right_q_longer, causal_top_left_q_shorter,
+    dense_gqa, key_padding_and_window, mqa_bhnd, strided_views, varlen_causal, Lengths, Make, Shapes,
+};
+use common::{check_dims, Cases};
 
 const DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
@@ -45,70 +49,23 @@ fn hyp(score: HypScore, aggregation: Aggregation, curvature: f32, beta: f32) -> 
     })
 }
 
-type Make = dyn Fn(Family, DType, usize, &mut Shapes) -> AttnProblem;
-
 fn run(name: &str, family: Family, points: Points, offset: usize, make: &Make) {
-    let mut failures = Vec::new();
-    let mut cases = 0;
-    for (n, &d) in DIMS.iter().enumerate() {
-        let seed = 7000 + 31 * n as u64;
-        for dtype in DType::ALL {
-            let mut shapes = Shapes::new(seed, LENGTHS);
-            let spec: AttnSpec = make(family, dtype, d, &mut shapes)
-                .validate()
-                .expect("valid test problem");
-            let r = match dtype {
-                DType::F32 => check_points::<f32>(&spec, seed, offset, points),
-                DType::F16 => check_points::<half::f16>(&spec, seed, offset, points),
-                DType::BF16 => check_points::<half::bf16>(&spec, seed, offset, points),
-            };
-            cases += 1;
-            if let Err(e) = r {
-                failures.push(format!("D={d} {dtype}: {e}"));
-            }
-        }
-    }
-    println!("{name}: {cases} cases, {} failed", failures.len());
-    assert!(
-        failures.is_empty(),
-        "{name}: {} of {cases} cases failed:\n{}",
-        failures.len(),
-        failures.join("\n")
+    let mut cases = Cases::new(name);
+    let seed = |n: usize| 7000 + 31 * n as u64;
+    check_dims(
+        &mut cases,
+        family,
+        &DIMS,
+        LENGTHS,
+        seed,
+        make,
+        |spec, seed| match spec.dtype() {
+            DType::F32 => check_points::<f32>(spec, seed, offset, points),
+            DType::F16 => check_points::<half::f16>(spec, seed, offset, points),
+            DType::BF16 => check_points::<half::bf16>(spec, seed, offset, points),
+        },
     );
-}
-
-fn causal_top_left_q_shorter(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let nk = s.tail(70, max_len(d));
-    let nq = s.tail(20, nk - 20);
-    AttnProblem::new(f, dt, 2, 2, 1, nq, nk, d).with_causal(Causal::TopLeft)
-}
-
-fn causal_bottom_right_q_longer(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    // Nq > Nk: the first Nq − Nk queries see no key (zeros, LSE = −∞, zero gradients).
-    let nq = s.tail(70, max_len(d));
-    let nk = s.tail(20, nq - 20);
-    AttnProblem::new(f, dt, 1, 3, 3, nq, nk, d).with_causal(Causal::BottomRight)
-}
-
-fn key_padding_and_window(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
-    // Batch entry 2 has no valid key at all.
-    let lens = vec![nk, s.next(1, nk - 1), 0];
-    AttnProblem::new(f, dt, 3, 2, 2, nq, nk, d)
-        .with_key_lens(lens)
-        .with_window(Some(s.next(5, 40)), Some(s.next(0, 12)))
-}
-
-fn bias_broadcast_batch(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
-    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
-        .with_bias(1, 4)
-        .with_causal(Causal::TopLeft)
-}
-
-fn bias_broadcast_heads(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
-    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d).with_bias(2, 1)
+    cases.finish();
 }
 
 /// Hq = Hkv and Nq = Nk, so k can be a copy of q (`Points::Identical`).

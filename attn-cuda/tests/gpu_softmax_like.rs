@@ -7,9 +7,12 @@
 
 mod common;
 
-use attn_core::{AttnProblem, AttnSpec, Causal, CosineParams, DType, Family, SoftmaxParams};
-use common::check_all_dtypes;
-use common::shapes::{dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
+use attn_core::{CosineParams, Family, SoftmaxParams};
+use common::shapes::{
+    bias_broadcast_batch, bias_broadcast_heads, causal_bottom_right_q_longer, causal_top_left_q_shorter,
+    dense_gqa, key_padding_and_window, mqa_bhnd, strided_views, varlen_causal, Lengths, Make, Shapes,
+};
+use common::{check_dims, check_dtype, Cases};
 
 const SOFTMAX_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 const COSINE_DIMS: [usize; 6] = [16, 32, 64, 96, 128, 256];
@@ -29,68 +32,13 @@ const LENGTHS: Lengths = Lengths {
     min_k: 40,
 };
 
-fn run_with_offset(
-    name: &str,
-    family: Family,
-    dims: &[usize],
-    offset: usize,
-    make: &dyn Fn(Family, DType, usize, &mut Shapes) -> AttnProblem,
-) {
-    let mut failures = Vec::new();
-    let mut cases = 0;
-    for (n, &d) in dims.iter().enumerate() {
-        let seed = 1000 + 17 * n as u64;
-        let build = |dtype: DType| -> Option<AttnSpec> {
-            let mut shapes = Shapes::new(seed, LENGTHS);
-            Some(
-                make(family, dtype, d, &mut shapes)
-                    .validate()
-                    .expect("valid test problem"),
-            )
-        };
-        cases += check_all_dtypes(&build, seed, offset, &mut failures);
-    }
-    println!("{name}: {cases} cases, {} failed", failures.len());
-    assert!(
-        failures.is_empty(),
-        "{name}: {} of {cases} cases failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-}
-
-fn causal_top_left_q_shorter(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let nk = s.tail(70, max_len(d));
-    let nq = s.tail(20, nk - 20);
-    AttnProblem::new(f, dt, 2, 2, 1, nq, nk, d).with_causal(Causal::TopLeft)
-}
-
-fn causal_bottom_right_q_longer(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    // Nq > Nk: the first Nq − Nk queries see no key (zeros, LSE = −∞, zero gradients).
-    let nq = s.tail(70, max_len(d));
-    let nk = s.tail(20, nq - 20);
-    AttnProblem::new(f, dt, 1, 3, 3, nq, nk, d).with_causal(Causal::BottomRight)
-}
-
-fn key_padding_and_window(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(40, max_len(d)), s.tail(40, max_len(d)));
-    // Batch entry 2 has no valid key at all.
-    let lens = vec![nk, s.next(1, nk - 1), 0];
-    AttnProblem::new(f, dt, 3, 2, 2, nq, nk, d)
-        .with_key_lens(lens)
-        .with_window(Some(s.next(5, 40)), Some(s.next(0, 12)))
-}
-
-fn bias_broadcast_batch(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
-    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
-        .with_bias(1, 4)
-        .with_causal(Causal::TopLeft)
-}
-
-fn bias_broadcast_heads(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
-    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
-    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d).with_bias(2, 1)
+fn run_with_offset(name: &str, family: Family, dims: &[usize], offset: usize, make: &Make) {
+    let mut cases = Cases::new(name);
+    let seed = |n: usize| 1000 + 17 * n as u64;
+    check_dims(&mut cases, family, dims, LENGTHS, seed, make, |spec, seed| {
+        check_dtype(spec, seed, offset)
+    });
+    cases.finish();
 }
 
 fn softmax_softcap() -> Family {

@@ -17,9 +17,12 @@ use attn_cpu_ref::decode::{prefill_f64, step_f64};
 use attn_cpu_ref::testing::{check_close, max_abs, random_case, Case};
 use attn_cpu_ref::{backward_f64, forward_f64, Inputs};
 use attn_cuda::{CudaAttnError, DeviceElem, ForwardViews};
-use common::bench::{backward, forward, time_ms, Bufs};
+use common::bench::{all_finite, forward_backward, time_ms, Bufs};
 use common::shapes::{dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
-use common::{gpu, run_gpu, Outputs};
+use common::{
+    check_dims, dot, gpu, key_rows, l2norm_bwd, prep_row, query_rows, run_gpu, taylor_family, Cases, KeyRow,
+    Outputs, QueryRow,
+};
 use half::{bf16, f16};
 
 const DIMS: [usize; 4] = [16, 32, 64, 128];
@@ -40,116 +43,80 @@ fn naive_taylor<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) ->
     let f = |s: f32| a[0] + s * (a[1] + a[2] * s);
     let df = |s: f32| a[1] + 2.0 * a[2] * s;
     let (d, dv) = (spec.head_dim(), spec.head_dim_v());
-    let prep = |buf: &[f64], off: usize| -> (Vec<f32>, f32) {
-        let row: Vec<f32> = buf[off..off + d].iter().map(|&v| v as f32).collect();
-        let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-        if qk_l2norm {
-            (row.iter().map(|v| rt(v / norm.max(eps))).collect(), norm)
-        } else {
-            (row, norm)
-        }
-    };
-    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let l2 = qk_l2norm.then_some(eps);
+    let prep = |buf: &[f64], off: usize| prep_row::<T>(&buf[off..off + d], l2);
     let mut out = Outputs {
-        o: vec![0.0; spec.o_len()],
         lse: vec![0.0; spec.stats_len()],
-        dq: vec![0.0; spec.dq_len()],
-        dk: vec![0.0; spec.dk_len()],
-        dv: vec![0.0; spec.dv_len()],
         dbias: None,
+        ..Outputs::zeros(spec)
     };
     let mut dk_acc = vec![0f32; spec.dk_len()];
     let mut dv_acc = vec![0f32; spec.dv_len()];
-    for b in 0..spec.batch() {
-        let lens = spec.seq_lens(b);
-        for h in 0..spec.heads_q() {
-            let hk = spec.kv_head(h);
-            for i in 0..lens.q {
-                let keys = spec.key_range(b, i);
-                if keys.is_empty() {
-                    continue;
-                }
-                let (qh, qnorm) = prep(x.q, spec.q_offset(b, i, h));
-                let kr: Vec<Vec<f32>> = keys
-                    .clone()
-                    .map(|j| prep(x.k, spec.k_offset(b, j, hk)).0)
-                    .collect();
-                let vr: Vec<Vec<f32>> = keys
-                    .clone()
-                    .map(|j| {
-                        let o = spec.v_offset(b, j, hk);
-                        x.v[o..o + dv].iter().map(|&v| v as f32).collect()
-                    })
-                    .collect();
-                let s: Vec<f32> = kr.iter().map(|k| rt(scale * dot(&qh, k))).collect();
-                let w: Vec<f32> = s.iter().map(|&s| rt(f(s))).collect();
-                let den = rt(w.iter().sum());
-                let oo = spec.o_offset(b, i, h);
-                let mut o_row = vec![0f32; dv];
-                for (c, o) in o_row.iter_mut().enumerate() {
-                    let num = rt(w.iter().zip(&vr).map(|(w, v)| w * v[c]).sum());
-                    *o = rt(num / den);
-                    out.o[oo + c] = *o as f64;
-                }
-                out.lse[spec.stats_index(b, h, i)] = den as f64;
-                // Backward: ĝ = dO/den, δ = ĝ·o, dA = ĝ·v − δ, dS = f'(S)·dA.
-                let gh: Vec<f32> = d_o[oo..oo + dv].iter().map(|&g| rt(g as f32 / den)).collect();
-                let delta = rt(dot(&gh, &o_row));
-                let mut dqh = vec![0f32; d];
-                for (jj, j) in keys.clone().enumerate() {
-                    let da = rt(rt(dot(&gh, &vr[jj])) - delta);
-                    let ds = rt(df(s[jj]) * da);
-                    let (ko, vo) = (spec.dk_offset(b, j, hk), spec.dv_offset(b, j, hk));
-                    for c in 0..d {
-                        dqh[c] += ds * kr[jj][c];
-                        dk_acc[ko + c] += ds * qh[c];
-                    }
-                    for c in 0..dv {
-                        dv_acc[vo + c] += w[jj] * gh[c];
-                    }
-                }
-                let dqh: Vec<f32> = dqh.iter().map(|&v| rt(scale * v)).collect();
-                let dq = l2norm_bwd(&qh, &dqh, qnorm, eps, qk_l2norm);
-                let qo = spec.dq_offset(b, i, h);
-                for (dst, &x) in out.dq[qo..qo + d].iter_mut().zip(&dq) {
-                    *dst = rt(x) as f64;
-                }
+    for QueryRow { b, h, hk, i, keys } in query_rows(spec) {
+        let (qh, qnorm) = prep(x.q, spec.q_offset(b, i, h));
+        let kr: Vec<Vec<f32>> = keys
+            .clone()
+            .map(|j| prep(x.k, spec.k_offset(b, j, hk)).0)
+            .collect();
+        let vr: Vec<Vec<f32>> = keys
+            .clone()
+            .map(|j| {
+                let o = spec.v_offset(b, j, hk);
+                x.v[o..o + dv].iter().map(|&v| v as f32).collect()
+            })
+            .collect();
+        let s: Vec<f32> = kr.iter().map(|k| rt(scale * dot(&qh, k))).collect();
+        let w: Vec<f32> = s.iter().map(|&s| rt(f(s))).collect();
+        let den = rt(w.iter().sum());
+        let oo = spec.o_offset(b, i, h);
+        let mut o_row = vec![0f32; dv];
+        for (c, o) in o_row.iter_mut().enumerate() {
+            let num = rt(w.iter().zip(&vr).map(|(w, v)| w * v[c]).sum());
+            *o = rt(num / den);
+            out.o[oo + c] = *o as f64;
+        }
+        out.lse[spec.stats_index(b, h, i)] = den as f64;
+        // Backward: ĝ = dO/den, δ = ĝ·o, dA = ĝ·v − δ, dS = f'(S)·dA.
+        let gh: Vec<f32> = d_o[oo..oo + dv].iter().map(|&g| rt(g as f32 / den)).collect();
+        let delta = rt(dot(&gh, &o_row));
+        let mut dqh = vec![0f32; d];
+        for (jj, j) in keys.clone().enumerate() {
+            let da = rt(rt(dot(&gh, &vr[jj])) - delta);
+            let ds = rt(df(s[jj]) * da);
+            let (ko, vo) = (spec.dk_offset(b, j, hk), spec.dv_offset(b, j, hk));
+            for c in 0..d {
+                dqh[c] += ds * kr[jj][c];
+                dk_acc[ko + c] += ds * qh[c];
+            }
+            for c in 0..dv {
+                dv_acc[vo + c] += w[jj] * gh[c];
             }
         }
-        let rows_k = if spec.is_varlen() { lens.k } else { spec.seq_k() };
-        for hk in 0..spec.heads_kv() {
-            for j in 0..rows_k {
-                let ko = spec.dk_offset(b, j, hk);
-                let dkh: Vec<f32> = dk_acc[ko..ko + d].iter().map(|&v| rt(scale * v)).collect();
-                let dk = if j < lens.k {
-                    let (kh, norm) = prep(x.k, spec.k_offset(b, j, hk));
-                    l2norm_bwd(&kh, &dkh, norm, eps, qk_l2norm)
-                } else {
-                    dkh
-                };
-                let vo = spec.dv_offset(b, j, hk);
-                for (dst, &x) in out.dk[ko..ko + d].iter_mut().zip(&dk) {
-                    *dst = rt(x) as f64;
-                }
-                for c in 0..dv {
-                    out.dv[vo + c] = rt(dv_acc[vo + c]) as f64;
-                }
-            }
+        let dqh: Vec<f32> = dqh.iter().map(|&v| rt(scale * v)).collect();
+        let dq = l2norm_bwd(&qh, &dqh, qnorm, l2);
+        let qo = spec.dq_offset(b, i, h);
+        for (dst, &x) in out.dq[qo..qo + d].iter_mut().zip(&dq) {
+            *dst = rt(x) as f64;
+        }
+    }
+    for KeyRow { b, hk, j, valid } in key_rows(spec) {
+        let ko = spec.dk_offset(b, j, hk);
+        let dkh: Vec<f32> = dk_acc[ko..ko + d].iter().map(|&v| rt(scale * v)).collect();
+        let dk = if valid {
+            let (kh, norm) = prep(x.k, spec.k_offset(b, j, hk));
+            l2norm_bwd(&kh, &dkh, norm, l2)
+        } else {
+            dkh
+        };
+        let vo = spec.dv_offset(b, j, hk);
+        for (dst, &x) in out.dk[ko..ko + d].iter_mut().zip(&dk) {
+            *dst = rt(x) as f64;
+        }
+        for c in 0..dv {
+            out.dv[vo + c] = rt(dv_acc[vo + c]) as f64;
         }
     }
     out
-}
-
-/// `dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖` where `‖x‖ > eps`, else `dx̂ / eps`; the identity without the l2-norm.
-fn l2norm_bwd(xh: &[f32], dxh: &[f32], norm: f32, eps: f32, l2: bool) -> Vec<f32> {
-    if !l2 {
-        dxh.to_vec()
-    } else if norm > eps {
-        let xd: f32 = xh.iter().zip(dxh).map(|(a, b)| a * b).sum();
-        xh.iter().zip(dxh).map(|(x, g)| (g - x * xd) / norm).collect()
-    } else {
-        dxh.iter().map(|g| g / eps).collect()
-    }
 }
 
 fn round_all<T: Element>(case: &mut Case, amp: f64) {
@@ -211,20 +178,6 @@ const LENGTHS: Lengths = Lengths {
     min_k: 70,
 };
 
-/// Order 1 keeps `f > 0` with l2-normalised q, k and `a1·scale < a0`; order 2 takes the defaults.
-fn family(order: u8) -> Family {
-    if order == 1 {
-        Family::Taylor(TaylorParams {
-            order: 1,
-            a: [1.0, 0.8, 0.0],
-            scale: Some(0.9),
-            qk_l2norm: true,
-        })
-    } else {
-        Family::taylor(2)
-    }
-}
-
 fn custom_order2() -> Family {
     Family::Taylor(TaylorParams {
         order: 2,
@@ -238,29 +191,14 @@ type Make = fn(Family, DType, usize, &mut Shapes) -> AttnProblem;
 
 /// Run every (order or family) × dtype × head dim of one option group; collect every failure.
 fn run_group(name: &str, families: &[Family], make: Make, offset: usize, amp: f64) {
-    let mut failures = Vec::new();
-    let mut cases = 0;
+    let mut cases = Cases::new(name);
     for (fi, &fam) in families.iter().enumerate() {
-        for (n, &d) in DIMS.iter().enumerate() {
-            for dtype in DType::ALL {
-                let seed = 100 * fi as u64 + 17 * n as u64 + 1;
-                let spec = make(fam, dtype, d, &mut Shapes::new(seed, LENGTHS))
-                    .validate()
-                    .expect("valid test problem");
-                cases += 1;
-                if let Err(e) = check_dtype(&spec, seed, offset, amp) {
-                    failures.push(format!("D={d} {dtype}: {e}"));
-                }
-            }
-        }
+        let seed = |n: usize| 100 * fi as u64 + 17 * n as u64 + 1;
+        check_dims(&mut cases, fam, &DIMS, LENGTHS, seed, &make, |spec, seed| {
+            check_dtype(spec, seed, offset, amp)
+        });
     }
-    println!("{name}: {cases} cases, {} failed", failures.len());
-    assert!(
-        failures.is_empty(),
-        "{name}: {} of {cases} cases failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    cases.finish();
 }
 
 fn causal_top_left_q_shorter(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
@@ -417,7 +355,7 @@ fn taylor_order2_large_scores_stay_finite_and_match_reference() {
     for (n, &d) in DIMS.iter().enumerate() {
         for dtype in [DType::F32, DType::BF16] {
             let seed = 900 + n as u64;
-            let spec = causal_top_left_q_shorter(family(2), dtype, d, &mut Shapes::new(seed, LENGTHS))
+            let spec = causal_top_left_q_shorter(taylor_family(2), dtype, d, &mut Shapes::new(seed, LENGTHS))
                 .validate()
                 .expect("valid");
             if let Err(e) = check_dtype(&spec, seed, 0, 30.0) {
@@ -474,7 +412,7 @@ fn taylor_order1_small_denominators_follow_the_reference() {
 fn decode_case<T: DeviceElem>(order: u8, d: usize) -> Result<(), String> {
     let dt = T::DTYPE;
     let (b, hq, hk, p) = (2, 4, 2, 70);
-    let fam = family(order);
+    let fam = taylor_family(order);
     let mk = |n: usize| {
         AttnProblem::new(fam, dt, b, hq, hk, n, n, d)
             .with_causal(Causal::TopLeft)
@@ -687,11 +625,6 @@ fn taylor_bad_input_is_a_typed_error() {
     assert_eq!(state.len(0), 8, "failed steps leave the state as it was");
 }
 
-fn all_finite(s: &attn_cuda::cudarc::driver::CudaSlice<bf16>) -> bool {
-    let v: Vec<bf16> = gpu().stream().clone_dtoh(s).expect("download");
-    v.iter().all(|x| x.is_finite())
-}
-
 /// The memory bar: B = 1, H = 8, N = 1,048,576, D = 64, forward and backward, orders 1 and 2
 /// (scratch is O(N·D); nothing N×N or N×D²). Outputs must be finite.
 #[test]
@@ -701,17 +634,16 @@ fn taylor_one_million_tokens_forward_and_backward_fit() {
         let mut p = AttnProblem::new(Family::taylor(order), DType::BF16, 1, 8, 8, 1 << 20, 1 << 20, 64)
             .with_causal(Causal::BottomRight);
         if order == 1 {
-            p.family = family(1);
+            p.family = taylor_family(1);
         }
         let spec = p.validate().expect("valid problem");
         let mut bb = Bufs::new(gpu(), &spec);
-        let ms = time_ms(gpu(), 0, 1, || {
-            forward(gpu(), &spec, &mut bb);
-            backward(gpu(), &spec, &mut bb);
-        });
+        let ms = time_ms(gpu(), 0, 1, || forward_backward(gpu(), &spec, &mut bb));
         println!("order {order}: B=1 H=8 N=1048576 D=64 causal forward+backward {ms:.1} ms");
         assert!(
-            all_finite(&bb.o) && all_finite(&bb.dq) && all_finite(&bb.dk) && all_finite(&bb.dv),
+            [&bb.o, &bb.dq, &bb.dk, &bb.dv]
+                .iter()
+                .all(|x| all_finite(gpu(), x)),
             "order {order}: non-finite output at N = 1M"
         );
     }

@@ -1,11 +1,13 @@
 //! The stopwatch of the timing runs: bf16 buffers filled with a seeded xorshift draw, one forward or
-//! backward call through the `AttnBackend` entry points, and the median of CUDA-event timings.
+//! backward call through the `AttnBackend` entry points, the median of CUDA-event timings, and the
+//! command line of the timing binaries.
 
 use attn_core::{AttnBackend, AttnSpec, BackwardIo, ForwardIo};
 use attn_cuda::cudarc::driver::sys::CUevent_flags;
 use attn_cuda::cudarc::driver::CudaSlice;
 use attn_cuda::CudaAttn;
 use half::bf16;
+use std::io::Write;
 
 /// The bf16 buffers of one forward and backward call (`stats` is the LSE or the denominator).
 pub struct Bufs {
@@ -66,6 +68,66 @@ pub fn forward(g: &CudaAttn, spec: &AttnSpec, b: &mut Bufs) {
         },
     )
     .expect("forward");
+}
+
+/// One forward and one backward call.
+pub fn forward_backward(g: &CudaAttn, spec: &AttnSpec, b: &mut Bufs) {
+    forward(g, spec, b);
+    backward(g, spec, b);
+}
+
+/// Whether every element of `x` is finite.
+pub fn all_finite(g: &CudaAttn, x: &CudaSlice<bf16>) -> bool {
+    let v: Vec<bf16> = g.stream().clone_dtoh(x).expect("download");
+    v.iter().all(|x| x.is_finite())
+}
+
+/// The command line of a timing binary: `NAME --bench [--out FILE.csv] [its own flags]`.
+pub struct BenchArgs {
+    name: &'static str,
+    args: Vec<String>,
+}
+
+impl BenchArgs {
+    /// The process's arguments; `None`, after saying so, without `--bench` (so that `cargo test`,
+    /// which runs the binary, stays quick). `what` names what it times.
+    pub fn parse(name: &'static str, what: &str) -> Option<Self> {
+        let args: Vec<String> = std::env::args().collect();
+        if !args.iter().any(|a| a == "--bench") {
+            println!("{name}: pass --bench to time {what} on a GPU (nothing to do otherwise)");
+            return None;
+        }
+        Some(Self { name, args })
+    }
+
+    /// The value after `flag`.
+    pub fn value(&self, flag: &str) -> Option<&str> {
+        let i = self.args.iter().position(|a| a == flag)?;
+        self.args.get(i + 1).map(String::as_str)
+    }
+
+    /// The comma-separated values after `flag`, or `default`.
+    pub fn list(&self, flag: &str, default: &[usize]) -> Vec<usize> {
+        self.value(flag)
+            .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_else(|| default.to_vec())
+    }
+
+    /// GPU 0; without one, the error and exit status 1.
+    pub fn gpu(&self) -> CudaAttn {
+        CudaAttn::new(0).unwrap_or_else(|e| {
+            eprintln!("{}: {e}", self.name);
+            std::process::exit(1)
+        })
+    }
+
+    /// The CSV `rows` (header first) into the `--out` file, when one is given.
+    pub fn write_csv(&self, rows: &[String]) {
+        if let Some(path) = self.value("--out") {
+            let mut f = std::fs::File::create(path).expect("create csv");
+            writeln!(f, "{}", rows.join("\n")).expect("write csv");
+        }
+    }
 }
 
 pub fn backward(g: &CudaAttn, spec: &AttnSpec, b: &mut Bufs) {

@@ -9,7 +9,10 @@
 //! route: `dL = dS·∂s/∂L` rounded, the lifted gradients `Σ dL (−k0, k)` and `Σ dL (−q0, q)` rounded,
 //! then through `x0`: `dq = dq_space + dq_0·q/q0`.
 
-use super::{check_close, check_lse, run_gpu, unit, Outputs};
+use super::{
+    bias_at, check_close, check_lse, dot, key_rows, query_rows, run_gpu, softmax_row, unit, KeyRow, Outputs,
+    QueryRow, SoftmaxSums,
+};
 use attn_core::{Aggregation, AttnSpec, Element, FamilySpec, HypScore, KLEIN_MAX_NORM2};
 use attn_cpu_ref::testing::{max_abs, Case};
 use attn_cpu_ref::{backward_f64, forward_f64, Inputs};
@@ -61,133 +64,76 @@ pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Ou
             }
         }
     };
-    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
-    let mut out = Outputs {
-        o: vec![0.0; spec.o_len()],
-        lse: vec![f64::NEG_INFINITY; spec.stats_len()],
-        dq: vec![0.0; spec.dq_len()],
-        dk: vec![0.0; spec.dk_len()],
-        dv: vec![0.0; spec.dv_len()],
-        dbias: spec.bias().map(|_| vec![0.0; spec.bias_len()]),
-    };
-    // Lifted key gradients (space part and time part) and dv, accumulated in f32 per key row.
+    let mut out = Outputs::zeros(spec);
+    // Lifted key gradients (space part and time part), accumulated in f32 per key row; the
+    // softmax sums (dv, dbias) and each value row's Σ dS (the midpoint's gradient through γ).
     let mut dk_acc = vec![0f32; spec.dk_len()];
     let mut dk0_acc = vec![0f32; spec.dk_len() / d.max(1) + 1];
-    let mut dv_acc = vec![0f32; spec.dv_len()];
     let mut colsum = vec![0f32; spec.dv_len() / d.max(1) + 1];
-    let mut db_acc = vec![0f32; spec.bias_len()];
-    for b in 0..spec.batch() {
-        let lens = spec.seq_lens(b);
-        for h in 0..spec.heads_q() {
-            let hk = spec.kv_head(h);
-            for i in 0..lens.q {
-                let keys = spec.key_range(b, i);
-                if keys.is_empty() {
-                    continue;
-                }
-                let qo = spec.q_offset(b, i, h);
-                let (q0, qrow) = lift::<T>(&x.q[qo..qo + d], c);
-                let krows: Vec<(f32, Vec<f32>)> = keys
-                    .clone()
-                    .map(|j| lift::<T>(&x.k[spec.k_offset(b, j, hk)..][..d], c))
-                    .collect();
-                let mut s = Vec::with_capacity(keys.len());
-                let mut sigma = Vec::with_capacity(keys.len());
-                for (jj, j) in keys.clone().enumerate() {
-                    let l = rt(-q0 * krows[jj].0 + dot(&qrow, &krows[jj].1));
-                    let (sc, sg) = score_of(l);
-                    let bias = spec
-                        .bias_index(b, h, i, j)
-                        .map(|bi| x.bias.expect("bias")[bi] as f32)
-                        .unwrap_or(0.0);
-                    let lg = if midpoint {
-                        log_gamma(&x.v[spec.v_offset(b, j, hk)..][..d], c).0
-                    } else {
-                        0.0
-                    };
-                    s.push(rt(sc + bias + lg));
-                    sigma.push(sg);
-                }
-                let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                if m == f32::NEG_INFINITY {
-                    continue;
-                }
-                let e: Vec<f32> = s.iter().map(|v| (v - m).exp()).collect();
-                let sum: f32 = e.iter().sum();
-                let p: Vec<f32> = e.iter().map(|v| rt(v / sum)).collect();
-                let oo = spec.o_offset(b, i, h);
-                let mut o_row = vec![0f32; d];
-                for (jj, j) in keys.clone().enumerate() {
-                    let vo = spec.v_offset(b, j, hk);
-                    for cc in 0..d {
-                        o_row[cc] += p[jj] * x.v[vo + cc] as f32;
-                    }
-                }
-                let o_row: Vec<f32> = o_row.into_iter().map(rt).collect();
-                for cc in 0..d {
-                    out.o[oo + cc] = o_row[cc] as f64;
-                }
-                out.lse[spec.stats_index(b, h, i)] = (m + sum.ln()) as f64;
-                // Backward.
-                let g: Vec<f32> = d_o[oo..oo + d].iter().map(|&v| v as f32).collect();
-                let delta = dot(&g, &o_row);
-                let mut dqs = vec![0f32; d];
-                let mut dq0 = 0f32;
-                for (jj, j) in keys.clone().enumerate() {
-                    let vo = spec.v_offset(b, j, hk);
-                    let vrow: Vec<f32> = x.v[vo..vo + d].iter().map(|&v| v as f32).collect();
-                    let dp = rt(dot(&g, &vrow));
-                    let ds = rt(p[jj] * (dp - delta));
-                    if let Some(bi) = spec.bias_index(b, h, i, j) {
-                        db_acc[bi] += ds;
-                    }
-                    let dl = rt(ds * sigma[jj]);
-                    let (k0, krow) = (&krows[jj].0, &krows[jj].1);
-                    let ko = spec.dk_offset(b, j, hk);
-                    dq0 -= dl * k0;
-                    dk0_acc[ko / d] -= dl * q0;
-                    let dvo = spec.dv_offset(b, j, hk);
-                    colsum[dvo / d] += ds;
-                    for cc in 0..d {
-                        dqs[cc] += dl * krow[cc];
-                        dk_acc[ko + cc] += dl * qrow[cc];
-                        dv_acc[dvo + cc] += p[jj] * g[cc];
-                    }
-                }
-                let (dq0, qo_out) = (rt(dq0), spec.dq_offset(b, i, h));
-                for cc in 0..d {
-                    out.dq[qo_out + cc] = rt(rt(dqs[cc]) + dq0 * qrow[cc] / q0) as f64;
-                }
+    let mut sums = SoftmaxSums::new(spec);
+    for row in query_rows(spec) {
+        let QueryRow { b, h, hk, i, .. } = row;
+        let qo = spec.q_offset(b, i, h);
+        let (q0, qrow) = lift::<T>(&x.q[qo..qo + d], c);
+        let krows: Vec<(f32, Vec<f32>)> = row
+            .keys
+            .clone()
+            .map(|j| lift::<T>(&x.k[spec.k_offset(b, j, hk)..][..d], c))
+            .collect();
+        let mut s = Vec::with_capacity(row.keys.len());
+        let mut sigma = Vec::with_capacity(row.keys.len());
+        for (jj, j) in row.keys.clone().enumerate() {
+            let l = rt(-q0 * krows[jj].0 + dot(&qrow, &krows[jj].1));
+            let (sc, sg) = score_of(l);
+            let lg = if midpoint {
+                log_gamma(&x.v[spec.v_offset(b, j, hk)..][..d], c).0
+            } else {
+                0.0
+            };
+            s.push(rt(sc + bias_at(spec, &x, &row, j) + lg));
+            sigma.push(sg);
+        }
+        let Some(ds) = softmax_row::<T>(spec, &x, d_o, &row, &s, &mut out, &mut sums) else {
+            continue;
+        };
+        let mut dqs = vec![0f32; d];
+        let mut dq0 = 0f32;
+        for (jj, j) in row.keys.clone().enumerate() {
+            let dl = rt(ds[jj] * sigma[jj]);
+            let (k0, krow) = (&krows[jj].0, &krows[jj].1);
+            let ko = spec.dk_offset(b, j, hk);
+            dq0 -= dl * k0;
+            dk0_acc[ko / d] -= dl * q0;
+            colsum[spec.dv_offset(b, j, hk) / d] += ds[jj];
+            for cc in 0..d {
+                dqs[cc] += dl * krow[cc];
+                dk_acc[ko + cc] += dl * qrow[cc];
             }
         }
-        let rows_k = if spec.is_varlen() { lens.k } else { spec.seq_k() };
-        for hk in 0..spec.heads_kv() {
-            for j in 0..rows_k {
-                let ko = spec.dk_offset(b, j, hk);
-                let dvo = spec.dv_offset(b, j, hk);
-                let valid = j < lens.k;
-                let (k0, krow) = lift::<T>(&x.k[spec.k_offset(b, j, hk)..][..d], c);
-                let vo = spec.v_offset(b, j, hk);
-                let vrow = &x.v[vo..vo + d];
-                let mid = if midpoint && valid {
-                    colsum[dvo / d] * log_gamma(vrow, c).1
-                } else {
-                    0.0
-                };
-                let dk0 = rt(dk0_acc[ko / d]);
-                for cc in 0..d {
-                    let dk = rt(dk_acc[ko + cc]) + dk0 * krow[cc] / k0;
-                    out.dk[ko + cc] = if valid { rt(dk) as f64 } else { 0.0 };
-                    out.dv[dvo + cc] = rt(rt(dv_acc[dvo + cc]) + mid * vrow[cc] as f32) as f64;
-                }
-            }
+        let (dq0, qo_out) = (rt(dq0), spec.dq_offset(b, i, h));
+        for cc in 0..d {
+            out.dq[qo_out + cc] = rt(rt(dqs[cc]) + dq0 * qrow[cc] / q0) as f64;
         }
     }
-    if let Some(db) = out.dbias.as_mut() {
-        for (o, a) in db.iter_mut().zip(&db_acc) {
-            *o = rt(*a) as f64;
+    for KeyRow { b, hk, j, valid } in key_rows(spec) {
+        let ko = spec.dk_offset(b, j, hk);
+        let dvo = spec.dv_offset(b, j, hk);
+        let (k0, krow) = lift::<T>(&x.k[spec.k_offset(b, j, hk)..][..d], c);
+        let vo = spec.v_offset(b, j, hk);
+        let vrow = &x.v[vo..vo + d];
+        let mid = if midpoint && valid {
+            colsum[dvo / d] * log_gamma(vrow, c).1
+        } else {
+            0.0
+        };
+        let dk0 = rt(dk0_acc[ko / d]);
+        for cc in 0..d {
+            let dk = rt(dk_acc[ko + cc]) + dk0 * krow[cc] / k0;
+            out.dk[ko + cc] = if valid { rt(dk) as f64 } else { 0.0 };
+            out.dv[dvo + cc] = rt(rt(sums.dv[dvo + cc]) + mid * vrow[cc] as f32) as f64;
         }
     }
+    sums.write_dbias::<T>(&mut out);
     out
 }
 

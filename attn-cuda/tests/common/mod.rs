@@ -13,11 +13,13 @@ pub mod bench;
 pub mod hyperbolic;
 pub mod shapes;
 
-use attn_core::{AttnSpec, Element, FamilySpec};
+use attn_core::{AttnSpec, DType, Element, Family, FamilySpec};
 use attn_cpu_ref::testing::{check_close, max_abs, random_case, Case};
 use attn_cpu_ref::{backward_f64, forward_f64, Inputs};
 use attn_cuda::cudarc::driver::CudaSlice;
 use attn_cuda::{BackwardViews, CudaAttn, DeviceElem, ForwardViews};
+use shapes::{Lengths, Make, Shapes};
+use std::ops::Range;
 use std::sync::OnceLock;
 
 pub const GPU_ONLY: &str = "needs a CUDA GPU: cargo xtask test-gpu";
@@ -53,6 +55,197 @@ pub struct Outputs {
     pub dbias: Option<Vec<f64>>,
 }
 
+impl Outputs {
+    /// Zeros, the LSE at −∞ (an empty row's) and a dbias where the spec has a bias: what a naive
+    /// baseline leaves where no key is seen.
+    pub fn zeros(spec: &AttnSpec) -> Self {
+        Outputs {
+            o: vec![0.0; spec.o_len()],
+            lse: vec![f64::NEG_INFINITY; spec.stats_len()],
+            dq: vec![0.0; spec.dq_len()],
+            dk: vec![0.0; spec.dk_len()],
+            dv: vec![0.0; spec.dv_len()],
+            dbias: spec.bias().map(|_| vec![0.0; spec.bias_len()]),
+        }
+    }
+}
+
+/// A query row that sees at least one key: batch entry `b`, query head `h` over key/value head
+/// `hk`, position `i`, and the keys it sees.
+pub struct QueryRow {
+    pub b: usize,
+    pub h: usize,
+    pub hk: usize,
+    pub i: usize,
+    pub keys: Range<usize>,
+}
+
+/// Every query row of `spec` that sees a key, in (batch, head, position) order.
+pub fn query_rows(spec: &AttnSpec) -> impl Iterator<Item = QueryRow> + '_ {
+    (0..spec.batch()).flat_map(move |b| {
+        (0..spec.heads_q()).flat_map(move |h| {
+            (0..spec.seq_lens(b).q).filter_map(move |i| {
+                let keys = spec.key_range(b, i);
+                (!keys.is_empty()).then(|| QueryRow {
+                    b,
+                    h,
+                    hk: spec.kv_head(h),
+                    i,
+                    keys,
+                })
+            })
+        })
+    })
+}
+
+/// A key row whose gradient a naive baseline writes: batch entry `b`, key/value head `hk`,
+/// position `j`; `valid` where `j` is inside the entry's key length (not key padding).
+pub struct KeyRow {
+    pub b: usize,
+    pub hk: usize,
+    pub j: usize,
+    pub valid: bool,
+}
+
+/// Every key row of `spec` in (batch, head, position) order: a packed entry's own rows, every row
+/// of a dense entry (its key padding included).
+pub fn key_rows(spec: &AttnSpec) -> impl Iterator<Item = KeyRow> + '_ {
+    (0..spec.batch()).flat_map(move |b| {
+        let len_k = spec.seq_lens(b).k;
+        let rows = if spec.is_varlen() { len_k } else { spec.seq_k() };
+        (0..spec.heads_kv()).flat_map(move |hk| {
+            (0..rows).map(move |j| KeyRow {
+                b,
+                hk,
+                j,
+                valid: j < len_k,
+            })
+        })
+    })
+}
+
+/// `a·b`, summed in f32.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>()
+}
+
+/// Row `x` in f32 and its norm `‖x‖`; with `l2_eps`, the row is `x / max(‖x‖, eps)` rounded to `T`.
+pub fn prep_row<T: Element>(x: &[f64], l2_eps: Option<f32>) -> (Vec<f32>, f32) {
+    let row: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+    match l2_eps {
+        Some(eps) => (
+            row.iter()
+                .map(|v| T::from_f32(v / norm.max(eps)).to_f32())
+                .collect(),
+            norm,
+        ),
+        None => (row, norm),
+    }
+}
+
+/// The gradient through [`prep_row`]: `dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖` where `‖x‖ > eps`, else
+/// `dx̂ / eps`; `dx̂` itself without the l2-norm.
+pub fn l2norm_bwd(xh: &[f32], dxh: &[f32], norm: f32, l2_eps: Option<f32>) -> Vec<f32> {
+    match l2_eps {
+        None => dxh.to_vec(),
+        Some(eps) if norm > eps => {
+            let xd: f32 = xh.iter().zip(dxh).map(|(a, b)| a * b).sum();
+            xh.iter().zip(dxh).map(|(x, g)| (g - x * xd) / norm).collect()
+        }
+        Some(eps) => dxh.iter().map(|g| g / eps).collect(),
+    }
+}
+
+/// The bias of `row` at key `j` in f32 (0 without a bias).
+pub fn bias_at(spec: &AttnSpec, x: &Inputs<'_, f64>, row: &QueryRow, j: usize) -> f32 {
+    spec.bias_index(row.b, row.h, row.i, j)
+        .map(|bi| x.bias.expect("bias")[bi] as f32)
+        .unwrap_or(0.0)
+}
+
+/// The f32 sums of the softmax part of a naive baseline's backward, per key row: `dv` (`Σ p dO`)
+/// and `dbias` (`Σ dS`).
+pub struct SoftmaxSums {
+    pub dv: Vec<f32>,
+    pub dbias: Vec<f32>,
+}
+
+impl SoftmaxSums {
+    pub fn new(spec: &AttnSpec) -> Self {
+        SoftmaxSums {
+            dv: vec![0f32; spec.dv_len()],
+            dbias: vec![0f32; spec.bias_len()],
+        }
+    }
+
+    /// `dbias` rounded to `T` into `out`.
+    pub fn write_dbias<T: Element>(&self, out: &mut Outputs) {
+        if let Some(db) = out.dbias.as_mut() {
+            for (o, a) in db.iter_mut().zip(&self.dbias) {
+                *o = T::from_f32(*a).to_f32() as f64;
+            }
+        }
+    }
+}
+
+/// The softmax half of one query row of a naive baseline in dtype `T`, from its rounded scores `s`
+/// (one per key of `row.keys`): `p = e^{s−m}/Σ` rounded, `o = Σ p v` (f32 sum, rounded) and the LSE
+/// `m + ln Σ` into `out`; then `dP = dO·v` and `dS = p (dP − dO·o)`, both rounded, with `p dO` and
+/// `dS` added to `sums`. Returns `dS` per key, or `None` where every score is −∞ (the row keeps
+/// its zeros).
+#[allow(clippy::needless_range_loop)] // one index addresses several rows at once
+pub fn softmax_row<T: Element>(
+    spec: &AttnSpec,
+    x: &Inputs<'_, f64>,
+    d_o: &[f64],
+    row: &QueryRow,
+    s: &[f32],
+    out: &mut Outputs,
+    sums: &mut SoftmaxSums,
+) -> Option<Vec<f32>> {
+    let rt = |v: f32| T::from_f32(v).to_f32();
+    let (d, &QueryRow { b, h, hk, i, .. }) = (spec.head_dim(), row);
+    let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        return None;
+    }
+    let e: Vec<f32> = s.iter().map(|v| (v - m).exp()).collect();
+    let sum: f32 = e.iter().sum();
+    let p: Vec<f32> = e.iter().map(|v| rt(v / sum)).collect();
+    let oo = spec.o_offset(b, i, h);
+    let mut o_row = vec![0f32; d];
+    for (jj, j) in row.keys.clone().enumerate() {
+        let vo = spec.v_offset(b, j, hk);
+        for c in 0..d {
+            o_row[c] += p[jj] * x.v[vo + c] as f32;
+        }
+    }
+    let o_row: Vec<f32> = o_row.into_iter().map(rt).collect();
+    for c in 0..d {
+        out.o[oo + c] = o_row[c] as f64;
+    }
+    out.lse[spec.stats_index(b, h, i)] = (m + sum.ln()) as f64;
+    let g: Vec<f32> = d_o[oo..oo + d].iter().map(|&v| v as f32).collect();
+    let delta = dot(&g, &o_row);
+    let mut ds = Vec::with_capacity(s.len());
+    for (jj, j) in row.keys.clone().enumerate() {
+        let vo = spec.v_offset(b, j, hk);
+        let vrow: Vec<f32> = x.v[vo..vo + d].iter().map(|&v| v as f32).collect();
+        let dp = rt(dot(&g, &vrow));
+        let dsj = rt(p[jj] * (dp - delta));
+        if let Some(bi) = spec.bias_index(b, h, i, j) {
+            sums.dbias[bi] += dsj;
+        }
+        let dvo = spec.dv_offset(b, j, hk);
+        for c in 0..d {
+            sums.dv[dvo + c] += p[jj] * g[c];
+        }
+        ds.push(dsj);
+    }
+    Some(ds)
+}
+
 /// Plain attention in dtype `T` (see the module doc), for softmax and cosine-sim.
 #[allow(clippy::needless_range_loop)] // one index addresses several rows at once
 pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
@@ -68,147 +261,67 @@ pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Ou
         ref other => panic!("no naive baseline for {other:?}"),
     };
     // Prepared rows: x̂ = x / max(‖x‖, eps) rounded to T (cosine-sim), else x; and ‖x‖.
-    let prep = |buf: &[f64], off: usize| -> (Vec<f32>, f32) {
-        let row: Vec<f32> = buf[off..off + d].iter().map(|&v| v as f32).collect();
-        let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-        match cosine_eps {
-            Some(eps) => (row.iter().map(|v| rt(v / norm.max(eps))).collect(), norm),
-            None => (row, norm),
-        }
-    };
-    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
-    let mut out = Outputs {
-        o: vec![0.0; spec.o_len()],
-        lse: vec![f64::NEG_INFINITY; spec.stats_len()],
-        dq: vec![0.0; spec.dq_len()],
-        dk: vec![0.0; spec.dk_len()],
-        dv: vec![0.0; spec.dv_len()],
-        dbias: spec.bias().map(|_| vec![0.0; spec.bias_len()]),
-    };
-    // dk̂, dv accumulated in f32 per key row, then rounded.
+    let prep = |buf: &[f64], off: usize| prep_row::<T>(&buf[off..off + d], cosine_eps);
+    let mut out = Outputs::zeros(spec);
+    // dk̂ accumulated in f32 per key row, then rounded.
     let mut dk_acc = vec![0f32; spec.dk_len()];
-    let mut dv_acc = vec![0f32; spec.dv_len()];
-    let mut db_acc = vec![0f32; spec.bias_len()];
-    for b in 0..spec.batch() {
-        let lens = spec.seq_lens(b);
-        for h in 0..spec.heads_q() {
-            let hk = spec.kv_head(h);
-            for i in 0..lens.q {
-                let keys = spec.key_range(b, i);
-                if keys.is_empty() {
-                    continue;
+    let mut sums = SoftmaxSums::new(spec);
+    for row in query_rows(spec) {
+        let QueryRow { b, h, hk, i, .. } = row;
+        let (qh, qnorm) = prep(x.q, spec.q_offset(b, i, h));
+        let krows: Vec<(Vec<f32>, f32)> = row
+            .keys
+            .clone()
+            .map(|j| prep(x.k, spec.k_offset(b, j, hk)))
+            .collect();
+        // s = score + bias, rounded; sigma = ∂score/∂(q̂·k̂) (the softcap's tanh term).
+        let mut s = Vec::with_capacity(row.keys.len());
+        let mut sigma = Vec::with_capacity(row.keys.len());
+        for (jj, j) in row.keys.clone().enumerate() {
+            let raw = scale * dot(&qh, &krows[jj].0);
+            let (sc, sg) = match softcap {
+                Some(cap) => {
+                    let t = (raw / cap).tanh();
+                    (cap * t, scale * (1.0 - t * t))
                 }
-                let (qh, _) = prep(x.q, spec.q_offset(b, i, h));
-                let krows: Vec<(Vec<f32>, f32)> =
-                    keys.clone().map(|j| prep(x.k, spec.k_offset(b, j, hk))).collect();
-                // s = score + bias, rounded; t = tanh term for the softcap derivative.
-                let mut s = Vec::with_capacity(keys.len());
-                let mut sigma = Vec::with_capacity(keys.len());
-                for (jj, j) in keys.clone().enumerate() {
-                    let raw = scale * dot(&qh, &krows[jj].0);
-                    let (sc, sg) = match softcap {
-                        Some(cap) => {
-                            let t = (raw / cap).tanh();
-                            (cap * t, scale * (1.0 - t * t))
-                        }
-                        None => (raw, scale),
-                    };
-                    let bias = spec
-                        .bias_index(b, h, i, j)
-                        .map(|bi| x.bias.expect("bias")[bi] as f32)
-                        .unwrap_or(0.0);
-                    s.push(rt(sc + bias));
-                    sigma.push(sg);
-                }
-                let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                if m == f32::NEG_INFINITY {
-                    continue;
-                }
-                let e: Vec<f32> = s.iter().map(|v| (v - m).exp()).collect();
-                let sum: f32 = e.iter().sum();
-                let p: Vec<f32> = e.iter().map(|v| rt(v / sum)).collect();
-                let oo = spec.o_offset(b, i, h);
-                let mut o_row = vec![0f32; d];
-                for (jj, j) in keys.clone().enumerate() {
-                    let vo = spec.v_offset(b, j, hk);
-                    for c in 0..d {
-                        o_row[c] += p[jj] * x.v[vo + c] as f32;
-                    }
-                }
-                let o_row: Vec<f32> = o_row.into_iter().map(rt).collect();
-                for c in 0..d {
-                    out.o[oo + c] = o_row[c] as f64;
-                }
-                out.lse[spec.stats_index(b, h, i)] = (m + sum.ln()) as f64;
-                // Backward.
-                let g: Vec<f32> = d_o[oo..oo + d].iter().map(|&v| v as f32).collect();
-                let delta = dot(&g, &o_row);
-                let mut dqh = vec![0f32; d];
-                for (jj, j) in keys.clone().enumerate() {
-                    let vo = spec.v_offset(b, j, hk);
-                    let vrow: Vec<f32> = x.v[vo..vo + d].iter().map(|&v| v as f32).collect();
-                    let dp = rt(dot(&g, &vrow));
-                    let ds = rt(p[jj] * (dp - delta));
-                    if let Some(bi) = spec.bias_index(b, h, i, j) {
-                        db_acc[bi] += ds;
-                    }
-                    let w = ds * sigma[jj];
-                    let ko = spec.dk_offset(b, j, hk);
-                    let dvo = spec.dv_offset(b, j, hk);
-                    for c in 0..d {
-                        dqh[c] += w * krows[jj].0[c];
-                        dk_acc[ko + c] += w * qh[c];
-                        dv_acc[dvo + c] += p[jj] * g[c];
-                    }
-                }
-                let dqh: Vec<f32> = dqh.into_iter().map(rt).collect();
-                let dq = match cosine_eps {
-                    Some(eps) => l2norm_bwd(&qh, &dqh, prep(x.q, spec.q_offset(b, i, h)).1, eps),
-                    None => dqh,
-                };
-                let qo = spec.dq_offset(b, i, h);
-                for c in 0..d {
-                    out.dq[qo + c] = rt(dq[c]) as f64;
-                }
+                None => (raw, scale),
+            };
+            s.push(rt(sc + bias_at(spec, &x, &row, j)));
+            sigma.push(sg);
+        }
+        let Some(ds) = softmax_row::<T>(spec, &x, d_o, &row, &s, &mut out, &mut sums) else {
+            continue;
+        };
+        let mut dqh = vec![0f32; d];
+        for (jj, j) in row.keys.clone().enumerate() {
+            let w = ds[jj] * sigma[jj];
+            let ko = spec.dk_offset(b, j, hk);
+            for c in 0..d {
+                dqh[c] += w * krows[jj].0[c];
+                dk_acc[ko + c] += w * qh[c];
             }
         }
-        // dk: through the l2-norm per key row (cosine-sim), then rounded.
-        let rows_k = if spec.is_varlen() { lens.k } else { spec.seq_k() };
-        for hk in 0..spec.heads_kv() {
-            for j in 0..rows_k {
-                let ko = spec.dk_offset(b, j, hk);
-                let dkh: Vec<f32> = dk_acc[ko..ko + d].iter().map(|&v| rt(v)).collect();
-                let dk = match cosine_eps {
-                    Some(eps) => {
-                        let (kh, norm) = prep(x.k, spec.k_offset(b, j, hk));
-                        l2norm_bwd(&kh, &dkh, norm, eps)
-                    }
-                    None => dkh,
-                };
-                let vo = spec.dv_offset(b, j, hk);
-                for c in 0..d {
-                    out.dk[ko + c] = rt(dk[c]) as f64;
-                    out.dv[vo + c] = rt(dv_acc[vo + c]) as f64;
-                }
-            }
+        let dqh: Vec<f32> = dqh.into_iter().map(rt).collect();
+        let dq = l2norm_bwd(&qh, &dqh, qnorm, cosine_eps);
+        let qo = spec.dq_offset(b, i, h);
+        for c in 0..d {
+            out.dq[qo + c] = rt(dq[c]) as f64;
         }
     }
-    if let Some(db) = out.dbias.as_mut() {
-        for (o, a) in db.iter_mut().zip(&db_acc) {
-            *o = rt(*a) as f64;
+    // dk: through the l2-norm per key row (cosine-sim), then rounded.
+    for KeyRow { b, hk, j, .. } in key_rows(spec) {
+        let ko = spec.dk_offset(b, j, hk);
+        let dkh: Vec<f32> = dk_acc[ko..ko + d].iter().map(|&v| rt(v)).collect();
+        let (kh, norm) = prep(x.k, spec.k_offset(b, j, hk));
+        let dk = l2norm_bwd(&kh, &dkh, norm, cosine_eps);
+        let vo = spec.dv_offset(b, j, hk);
+        for c in 0..d {
+            out.dk[ko + c] = rt(dk[c]) as f64;
+            out.dv[vo + c] = rt(sums.dv[vo + c]) as f64;
         }
     }
+    sums.write_dbias::<T>(&mut out);
     out
-}
-
-/// `dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖` where `‖x‖ > eps`, else `dx̂ / eps`.
-fn l2norm_bwd(xh: &[f32], dxh: &[f32], norm: f32, eps: f32) -> Vec<f32> {
-    if norm > eps {
-        let xd: f32 = xh.iter().zip(dxh).map(|(a, b)| a * b).sum();
-        xh.iter().zip(dxh).map(|(x, g)| (g - x * xd) / norm).collect()
-    } else {
-        dxh.iter().map(|g| g / eps).collect()
-    }
 }
 
 fn upload<T: DeviceElem>(data: &[T]) -> CudaSlice<T> {
@@ -341,26 +454,87 @@ pub fn check<T: DeviceElem>(spec: &AttnSpec, seed: u64, offset: usize) -> Result
     Ok(())
 }
 
-/// Run `check` over the dtypes for one spec builder; collect every failure, so one run reports
-/// them all. Returns the number of cases checked.
-pub fn check_all_dtypes(
-    make: &dyn Fn(attn_core::DType) -> Option<AttnSpec>,
-    seed: u64,
-    offset: usize,
-    failures: &mut Vec<String>,
-) -> usize {
-    let mut n = 0;
-    for dtype in attn_core::DType::ALL {
-        let Some(spec) = make(dtype) else { continue };
-        let r = match dtype {
-            attn_core::DType::F32 => check::<f32>(&spec, seed, offset),
-            attn_core::DType::F16 => check::<half::f16>(&spec, seed, offset),
-            attn_core::DType::BF16 => check::<half::bf16>(&spec, seed, offset),
-        };
-        n += 1;
-        if let Err(e) = r {
-            failures.push(format!("D={} {}: {e}", spec.head_dim(), dtype));
+/// Taylor order 1 as the tests and timings run it (l2-normalised q, k and `a1·scale < a0`, so
+/// `f > 0`); order 2 with the default coefficients.
+pub fn taylor_family(order: u8) -> Family {
+    if order == 1 {
+        Family::Taylor(attn_core::TaylorParams {
+            order: 1,
+            a: [1.0, 0.8, 0.0],
+            scale: Some(0.9),
+            qk_l2norm: true,
+        })
+    } else {
+        Family::taylor(2)
+    }
+}
+
+/// [`check`] in the spec's storage dtype.
+pub fn check_dtype(spec: &AttnSpec, seed: u64, offset: usize) -> Result<(), String> {
+    match spec.dtype() {
+        DType::F32 => check::<f32>(spec, seed, offset),
+        DType::F16 => check::<half::f16>(spec, seed, offset),
+        DType::BF16 => check::<half::bf16>(spec, seed, offset),
+    }
+}
+
+/// The cases of one test: each one counted and each failure kept under its label, so that
+/// [`Cases::finish`] reports them all (case, field, error, bound) before the test fails.
+pub struct Cases {
+    name: String,
+    count: usize,
+    failures: Vec<String>,
+}
+
+impl Cases {
+    pub fn new(name: &str) -> Self {
+        Cases {
+            name: name.to_string(),
+            count: 0,
+            failures: Vec::new(),
         }
     }
-    n
+
+    /// Count one case; keep its error as `label: error`.
+    pub fn record(&mut self, label: impl std::fmt::Display, r: Result<(), String>) {
+        self.count += 1;
+        if let Err(e) = r {
+            self.failures.push(format!("{label}: {e}"));
+        }
+    }
+
+    /// Print how many cases ran and failed; fail with every failure.
+    pub fn finish(self) {
+        let (name, cases, failures) = (self.name, self.count, self.failures);
+        println!("{name}: {cases} cases, {} failed", failures.len());
+        assert!(
+            failures.is_empty(),
+            "{name}: {} of {cases} cases failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+}
+
+/// One family over every head dim of `dims` × dtype: the n-th head dim draws with seed `seed(n)`,
+/// its spec built by `make` from a fresh [`Shapes`] of that seed and `lengths`, then checked by
+/// `check(spec, seed)`; each case recorded in `cases` as `D=… dtype`.
+pub fn check_dims(
+    cases: &mut Cases,
+    family: Family,
+    dims: &[usize],
+    lengths: Lengths,
+    seed: impl Fn(usize) -> u64,
+    make: &Make,
+    check: impl Fn(&AttnSpec, u64) -> Result<(), String>,
+) {
+    for (n, &d) in dims.iter().enumerate() {
+        let seed = seed(n);
+        for dtype in DType::ALL {
+            let spec = make(family, dtype, d, &mut Shapes::new(seed, lengths))
+                .validate()
+                .expect("valid test problem");
+            cases.record(format_args!("D={d} {dtype}"), check(&spec, seed));
+        }
+    }
 }

@@ -5,6 +5,9 @@
 
 use attn_core::{AttnProblem, Causal, DType, Family, InputStrides, Layout, Strides};
 
+/// A shape builder: the problem of a family, dtype and head dim, its lengths drawn from the shapes.
+pub type Make = dyn Fn(Family, DType, usize, &mut Shapes) -> AttnProblem;
+
 /// The sequence lengths of one test file.
 #[derive(Clone, Copy, Debug)]
 pub struct Lengths {
@@ -63,6 +66,44 @@ impl Shapes {
 pub fn dense_gqa(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
     let (nq, nk) = s.dense_lens(d);
     AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
+}
+
+/// Top-left causal with `Nq < Nk` (`Nk` in [70, max]), GQA 2:1.
+pub fn causal_top_left_q_shorter(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let nk = s.tail(70, s.max_len(d));
+    let nq = s.tail(20, nk - 20);
+    AttnProblem::new(f, dt, 2, 2, 1, nq, nk, d).with_causal(Causal::TopLeft)
+}
+
+/// Bottom-right causal with `Nq > Nk`: the first `Nq − Nk` queries see no key (zeros, LSE = −∞,
+/// zero gradients).
+pub fn causal_bottom_right_q_longer(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let nq = s.tail(70, s.max_len(d));
+    let nk = s.tail(20, nq - 20);
+    AttnProblem::new(f, dt, 1, 3, 3, nq, nk, d).with_causal(Causal::BottomRight)
+}
+
+/// Key lengths per batch entry (entry 2 has no valid key at all) and a sliding window.
+pub fn key_padding_and_window(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(40, s.max_len(d)), s.tail(40, s.max_len(d)));
+    let lens = vec![nk, s.next(1, nk - 1), 0];
+    AttnProblem::new(f, dt, 3, 2, 2, nq, nk, d)
+        .with_key_lens(lens)
+        .with_window(Some(s.next(5, 40)), Some(s.next(0, 12)))
+}
+
+/// A bias broadcast over the batch (one per head), top-left causal.
+pub fn bias_broadcast_batch(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
+        .with_bias(1, 4)
+        .with_causal(Causal::TopLeft)
+}
+
+/// A bias broadcast over the heads (one per batch entry): its gradient sums over heads.
+pub fn bias_broadcast_heads(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (s.tail(30, 100), s.tail(30, 100));
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d).with_bias(2, 1)
 }
 
 /// Four packed sequences, bottom-right causal: one without queries, one of short lengths, one with
