@@ -13,7 +13,7 @@
 //! `P` rounded to the storage dtype, `o = P v` by a storage-dtype matmul. A row with no allowed key
 //! gets `P = 0` (so `o = 0`), LSE `−∞`, `den = 0`. The mask comes from the spec (never re-derived).
 
-use crate::common::{candle_dtype, to_f64, var_on, Outcome, Stored};
+use crate::common::{candle_dtype, to_f64, Outcome, Stored, Vars};
 use attn_core::{Aggregation, AttnSpec, FamilySpec, HypScore, SeqLengths, ACOSH_EPS, KLEIN_MAX_NORM2};
 use candle_core::{DType, Device, Result, Tensor, D};
 
@@ -177,19 +177,7 @@ pub fn naive(spec: &AttnSpec, x: &Stored, device: &Device) -> Result<Outcome> {
         candle_core::bail!("the naive baseline takes the Bnhd layout");
     }
     let dt = candle_dtype(spec.dtype());
-    let q = var_on(&x.q, spec.q_shape(), dt, device)?;
-    let k = var_on(&x.k, spec.k_shape(), dt, device)?;
-    let v = var_on(&x.v, spec.v_shape(), dt, device)?;
-    let bias = match (spec.bias(), &x.bias) {
-        (Some(b), Some(data)) => Some(var_on(
-            data,
-            vec![b.batch, b.heads, spec.seq_q(), spec.seq_k()],
-            dt,
-            device,
-        )?),
-        _ => None,
-    };
-    let d_o = var_on(&x.d_o, spec.o_shape(), dt, device)?.as_tensor().detach();
+    let Vars { q, k, v, bias, d_o } = x.to_vars(spec, device)?;
     let group: Vec<u32> = (0..spec.heads_q()).map(|h| spec.kv_head(h) as u32).collect();
     let group = Tensor::from_vec(group, spec.heads_q(), device)?;
     let (mut outs, mut stats) = (Vec::new(), Vec::new());

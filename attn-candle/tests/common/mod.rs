@@ -74,6 +74,40 @@ pub struct Stored {
     pub d_o: Vec<f64>,
 }
 
+/// The inputs of a call as variables (dO as a detached tensor).
+pub struct Vars {
+    pub q: Var,
+    pub k: Var,
+    pub v: Var,
+    pub bias: Option<Var>,
+    pub d_o: Tensor,
+}
+
+impl Stored {
+    /// The values on `device` in the spec's storage dtype (rounded on the host, see [`var_on`]).
+    pub fn to_vars(&self, spec: &AttnSpec, device: &Device) -> Result<Vars> {
+        let dt = candle_dtype(spec.dtype());
+        let bias = match (spec.bias(), &self.bias) {
+            (Some(b), Some(x)) => Some(var_on(
+                x,
+                vec![b.batch, b.heads, spec.seq_q(), spec.seq_k()],
+                dt,
+                device,
+            )?),
+            _ => None,
+        };
+        Ok(Vars {
+            q: var_on(&self.q, spec.q_shape(), dt, device)?,
+            k: var_on(&self.k, spec.k_shape(), dt, device)?,
+            v: var_on(&self.v, spec.v_shape(), dt, device)?,
+            bias,
+            d_o: var_on(&self.d_o, spec.o_shape(), dt, device)?
+                .as_tensor()
+                .detach(),
+        })
+    }
+}
+
 /// attn-cpu-ref in the storage dtype `E` on the stored values.
 pub fn reference<E: Element>(spec: &AttnSpec, s: &Stored) -> Outcome {
     let narrow = |x: &[f64]| x.iter().map(|&v| E::from_f64(v)).collect::<Vec<E>>();
@@ -183,25 +217,17 @@ pub fn run_candle_on(
 ) -> Result<(AttnSpec, Outcome, Stored)> {
     let spec = problem.validate().map_err(attn_candle::to_candle)?;
     let case = random_case(&spec, seed);
-    let dt = candle_dtype(spec.dtype());
-    let q = var_on(&case.q, spec.q_shape(), dt, device)?;
-    let k = var_on(&case.k, spec.k_shape(), dt, device)?;
-    let v = var_on(&case.v, spec.v_shape(), dt, device)?;
-    let bias = match (spec.bias(), &case.bias) {
-        (Some(b), Some(x)) => Some(var_on(
-            x,
-            vec![b.batch, b.heads, spec.seq_q(), spec.seq_k()],
-            dt,
-            device,
-        )?),
-        _ => None,
-    };
+    let Vars { q, k, v, bias, d_o } = Stored {
+        q: case.q,
+        k: case.k,
+        v: case.v,
+        bias: case.bias,
+        d_o: case.d_o,
+    }
+    .to_vars(&spec, device)?;
     let mut opts = options_for(problem);
     opts.bias = bias.as_ref().map(|b| b.as_tensor().clone());
     let (o, stats) = attention_with_stats(q.as_tensor(), k.as_tensor(), v.as_tensor(), &opts)?;
-    let d_o = var_on(&case.d_o, spec.o_shape(), dt, device)?
-        .as_tensor()
-        .detach();
     let grads = (&o * &d_o)?.sum_all()?.backward()?;
     let grad = |t: &Tensor, name: &str| -> Result<Vec<f64>> {
         match grads.get(t) {
