@@ -278,6 +278,33 @@ __device__ __forceinline__ TaylorRowRef TaylorSweep::query_ref(const TaylorParam
     return r;
 }
 
+// Elements per thread whose global loads a tile loader issues before it stores any of them.
+constexpr int kTaylorLoadBatch = 8;
+
+// For every element idx < N of a tile, `store(idx, load(idx))`, thread tid taking idx ≡ tid (mod the block
+// size) as a plain strided loop would, but kTaylorLoadBatch of its loads at a time into registers before
+// the stores: each batch waits for one global-load latency instead of one per element (the loads were the
+// chunk loop's critical path; NOTES_taylor.md, "H100 run of 10252c0"). The same elements, values and
+// stores as the strided loop, only in a different order across elements. The loaders read the call's
+// inputs, which no kernel writes, through the read-only path (__ldg).
+template <int N, class Load, class Store>
+__device__ __forceinline__ void taylor_batched(int tid, Load load, Store store) {
+    constexpr int kStep = kTaylorThreads * kTaylorLoadBatch;
+    for (int base = 0; base < N; base += kStep) {
+        decltype(load(0)) v[kTaylorLoadBatch];
+#pragma unroll
+        for (int i = 0; i < kTaylorLoadBatch; ++i) {
+            const int idx = base + i * kTaylorThreads + tid;
+            if (idx < N) v[i] = load(idx);
+        }
+#pragma unroll
+        for (int i = 0; i < kTaylorLoadBatch; ++i) {
+            const int idx = base + i * kTaylorThreads + tid;
+            if (idx < N) store(idx, v[i]);
+        }
+    }
+}
+
 // The refs of rows r < valid of a tile (rows ≥ valid: x, y null); call before the barrier that precedes
 // load_x / load_y.
 template <int ROWS, class RefFn>
@@ -302,12 +329,16 @@ __device__ __forceinline__ void taylor_tile_refs(TaylorRowRef* refs, int valid, 
 template <typename T, typename XT, int ROWS, int D, int LD, bool SCALE = true>
 __device__ __forceinline__ void taylor_load_x(const TaylorParams& tp, XT* dst, TaylorRowRef* refs, int tid) {
     const bool l2 = tp.base.l2norm != 0;
-    for (int idx = tid; idx < ROWS * D; idx += kTaylorThreads) {
-        const int r = idx / D, d = idx % D;
-        const TaylorRowRef& ref = refs[r];
-        const float raw = ref.x != nullptr ? to_f32(static_cast<const T*>(ref.x)[d]) : 0.f;
-        dst[r * LD + d] = from_f32<XT>(l2 || !SCALE ? raw : raw * ref.rx);  // raw: exact in XT (an input)
-    }
+    taylor_batched<ROWS * D>(
+        tid,
+        [&](int idx) {
+            const TaylorRowRef& ref = refs[idx / D];
+            return ref.x != nullptr ? to_f32(__ldg(static_cast<const T*>(ref.x) + idx % D)) : 0.f;
+        },
+        [&](int idx, float raw) {
+            const int r = idx / D, d = idx % D;
+            dst[r * LD + d] = from_f32<XT>(l2 || !SCALE ? raw : raw * refs[r].rx);  // raw: exact in XT (an input)
+        });
     if (!l2) return;
     __syncthreads();
     const int warp = tid / 32, lane = tid % 32;
@@ -333,27 +364,32 @@ __device__ __forceinline__ void taylor_load_x(const TaylorParams& tp, XT* dst, T
 // refs are left as they are.
 template <typename T, int ROWS, int D, int LD>
 __device__ __forceinline__ void taylor_load_raw(T* dst, const TaylorRowRef* refs, int tid) {
-    for (int idx = tid; idx < ROWS * D; idx += kTaylorThreads) {
-        const int r = idx / D, d = idx % D;
-        const TaylorRowRef& ref = refs[r];
-        dst[r * LD + d] = ref.x != nullptr ? static_cast<const T*>(ref.x)[d] : from_f32<T>(0.f);
-    }
+    taylor_batched<ROWS * D>(
+        tid,
+        [&](int idx) {
+            const TaylorRowRef& ref = refs[idx / D];
+            return ref.x != nullptr ? __ldg(static_cast<const T*>(ref.x) + idx % D) : from_f32<T>(0.f);
+        },
+        [&](int idx, T x) { dst[(idx / D) * LD + idx % D] = x; });
 }
 
 // y = [ry·y_raw, y_last] of tile rows r < ROWS into dst[r·LD + c] as T for c < COLS (zero past Dv + 1 and
 // for rows without a ref).
 template <typename T, int ROWS, int DV, int COLS, int LD>
 __device__ __forceinline__ void taylor_load_y(T* dst, const TaylorRowRef* refs, int tid) {
-    for (int idx = tid; idx < ROWS * COLS; idx += kTaylorThreads) {
-        const int r = idx / COLS, c = idx % COLS;
-        const TaylorRowRef& ref = refs[r];
-        float v = 0.f;
-        if (ref.x != nullptr) {
-            if (c < DV) v = ref.y != nullptr ? to_f32(static_cast<const T*>(ref.y)[c]) * ref.ry : 0.f;
-            else if (c == DV) v = ref.y_last;
-        }
-        dst[r * LD + c] = from_f32<T>(v);
-    }
+    taylor_batched<ROWS * COLS>(
+        tid,
+        [&](int idx) {
+            const int r = idx / COLS, c = idx % COLS;
+            const TaylorRowRef& ref = refs[r];
+            float v = 0.f;
+            if (ref.x != nullptr) {
+                if (c < DV) v = ref.y != nullptr ? to_f32(__ldg(static_cast<const T*>(ref.y) + c)) * ref.ry : 0.f;
+                else if (c == DV) v = ref.y_last;
+            }
+            return v;
+        },
+        [&](int idx, float v) { dst[(idx / COLS) * LD + idx % COLS] = from_f32<T>(v); });
 }
 
 // Eight f32 values stored as T at a 16-byte aligned address.
