@@ -19,12 +19,14 @@
 //! ```
 
 mod backend;
+mod decode;
 mod dtype;
 mod error;
 mod family;
 mod spec;
 
 pub use backend::{AttnBackend, BackwardIo, ForwardIo};
+pub use decode::DecodeShape;
 pub use dtype::{round_to, DType, Element};
 pub use error::{shape_str, AttnError, FamilyKind, Op, Pass, Result};
 pub use family::{

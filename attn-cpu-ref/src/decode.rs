@@ -22,120 +22,44 @@
 //!
 //! A step's spec describes only the new tokens: a dense batch with `seq_q = seq_k = t` and a causal
 //! mask, and the state's family, dtype, batch and head shapes. Anything else is a typed error naming
-//! the argument (`state`, `lengths`, `causal`, `seq_k`).
+//! the argument (`state`, `lengths`, `causal`, `seq_k`): attn-core's [`DecodeShape::check_step`], the
+//! same check as the GPU decode's.
 
 use crate::{check_dtype, narrow, widen, Forward, Inputs};
-use attn_core::{
-    AttnError, AttnSpec, Causal, DType, Element, FamilySpec, Op, Pass, Result, SeqLengths, TaylorOrder,
-};
+use attn_core::{AttnError, AttnSpec, DecodeShape, Element, Pass, Result, TaylorOrder};
 
-/// The shapes and parameters a [`DecodeState`] was built for; every step's spec must match them.
+/// The shapes and parameters a [`DecodeState`] was built for: attn-core's [`DecodeShape`], the same
+/// type the GPU decode wraps.
+pub type StateShape = DecodeShape;
+
+/// The family's parameters in f64: `order`, `[a0, a1, a2]`, `scale`, `qk_l2norm`, `eps`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StateShape {
-    pub family: FamilySpec,
-    pub dtype: DType,
-    pub batch: usize,
-    pub heads_q: usize,
-    pub heads_kv: usize,
-    pub head_dim: usize,
-    pub head_dim_v: usize,
+struct Params {
+    order: TaylorOrder,
+    a: [f64; 3],
+    scale: f64,
+    l2: bool,
+    eps: f64,
 }
 
-impl StateShape {
-    /// The shape of `spec`; an error unless it is a Taylor spec.
-    pub fn of(spec: &AttnSpec, pass: Pass) -> Result<Self> {
-        if !matches!(spec.family(), FamilySpec::Taylor { .. }) {
-            return Err(AttnError::InvalidArgument {
-                op: spec.op(pass),
-                arg: "family",
-                reason: format!(
-                    "recurrent decode exists for Taylor linear attention only, not {}",
-                    spec.family_kind().name()
-                ),
-            });
-        }
-        Ok(StateShape {
-            family: *spec.family(),
-            dtype: spec.dtype(),
-            batch: spec.batch(),
-            heads_q: spec.heads_q(),
-            heads_kv: spec.heads_kv(),
-            head_dim: spec.head_dim(),
-            head_dim_v: spec.head_dim_v(),
+impl Params {
+    fn of(shape: &DecodeShape) -> Result<Self> {
+        let (order, a, scale, l2, eps) = shape.taylor()?;
+        Ok(Params {
+            order,
+            a: a.map(f64::from),
+            scale: scale as f64,
+            l2,
+            eps: eps as f64,
         })
-    }
-
-    /// `order` and the coefficients `[a0, a1, a2]`, `scale`, `qk_l2norm`, `eps`.
-    fn taylor(&self) -> (TaylorOrder, [f64; 3], f64, bool, f64) {
-        // `of` accepts Taylor specs only, so every StateShape holds a Taylor family.
-        let FamilySpec::Taylor {
-            order,
-            a,
-            scale,
-            qk_l2norm,
-            eps,
-        } = self.family
-        else {
-            unreachable!("a StateShape is only built from a Taylor spec")
-        };
-        (
-            order,
-            [a[0] as f64, a[1] as f64, a[2] as f64],
-            scale as f64,
-            qk_l2norm,
-            eps as f64,
-        )
-    }
-
-    /// Rows of the sums per (batch entry, kv head): `1 + D` (+ `D(D+1)/2` for order 2).
-    pub fn features(&self) -> usize {
-        let d = self.head_dim;
-        match self.taylor().0 {
-            TaylorOrder::One => 1 + d,
-            TaylorOrder::Two => 1 + d + d * (d + 1) / 2,
-        }
-    }
-
-    /// Columns of the sums: `m = Dv + 1` (the values and the denominator).
-    pub fn width(&self) -> usize {
-        self.head_dim_v + 1
-    }
-
-    /// The first field where `spec` differs from this shape, as an error naming `state`.
-    fn check(&self, spec: &AttnSpec, pass: Pass) -> Result<()> {
-        let other = StateShape::of(spec, pass)?;
-        let fields: [(&str, String, String); 7] = [
-            (
-                "family",
-                format!("{:?}", self.family),
-                format!("{:?}", other.family),
-            ),
-            ("dtype", self.dtype.to_string(), other.dtype.to_string()),
-            ("batch", self.batch.to_string(), other.batch.to_string()),
-            ("heads_q", self.heads_q.to_string(), other.heads_q.to_string()),
-            ("heads_kv", self.heads_kv.to_string(), other.heads_kv.to_string()),
-            ("head_dim", self.head_dim.to_string(), other.head_dim.to_string()),
-            (
-                "head_dim_v",
-                self.head_dim_v.to_string(),
-                other.head_dim_v.to_string(),
-            ),
-        ];
-        match fields.iter().find(|(_, s, o)| s != o) {
-            None => Ok(()),
-            Some((what, s, o)) => Err(AttnError::InvalidArgument {
-                op: spec.op(pass),
-                arg: "state",
-                reason: format!("the state was built for {what} = {s}, the spec has {what} = {o}"),
-            }),
-        }
     }
 }
 
 /// The running sums `P0, P1, P2` of every (batch entry, kv head), carried between decode calls.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecodeState {
-    shape: StateShape,
+    shape: DecodeShape,
+    params: Params,
     /// Tokens folded so far, per batch entry.
     lens: Vec<usize>,
     /// `[B, Hkv, F, m]`: rows `P0`, then `P1[a]`, then `P2[(a, b)]` for `a ≤ b`.
@@ -145,17 +69,24 @@ pub struct DecodeState {
 impl DecodeState {
     /// A state with no token folded yet (decoding from an empty prompt).
     pub fn empty(spec: &AttnSpec) -> Result<Self> {
-        let shape = StateShape::of(spec, Pass::Decode)?;
-        let per_head = shape.features() * shape.width();
+        let shape = DecodeShape::of(spec, Pass::Decode)?;
+        let params = Params::of(&shape)?;
+        let per_head = features(params.order, shape.head_dim) * shape.width();
         Ok(DecodeState {
             shape,
+            params,
             lens: vec![0; shape.batch],
             sums: vec![0.0; shape.batch * shape.heads_kv * per_head],
         })
     }
 
-    pub fn shape(&self) -> &StateShape {
+    pub fn shape(&self) -> &DecodeShape {
         &self.shape
+    }
+
+    /// Rows of the sums per (batch entry, kv head): `F = 1 + D` (+ `D(D+1)/2` for order 2).
+    pub fn features(&self) -> usize {
+        features(self.params.order, self.shape.head_dim)
     }
 
     /// Tokens folded so far into batch entry `b`.
@@ -170,15 +101,23 @@ impl DecodeState {
 
     /// The sums of batch entry `b`, kv head `hk`: `[F, m]` row-major (see the module doc).
     pub fn sums(&self, b: usize, hk: usize) -> &[f64] {
-        let n = self.shape.features() * self.shape.width();
+        let n = self.features() * self.shape.width();
         let at = (b * self.shape.heads_kv + hk) * n;
         &self.sums[at..at + n]
     }
 
     fn sums_mut(&mut self, b: usize, hk: usize) -> &mut [f64] {
-        let n = self.shape.features() * self.shape.width();
+        let n = self.features() * self.shape.width();
         let at = (b * self.shape.heads_kv + hk) * n;
         &mut self.sums[at..at + n]
+    }
+}
+
+/// `F = 1 + D` (+ `D(D+1)/2` for order 2): `P0`, `P1` and, for order 2, `P2`.
+fn features(order: TaylorOrder, d: usize) -> usize {
+    match order {
+        TaylorOrder::One => 1 + d,
+        TaylorOrder::Two => 1 + d + d * (d + 1) / 2,
     }
 }
 
@@ -261,7 +200,7 @@ fn check_inputs<T>(spec: &AttnSpec, pass: Pass, x: &Inputs<'_, T>) -> Result<()>
 /// Fold every valid key of every batch entry of `spec` into a fresh state.
 fn fold_all(spec: &AttnSpec, x: &Inputs<'_, f64>) -> Result<DecodeState> {
     let mut state = DecodeState::empty(spec)?;
-    let (order, _, _, l2, eps) = state.shape.taylor();
+    let Params { order, l2, eps, .. } = state.params;
     let (d, dv) = (spec.head_dim(), spec.head_dim_v());
     for b in 0..spec.batch() {
         let nk = spec.seq_lens(b).k;
@@ -286,52 +225,25 @@ fn fold_all(spec: &AttnSpec, x: &Inputs<'_, f64>) -> Result<DecodeState> {
 /// Prefill on f64 data: the forward of the prompt (o and the denominators) and the state over each
 /// batch entry's valid keys.
 pub fn prefill_f64(spec: &AttnSpec, x: Inputs<'_, f64>) -> Result<(Forward<f64, f64>, DecodeState)> {
-    StateShape::of(spec, Pass::Decode)?;
+    DecodeShape::of(spec, Pass::Decode)?;
     // The forward checks every buffer against the spec before the keys are folded.
     let f = crate::forward_f64(spec, x)?;
     let state = fold_all(spec, &x)?;
     Ok((f, state))
 }
 
-/// The checks of a step's spec against the state and against what a decode step is.
-fn check_step(state: &DecodeState, spec: &AttnSpec) -> Result<()> {
-    let pass = Pass::Decode;
-    let op: Op = spec.op(pass);
-    state.shape.check(spec, pass)?;
-    if !matches!(spec.lengths(), SeqLengths::Dense) {
-        return Err(AttnError::InvalidArgument {
-            op,
-            arg: "lengths",
-            reason: "a decode step appends the same number of tokens to every batch entry (no key padding or packed varlen)"
-                .into(),
-        });
-    }
-    if spec.seq_q() != spec.seq_k() {
-        return Err(AttnError::ShapeMismatch {
-            op,
-            what: "seq_k".into(),
-            expected: format!("one key per new query (seq_k = seq_q = {})", spec.seq_q()),
-            got: format!("seq_k = {}", spec.seq_k()),
-        });
-    }
-    if spec.causal() == Causal::None {
-        return Err(AttnError::InvalidArgument {
-            op,
-            arg: "causal",
-            reason:
-                "a decode step is causal: each new token sees the keys before it (TopLeft or BottomRight)"
-                    .into(),
-        });
-    }
-    Ok(())
-}
-
 /// Append the tokens of `x` (described by `spec`: see the module doc) to `state` and return their
 /// outputs and denominators, on f64 data.
 pub fn step_f64(state: &mut DecodeState, spec: &AttnSpec, x: Inputs<'_, f64>) -> Result<Forward<f64, f64>> {
-    check_step(state, spec)?;
+    state.shape.check_step(spec)?;
     check_inputs(spec, Pass::Decode, &x)?;
-    let (order, a, scale, l2, eps) = state.shape.taylor();
+    let Params {
+        order,
+        a,
+        scale,
+        l2,
+        eps,
+    } = state.params;
     let (d, dv, m, t) = (
         spec.head_dim(),
         spec.head_dim_v(),
@@ -371,7 +283,7 @@ pub fn step_f64(state: &mut DecodeState, spec: &AttnSpec, x: Inputs<'_, f64>) ->
 /// [`prefill_f64`] on storage-dtype data: f64 inside, o rounded to `E`, denominators to f32.
 pub fn prefill<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<(Forward<E, f32>, DecodeState)> {
     check_dtype::<E>(spec, Pass::Decode)?;
-    StateShape::of(spec, Pass::Decode)?;
+    DecodeShape::of(spec, Pass::Decode)?;
     // The forward checks every buffer against the spec before the keys are folded.
     let f = crate::forward(spec, x)?;
     let state = {
@@ -396,7 +308,7 @@ pub fn step<E: Element>(
     x: Inputs<'_, E>,
 ) -> Result<Forward<E, f32>> {
     check_dtype::<E>(spec, Pass::Decode)?;
-    check_step(state, spec)?;
+    state.shape.check_step(spec)?;
     check_inputs(spec, Pass::Decode, &x)?;
     let (q, k, v) = (widen(x.q), widen(x.k), widen(x.v));
     let f = step_f64(

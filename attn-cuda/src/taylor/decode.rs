@@ -12,84 +12,17 @@ use super::heuristics::{self, DECODE_FEATURES};
 use super::{check, Call, Forward};
 use crate::backend::{CudaAttn, DeviceElem, ForwardViews};
 use crate::error::Result;
-use attn_core::{AttnError, AttnSpec, Causal, DType, FamilySpec, Pass, SeqLengths, TaylorOrder};
+use attn_core::{AttnSpec, Pass};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-/// What a [`TaylorDecodeState`] was built for; every step's spec must match it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct DecodeShape {
-    pub family: FamilySpec,
-    pub dtype: DType,
-    pub batch: usize,
-    pub heads_q: usize,
-    pub heads_kv: usize,
-    pub head_dim: usize,
-    pub head_dim_v: usize,
-}
-
-impl DecodeShape {
-    fn of(spec: &AttnSpec) -> Self {
-        DecodeShape {
-            family: *spec.family(),
-            dtype: spec.dtype(),
-            batch: spec.batch(),
-            heads_q: spec.heads_q(),
-            heads_kv: spec.heads_kv(),
-            head_dim: spec.head_dim(),
-            head_dim_v: spec.head_dim_v(),
-        }
-    }
-
-    fn order(&self) -> u8 {
-        match self.family {
-            FamilySpec::Taylor {
-                order: TaylorOrder::One,
-                ..
-            } => 1,
-            _ => 2,
-        }
-    }
-
-    /// Feature rows of the state per (batch entry, kv head).
-    pub fn features(&self) -> usize {
-        8 * heuristics::tiles(self.head_dim, self.order())
-    }
-
-    /// The first field where `spec` differs, as an error naming `state`.
-    fn check(&self, spec: &AttnSpec) -> Result<()> {
-        let other = DecodeShape::of(spec);
-        let fields: [(&str, String, String); 7] = [
-            (
-                "family",
-                format!("{:?}", self.family),
-                format!("{:?}", other.family),
-            ),
-            ("dtype", self.dtype.to_string(), other.dtype.to_string()),
-            ("batch", self.batch.to_string(), other.batch.to_string()),
-            ("heads_q", self.heads_q.to_string(), other.heads_q.to_string()),
-            ("heads_kv", self.heads_kv.to_string(), other.heads_kv.to_string()),
-            ("head_dim", self.head_dim.to_string(), other.head_dim.to_string()),
-            (
-                "head_dim_v",
-                self.head_dim_v.to_string(),
-                other.head_dim_v.to_string(),
-            ),
-        ];
-        match fields.iter().find(|(_, s, o)| s != o) {
-            None => Ok(()),
-            Some((what, s, o)) => Err(AttnError::InvalidArgument {
-                op: spec.op(Pass::Decode),
-                arg: "state",
-                reason: format!("the state was built for {what} = {s}, the spec has {what} = {o}"),
-            }
-            .into()),
-        }
-    }
-}
+/// What a [`TaylorDecodeState`] was built for (attn-core's, the same type the CPU decode wraps).
+pub use attn_core::DecodeShape;
 
 /// The running sums of a Taylor decode, on the device that built them.
 pub struct TaylorDecodeState {
     shape: DecodeShape,
+    /// Feature rows per (batch entry, kv head): `8·tiles` of the shape's order and head dim.
+    features: usize,
     lens: Vec<usize>,
     sums: CudaSlice<f32>,
 }
@@ -97,6 +30,11 @@ pub struct TaylorDecodeState {
 impl TaylorDecodeState {
     pub fn shape(&self) -> &DecodeShape {
         &self.shape
+    }
+    /// Feature rows of the state per (batch entry, kv head): `8·tiles` (1 + D for order 1, + the
+    /// D(D+1)/2 pairs for order 2, in 8-wide tiles).
+    pub fn features(&self) -> usize {
+        self.features
     }
     /// Tokens folded so far into batch entry `b`.
     pub fn len(&self, b: usize) -> usize {
@@ -115,11 +53,13 @@ impl TaylorDecodeState {
 impl CudaAttn {
     /// A state with no token folded yet, for the family and shapes of `spec` (a Taylor spec).
     pub fn taylor_decode_empty(&self, spec: &AttnSpec) -> Result<TaylorDecodeState> {
-        check_shape(spec)?;
-        let shape = DecodeShape::of(spec);
-        let n = spec.batch() * spec.heads_kv() * shape.features() * heuristics::width(spec.head_dim());
+        let shape = DecodeShape::of(spec, Pass::Decode)?;
+        check_head_dims(spec)?;
+        let features = 8 * heuristics::tiles(shape.head_dim, shape.taylor()?.0.as_u8());
+        let n = spec.batch() * spec.heads_kv() * features * heuristics::width(spec.head_dim());
         Ok(TaylorDecodeState {
             shape,
+            features,
             lens: vec![0; spec.batch()],
             sums: self.stream().alloc_zeros::<f32>(n.max(1))?,
         })
@@ -164,7 +104,7 @@ impl CudaAttn {
         let (v_ptr, _gv) = c.input("v", &v, spec.v_len())?;
         (p.base.k, p.base.v) = (k_ptr, v_ptr);
         p.state = state.sums.device_ptr(call.stream).0;
-        p.features = state.shape.features() as i32;
+        p.features = state.features as i32;
         call.run(
             super::Launch {
                 name: format!(
@@ -172,7 +112,7 @@ impl CudaAttn {
                     super::dtype_tag(spec.dtype())
                 ),
                 grid: (
-                    heuristics::blocks(state.shape.features(), DECODE_FEATURES),
+                    heuristics::blocks(state.features, DECODE_FEATURES),
                     spec.heads_kv(),
                     spec.batch(),
                 ),
@@ -197,8 +137,7 @@ impl CudaAttn {
     ) -> Result<()> {
         let pass = Pass::Decode;
         check::<T>(spec, pass)?;
-        state.shape.check(spec)?;
-        check_step(spec)?;
+        state.shape.check_step(spec)?;
         if io.bias.is_some() {
             super::no_bias(spec, pass, "bias", true)?;
         }
@@ -214,7 +153,7 @@ impl CudaAttn {
         (p.base.q, p.base.k, p.base.v, p.base.o, p.base.lse) = (q, k, v, o, stats);
         let (d, m) = (spec.head_dim(), heuristics::width(spec.head_dim()));
         let sums_len = spec.total_q() * spec.heads_q() * m;
-        let blocks = heuristics::blocks(state.shape.features(), DECODE_FEATURES);
+        let blocks = heuristics::blocks(state.features, DECODE_FEATURES);
         let (_acc, acc) = call.scratch(sums_len)?;
         // SAFETY (uninitialised): block σ of the step writes partial σ of every query row and column.
         let partials = unsafe { call.stream.alloc::<f32>(blocks * sums_len) }?;
@@ -223,7 +162,7 @@ impl CudaAttn {
         p.n_slabs = blocks as i32;
         let (sums, _gsum) = state.sums.device_ptr_mut(call.stream);
         p.state = sums;
-        p.features = state.shape.features() as i32;
+        p.features = state.features as i32;
         call.run(
             super::Launch {
                 name: format!("attn_taylor_decode_step_{}_d{d}", super::dtype_tag(spec.dtype())),
@@ -246,23 +185,11 @@ impl CudaAttn {
     }
 }
 
-/// A decode state exists for Taylor specs the kernels support.
-fn check_shape(spec: &AttnSpec) -> Result<()> {
-    let op = spec.op(Pass::Decode);
-    if !matches!(spec.family(), FamilySpec::Taylor { .. }) {
-        return Err(AttnError::InvalidArgument {
-            op,
-            arg: "family",
-            reason: format!(
-                "recurrent decode exists for Taylor linear attention only, not {}",
-                spec.family_kind().name()
-            ),
-        }
-        .into());
-    }
+/// A decode state exists for the head dims the kernels support (the family is `DecodeShape::of`'s).
+fn check_head_dims(spec: &AttnSpec) -> Result<()> {
     if !heuristics::HEAD_DIMS.contains(&spec.head_dim()) || spec.head_dim_v() != spec.head_dim() {
         return Err(super::unsupported(
-            op,
+            spec.op(Pass::Decode),
             format!(
                 "taylor decode with head dims ({}, {}) (supported: equal, one of {:?})",
                 spec.head_dim(),
@@ -270,40 +197,6 @@ fn check_shape(spec: &AttnSpec) -> Result<()> {
                 heuristics::HEAD_DIMS
             ),
         )
-        .into());
-    }
-    Ok(())
-}
-
-/// What a decode step is: dense, one key per new query, causal.
-fn check_step(spec: &AttnSpec) -> Result<()> {
-    let op = spec.op(Pass::Decode);
-    if !matches!(spec.lengths(), SeqLengths::Dense) {
-        return Err(AttnError::InvalidArgument {
-            op,
-            arg: "lengths",
-            reason: "a decode step appends the same number of tokens to every batch entry (no key padding or packed varlen)"
-                .into(),
-        }
-        .into());
-    }
-    if spec.seq_q() != spec.seq_k() {
-        return Err(AttnError::ShapeMismatch {
-            op,
-            what: "seq_k".into(),
-            expected: format!("one key per new query (seq_k = seq_q = {})", spec.seq_q()),
-            got: format!("seq_k = {}", spec.seq_k()),
-        }
-        .into());
-    }
-    if spec.causal() == Causal::None {
-        return Err(AttnError::InvalidArgument {
-            op,
-            arg: "causal",
-            reason:
-                "a decode step is causal: each new token sees the keys before it (TopLeft or BottomRight)"
-                    .into(),
-        }
         .into());
     }
     Ok(())
