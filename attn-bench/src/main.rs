@@ -113,6 +113,8 @@ struct RunArgs {
     #[arg(long, value_delimiter = ',')]
     impls: Option<Vec<String>>,
     /// Result files (this tool's or python/run_baselines.py's) to merge into the table and plots.
+    /// Where two of them (or a file and this run) measured the same point with the same
+    /// implementation and parameters, the first wins: this run's rows, then the files in order.
     #[arg(long, num_args = 1..)]
     merge: Vec<PathBuf>,
     #[arg(long, default_value = "bench/results")]
@@ -371,6 +373,12 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
         merged.into_iter().for_each(|f| file.merge(f));
         file
     };
+    let superseded = file.keep_first_measurements();
+    if superseded > 0 {
+        eprintln!(
+            "{superseded} rows measured again by an earlier input were left out (the first input wins)"
+        );
+    }
     file.rows.sort_by(|a, b| {
         a.key()
             .cmp(&b.key())

@@ -11,6 +11,7 @@
 
 use crate::error::BenchError;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::path::Path;
 
 /// Version of the file layout written in [`BenchFile::schema`].
@@ -223,6 +224,17 @@ impl BenchFile {
             self.bandwidth_gbs = other.bandwidth_gbs;
         }
     }
+
+    /// Drop every row whose implementation, parameters and point an earlier row already measured, so
+    /// that where merged files overlap the file given first wins (run_on_gpu.sh puts the call's own
+    /// results first and earlier runs after them). Returns how many rows were dropped.
+    pub fn keep_first_measurements(&mut self) -> usize {
+        let before = self.rows.len();
+        let mut seen = BTreeSet::new();
+        self.rows
+            .retain(|r| seen.insert((r.implementation.clone(), r.params.clone(), r.key())));
+        before - self.rows.len()
+    }
 }
 
 #[cfg(test)]
@@ -378,5 +390,22 @@ mod tests {
         let text = r#"{"schema":2,"device":"d","commit":"c","date":"d","rows":[]}"#;
         assert!(BenchFile::from_json(text).is_err());
         assert!(BenchFile::from_json("{").is_err());
+    }
+
+    #[test]
+    fn the_first_measurement_of_a_point_wins_over_later_merged_ones() {
+        let (newer, older, other_params) = (row(), row(), row());
+        let mut file = BenchFile::new("dev".into(), "new".into(), "d".into());
+        let mut newer = newer;
+        newer.ms_median = 1.0;
+        let mut older = older;
+        older.ms_median = 2.0;
+        let mut other_params = other_params;
+        other_params.params = "a=1,1,0 scale=0.125".into();
+        file.rows = vec![newer, older, other_params];
+        assert_eq!(file.keep_first_measurements(), 1);
+        assert_eq!(file.rows.len(), 2);
+        assert_eq!(file.rows[0].ms_median, 1.0);
+        assert_eq!(file.rows[1].params, "a=1,1,0 scale=0.125");
     }
 }
