@@ -486,7 +486,8 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # Usage: run.sh [extra test-harness arguments]
 # SANITIZE=memcheck|racecheck runs each binary under compute-sanitizer.
 # Not test harnesses, run by hand: bin/gpu_bench --bench and bin/gpu_bench_taylor --bench (kernel
-# stopwatches), bin/overhead (per-call overhead of the candle op over attn-cuda).
+# stopwatches), bin/overhead (per-call overhead of the candle op over attn-cuda), profile.sh (ncu
+# per-kernel table of the Taylor sweeps).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 status=0
@@ -508,6 +509,46 @@ done
 echo "---- summary"
 printf '%s' "$summary"
 exit $status
+"#;
+
+/// `profile.sh` of the bundle: one ncu table (time, DRAM and L2 bytes, grid, registers, occupancy) per
+/// kernel of the Taylor stopwatch's first calls, for finding the slow kernel without nsys (absent on the
+/// GPU machine).
+const PROFILE_SCRIPT: &str = r#"#!/usr/bin/env bash
+# Per-kernel ncu metrics of the Taylor sweeps: profile.sh [orders (1,2)] [head dim (64)] [max N (1024)]
+# ncu runs each kernel alone with cold caches: compare kernels with each other, not with the stopwatch.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+orders="${1:-1,2}"; dim="${2:-64}"; max_n="${3:-1024}"
+M=gpu__time_duration.sum,dram__bytes.sum,lts__t_bytes.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
+out="${OUT:-/tmp}"
+for o in ${orders//,/ }; do
+  timeout 200 ncu --metrics "$M" --launch-count 40 --csv "$here/bin/gpu_bench_taylor" --bench --orders "$o" \
+    --dims "$dim" --max-n "$max_n" > "$out/ncu_o$o.csv" 2> "$out/ncu_o$o.err" || echo "ncu order $o: rc=$?"
+done
+python3 - "$out" ${orders//,/ } <<'PY'
+import csv, collections, sys
+out, orders = sys.argv[1], sys.argv[2:]
+names = {"gpu__time_duration.sum": "t", "dram__bytes.sum": "dram", "lts__t_bytes.sum": "L2",
+         "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm%", "launch__grid_size": "grid",
+         "launch__registers_per_thread": "regs", "sm__warps_active.avg.pct_of_peak_sustained_active": "warps%"}
+for o in orders:
+    try:
+        rows = [r for r in csv.reader(open(f"{out}/ncu_o{o}.csv")) if len(r) > 10]
+    except OSError:
+        rows = []
+    if not rows:
+        print(f"order {o}: no ncu rows (see {out}/ncu_o{o}.err)")
+        continue
+    h, rows = rows[0], rows[1:]
+    ki, mi, vi, ui, ii = (h.index(x) for x in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit", "ID"))
+    per = collections.OrderedDict()
+    for r in rows:
+        per.setdefault((r[ii], r[ki].split("(")[0]), []).append(f"{names.get(r[mi], r[mi])}={r[vi]}{r[ui]}")
+    print(f"== order {o}")
+    for (i, k), m in per.items():
+        print(i, k, " ".join(m))
+PY
 "#;
 
 fn gpu_bundle() -> Result<()> {
@@ -569,6 +610,9 @@ fn gpu_bundle() -> Result<()> {
     let script = bundle.join("run.sh");
     fs::write(&script, RUN_SCRIPT).map_err(|e| format!("cannot write {}: {e}", script.display()))?;
     run(Command::new("chmod").arg("+x").arg(&script))?;
+    let profile = bundle.join("profile.sh");
+    fs::write(&profile, PROFILE_SCRIPT).map_err(|e| format!("cannot write {}: {e}", profile.display()))?;
+    run(Command::new("chmod").arg("+x").arg(&profile))?;
     let archive = target.join("gpu-bundle.tar.xz");
     let packed = Command::new("tar")
         .arg("-C")
