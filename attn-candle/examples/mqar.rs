@@ -118,6 +118,9 @@ fn smooth(losses: &[f32], w: usize) -> Vec<(f64, f64)> {
 }
 
 fn plot(path: &Path, runs: &[(String, TrainReport)]) -> Result<(), Box<dyn std::error::Error>> {
+    // plotters draws text with ab_glyph from a registered face (no fontconfig): DejaVu Sans, compiled in.
+    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+        .map_err(|_| "the compiled-in DejaVu Sans face did not parse")?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
