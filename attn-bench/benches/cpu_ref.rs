@@ -18,7 +18,7 @@ use attn_bench::grid::{FamilyId, GridPoint, PassKind};
 use attn_bench::impls::{prepare, ImplId};
 use attn_bench::machine::PeakMemory;
 use attn_core::DType;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode};
+use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode};
 use std::time::Duration;
 
 fn lengths() -> Vec<usize> {
@@ -88,4 +88,12 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    // criterion's HTML report draws its plots with plotters, which needs the compiled-in font.
+    if let Err(e) = attn_bench::plots::register_font() {
+        eprintln!("cpu_ref: criterion plots may fail: {e}");
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

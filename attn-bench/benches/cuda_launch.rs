@@ -90,6 +90,10 @@ fn bench(c: &mut Criterion) {
 }
 
 fn main() {
+    // criterion's HTML report draws its plots with plotters, which needs the compiled-in font.
+    if let Err(e) = attn_bench::plots::register_font() {
+        eprintln!("cuda_launch: criterion plots may fail: {e}");
+    }
     if let Err(reason) = cuda_device() {
         println!("cuda_launch: skipped, no GPU run: {reason}");
         return;

@@ -20,8 +20,10 @@ use std::sync::OnceLock;
 /// The family name every text style uses; [`register_font`] binds it to the compiled-in face.
 const FONT: &str = "sans-serif";
 
-/// Register DejaVu Sans under [`FONT`] once per process.
-fn register_font() -> Result<(), String> {
+/// Register DejaVu Sans under [`FONT`] once per process. Anything in the process that draws text with
+/// plotters (these plots, criterion's reports) needs it first: plotters is built with ab_glyph here,
+/// which knows no system fonts.
+pub fn register_font() -> Result<(), String> {
     static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
     REGISTERED
         .get_or_init(|| {
