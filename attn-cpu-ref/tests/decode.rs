@@ -7,14 +7,17 @@
 #[allow(dead_code)]
 mod test_specs;
 
+mod common;
+
+use common::run_cases;
+
 use attn_core::{AttnError, AttnProblem, AttnSpec, Causal, DType, Family, Pass, TaylorParams};
 use attn_cpu_ref::decode::{prefill, prefill_f64, step, step_f64, DecodeState};
 use attn_cpu_ref::testing::{max_abs, max_abs_diff, random_case};
 use attn_cpu_ref::{forward_f64, Inputs};
 use half::bf16;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use std::cell::Cell;
+use proptest::test_runner::TestCaseError;
 
 /// One decode setup: the family and head shapes, and a dense `[B, N, H, D]` sequence.
 #[derive(Clone, Debug)]
@@ -194,30 +197,6 @@ fn setups() -> impl Strategy<Value = Setup> {
             dv,
             n,
         })
-}
-
-fn run_cases<S: Strategy>(
-    name: &str,
-    cases: u32,
-    strategy: S,
-    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) where
-    S::Value: std::fmt::Debug,
-{
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let ran = Cell::new(0u32);
-    let result = runner.run(&strategy, |v| {
-        ran.set(ran.get() + 1);
-        test(v)
-    });
-    println!("{name}: {} proptest cases", ran.get());
-    if let Err(e) = result {
-        panic!("{name}: {e}");
-    }
 }
 
 #[test]

@@ -5,39 +5,18 @@
 #[path = "../src/taylor/test_specs.rs"]
 mod test_specs;
 
+mod common;
+
+use common::run_cases;
+
 use attn_core::{
     AttnProblem, AttnSpec, Causal, DType, Family, InputStrides, Layout, SeqLengths, Strides, TaylorParams,
 };
 use attn_cpu_ref::testing::{check_gradients, max_abs, max_abs_diff, random_case, Case};
 use attn_cpu_ref::{backward, backward_f64, forward, forward_f64, Forward, Gradients, Inputs};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use std::cell::Cell;
-use std::fmt::Debug;
+use proptest::test_runner::TestCaseError;
 use test_specs::{problems, Limits};
-
-/// Run `test` on `cases` draws of `strategy`, print how many cases ran, and fail with the shrunk
-/// counterexample if one fails.
-fn run_cases<S>(name: &str, cases: u32, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
-where
-    S: Strategy,
-    S::Value: Debug,
-{
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let ran = Cell::new(0u32);
-    let result = runner.run(&strategy, |value| {
-        ran.set(ran.get() + 1);
-        test(value)
-    });
-    println!("{name}: {} proptest cases", ran.get());
-    if let Err(e) = result {
-        panic!("{name}: {e}");
-    }
-}
 
 fn spec(p: &AttnProblem) -> Result<AttnSpec, TestCaseError> {
     p.validate()
