@@ -313,6 +313,8 @@ fn sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, seg: Option<us
         spec.seq_k()
     };
     let heads = spec.batch() * spec.heads_kv();
+    // Internal invariant (test-only module): the tests drive the emulator with the head dims the kernels
+    // support, for which every heuristic below is `Some`.
     let seg = seg.unwrap_or_else(|| {
         let causal = spec.causal() != Causal::None;
         heuristics::seg_len(d, fam.order, max_sources, heads, 2, causal).expect("supported head dim")
