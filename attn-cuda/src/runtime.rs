@@ -97,16 +97,11 @@ pub(crate) fn launch_config(
     })
 }
 
-/// A failed launch of kernel `name` with `cfg`, as an error that names both.
-pub(crate) fn launch_error(
-    op: Op,
-    name: &str,
-    cfg: &LaunchConfig,
-) -> impl FnOnce(DriverError) -> CudaAttnError {
-    let (name, cfg) = (name.to_string(), *cfg);
-    move |source| CudaAttnError::Launch {
+/// A failed launch of kernel `name` with `cfg`, as an error that names both (built only on failure).
+pub(crate) fn launch_error(op: Op, name: &str, cfg: &LaunchConfig, source: DriverError) -> CudaAttnError {
+    CudaAttnError::Launch {
         op,
-        kernel: name,
+        kernel: name.to_string(),
         grid: cfg.grid_dim,
         threads: cfg.block_dim.0,
         smem: cfg.shared_mem_bytes,
@@ -184,7 +179,7 @@ impl Kernels {
         // those buffers outlive this call (the guards that recorded their use are held by the
         // caller until after the launch is enqueued). Grid and shared memory match the kernel's
         // tile configuration (dispatch + heuristics mirror tiles.h).
-        unsafe { builder.launch(cfg) }.map_err(launch_error(op, &kernel.name, &cfg))?;
+        unsafe { builder.launch(cfg) }.map_err(|source| launch_error(op, &kernel.name, &cfg, source))?;
         Ok(())
     }
 }

@@ -84,7 +84,7 @@ impl Kernels {
         // stream guards until every launch of the call is enqueued; cudarc frees in stream order). Grid and
         // shared memory come from `taylor::heuristics`, the mirror of the kernels' tiles; a kernel given
         // less shared memory than its layout traps rather than writing past it.
-        unsafe { builder.launch(cfg) }.map_err(launch_error(op, &launch.name, &cfg))?;
+        unsafe { builder.launch(cfg) }.map_err(|source| launch_error(op, &launch.name, &cfg, source))?;
         Ok(())
     }
 }
