@@ -373,10 +373,11 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
         merged.into_iter().for_each(|f| file.merge(f));
         file
     };
-    let superseded = file.keep_first_measurements();
-    if superseded > 0 {
+    let (rows, skips) = file.drop_superseded();
+    if rows + skips > 0 {
         eprintln!(
-            "{superseded} rows measured again by an earlier input were left out (the first input wins)"
+            "left out what an earlier input superseded: {rows} rows measured again, {skips} skips of \
+             measured points (the first input wins)"
         );
     }
     file.rows.sort_by(|a, b| {

@@ -4,10 +4,9 @@
 //! Ratios are `×b = t_b / t_ours` on median times (above 1: ours is faster), where "ours" is the
 //! first of `attn-cuda`, `attn-cpu-ref` that has rows for the family. A baseline that was not
 //! measured at a point shows `skip` (the reason is listed below the tables), an absent one `—`.
-//! A skip of a pair that another merged file measured is not listed.
 
 use crate::impls::is_ours_label;
-use crate::schema::{BenchFile, PointKey, Row, Skipped};
+use crate::schema::{BenchFile, PointKey, Row};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
@@ -345,26 +344,10 @@ fn crossover_table(out: &mut String, file: &BenchFile) {
     let _ = writeln!(out);
 }
 
-/// The skips of (implementation, point) pairs that no row measured. A merged file can hold both
-/// for one pair (an older run's skip beside a newer run's measurement): the measurement stands,
-/// so the skip is not reported. Skips carry no `params`, so they match rows on [`PointKey`].
-pub(crate) fn open_skips(file: &BenchFile) -> Vec<&Skipped> {
-    let measured: BTreeSet<(PointKey, &str)> = file
-        .rows
-        .iter()
-        .map(|r| (r.key(), r.implementation.as_str()))
-        .collect();
-    file.skipped
-        .iter()
-        .filter(|s| !measured.contains(&(s.key(), s.implementation.as_str())))
-        .collect()
-}
-
 fn skips(out: &mut String, file: &BenchFile) {
-    let open = open_skips(file);
-    if !open.is_empty() {
+    if !file.skipped.is_empty() {
         let mut groups: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
-        for s in open {
+        for s in &file.skipped {
             groups
                 .entry((s.implementation.as_str(), s.reason.as_str()))
                 .or_default()
@@ -395,6 +378,7 @@ fn skips(out: &mut String, file: &BenchFile) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::schema::Skipped;
 
     /// A CPU f32 forward row: B = 1, H = 2, `N × N`, D = 64, not causal, `ms` for every time.
     pub(crate) fn row(imp: &str, family: &str, n: usize, ms: f64) -> Row {
@@ -471,6 +455,7 @@ pub(crate) mod tests {
         let mut newer = BenchFile::new("gpu".into(), "new".into(), "d".into());
         newer.rows.push(measured);
         newer.merge(older);
+        assert_eq!(newer.drop_superseded(), (0, 1));
         let md = markdown(&newer);
         assert!(!md.contains("named symbol not found"), "{md}");
         assert!(

@@ -225,15 +225,24 @@ impl BenchFile {
         }
     }
 
-    /// Drop every row whose implementation, parameters and point an earlier row already measured, so
-    /// that where merged files overlap the file given first wins (run_on_gpu.sh puts the call's own
-    /// results first and earlier runs after them). Returns how many rows were dropped.
-    pub fn keep_first_measurements(&mut self) -> usize {
-        let before = self.rows.len();
+    /// Resolve what merged files say twice about a point: a row whose implementation, parameters and
+    /// point an earlier row already measured is dropped, so the file given first wins (run_on_gpu.sh
+    /// puts the call's own results first and earlier runs after them); a skip of an (implementation,
+    /// point) that some row measured is dropped, since the measurement stands (skips carry no
+    /// `params`, so they match rows on [`PointKey`]). Returns how many rows and skips were dropped.
+    pub fn drop_superseded(&mut self) -> (usize, usize) {
+        let (rows, skips) = (self.rows.len(), self.skipped.len());
         let mut seen = BTreeSet::new();
         self.rows
             .retain(|r| seen.insert((r.implementation.clone(), r.params.clone(), r.key())));
-        before - self.rows.len()
+        let measured: BTreeSet<(String, PointKey)> = self
+            .rows
+            .iter()
+            .map(|r| (r.implementation.clone(), r.key()))
+            .collect();
+        self.skipped
+            .retain(|s| !measured.contains(&(s.implementation.clone(), s.key())));
+        (rows - self.rows.len(), skips - self.skipped.len())
     }
 }
 
@@ -403,7 +412,7 @@ mod tests {
         let mut other_params = other_params;
         other_params.params = "a=1,1,0 scale=0.125".into();
         file.rows = vec![newer, older, other_params];
-        assert_eq!(file.keep_first_measurements(), 1);
+        assert_eq!(file.drop_superseded(), (1, 0));
         assert_eq!(file.rows.len(), 2);
         assert_eq!(file.rows[0].ms_median, 1.0);
         assert_eq!(file.rows[1].params, "a=1,1,0 scale=0.125");

@@ -5,7 +5,7 @@
 //! line with the reason it was skipped. The full table is the markdown report.
 
 use crate::impls::is_ours_label;
-use crate::report::{families, open_skips, sig3, OURS_ORDER};
+use crate::report::{families, sig3, OURS_ORDER};
 use crate::schema::{BenchFile, Row};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -114,7 +114,7 @@ pub fn summary(file: &BenchFile) -> String {
         file.rows.len(),
         ours_rows,
         file.rows.len() - ours_rows,
-        open_skips(file).len(),
+        file.skipped.len(),
         file.bad_points.len()
     );
     out
