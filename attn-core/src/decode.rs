@@ -53,29 +53,33 @@ impl DecodeShape {
     pub fn check_step(&self, spec: &AttnSpec) -> Result<()> {
         let op = spec.op(Pass::Decode);
         let other = DecodeShape::of(spec, Pass::Decode)?;
-        let fields: [(&str, String, String); 7] = [
-            (
-                "family",
-                format!("{:?}", self.family),
-                format!("{:?}", other.family),
-            ),
-            ("dtype", self.dtype.to_string(), other.dtype.to_string()),
-            ("batch", self.batch.to_string(), other.batch.to_string()),
-            ("heads_q", self.heads_q.to_string(), other.heads_q.to_string()),
-            ("heads_kv", self.heads_kv.to_string(), other.heads_kv.to_string()),
-            ("head_dim", self.head_dim.to_string(), other.head_dim.to_string()),
-            (
-                "head_dim_v",
-                self.head_dim_v.to_string(),
-                other.head_dim_v.to_string(),
-            ),
-        ];
-        if let Some((what, s, o)) = fields.iter().find(|(_, s, o)| s != o) {
-            return Err(AttnError::InvalidArgument {
-                op,
-                arg: "state",
-                reason: format!("the state was built for {what} = {s}, the spec has {what} = {o}"),
-            });
+        // Steps run once per generated token: the strings naming a differing field are built only
+        // when some field differs.
+        if *self != other {
+            let fields: [(&str, String, String); 7] = [
+                (
+                    "family",
+                    format!("{:?}", self.family),
+                    format!("{:?}", other.family),
+                ),
+                ("dtype", self.dtype.to_string(), other.dtype.to_string()),
+                ("batch", self.batch.to_string(), other.batch.to_string()),
+                ("heads_q", self.heads_q.to_string(), other.heads_q.to_string()),
+                ("heads_kv", self.heads_kv.to_string(), other.heads_kv.to_string()),
+                ("head_dim", self.head_dim.to_string(), other.head_dim.to_string()),
+                (
+                    "head_dim_v",
+                    self.head_dim_v.to_string(),
+                    other.head_dim_v.to_string(),
+                ),
+            ];
+            if let Some((what, s, o)) = fields.iter().find(|(_, s, o)| s != o) {
+                return Err(AttnError::InvalidArgument {
+                    op,
+                    arg: "state",
+                    reason: format!("the state was built for {what} = {s}, the spec has {what} = {o}"),
+                });
+            }
         }
         if !matches!(spec.lengths(), SeqLengths::Dense) {
             return Err(AttnError::InvalidArgument {
