@@ -1,9 +1,11 @@
 // Cosine-similarity attention (REFERENCE.md §2) on tensor cores: forward, dQ and dK/dV kernels for
 // f16 and bf16 at head dims 16, 32, 64, 96, 128, 256. The l2-norms of q and k are fused into the
 // tiles (reciprocal norms scale the raw products); the l2-norm's Jacobian is applied by the row
-// kernels of common.cu. Names: attn_cosine_sim_{fwd,bwd_dq,bwd_dkdv}_{dt}_d{D}.
+// kernels of common.cu. Names: attn_cosine_sim_{fwd,bwd_dq,bwd_dkdv}_{dt}_d{D}; the Hopper forward
+// (wgmma, sm_90a only) at head dims 64 and 128: attn_cosine_sim_fwd_wg_{dt}_d{D}.
 #include "include/flash_bwd.cuh"
 #include "include/flash_fwd.cuh"
+#include "include/flash_fwd_wg.cuh"
 
 #define ATTN_COSINE(DT, T, D)                                                                                      \
     extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \
@@ -29,3 +31,14 @@ ATTN_COSINE_DTYPES(64)
 ATTN_COSINE_DTYPES(96)
 ATTN_COSINE_DTYPES(128)
 ATTN_COSINE_DTYPES(256)
+
+#define ATTN_COSINE_WG(DT, T, D)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(attn::WgFwdTile<D>::BM * 2, attn::WgFwdTile<D>::MIN_BLOCKS)     \
+        attn_cosine_sim_fwd_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                   \
+        attn::flash_fwd_wg<T, D, attn::CosineScore, attn::WgFwdTile<D>::BM, attn::WgFwdTile<D>::BN>(p);               \
+    }
+
+ATTN_COSINE_WG(f16, __half, 64)
+ATTN_COSINE_WG(bf16, __nv_bfloat16, 64)
+ATTN_COSINE_WG(f16, __half, 128)
+ATTN_COSINE_WG(bf16, __nv_bfloat16, 128)

@@ -3,6 +3,8 @@
 // log γ_j), forward and backward.
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_{f16,bf16}_d{32,64,96,128,256}:
 //       the flash skeleton on tensor cores (score.h, lorentz_tile.cuh)
+//   attn_hyperbolic_{sq_lorentz,geodesic}_fwd_wg_{f16,bf16}_d{64,128}: the Hopper forward (wgmma,
+//       sm_90a only; flash_fwd_wg.cuh)
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
 //   attn_hyp_rows_{q,k}_{f32,f16,bf16}: the per-row scalars every kernel above reads, one warp per
 //       row, sums in f64 and rounded once to f32:
@@ -11,6 +13,7 @@
 //       log γ_j and its gradient factor c γ_j² (0 where the clamp is active), at key_index.
 #include "include/flash_bwd.cuh"
 #include "include/flash_fwd.cuh"
+#include "include/flash_fwd_wg.cuh"
 #include "include/hyp_simt.cuh"
 
 namespace attn {
@@ -103,6 +106,22 @@ ATTN_HYP_ROWS(bf16, __nv_bfloat16)
 
 ATTN_HYP_DIMS(sq_lorentz, attn::SqLorentzScore)
 ATTN_HYP_DIMS(geodesic, attn::GeodesicScore)
+
+#define ATTN_HYP_WG(NAME, SCORE, DT, T, D)                                                                         \
+    extern "C" __global__ void __launch_bounds__(attn::LorentzWgFwdTile<D>::BM * 2,                               \
+                                                 attn::LorentzWgFwdTile<D>::MIN_BLOCKS)                             \
+        attn_hyperbolic_##NAME##_fwd_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                         \
+        attn::flash_fwd_wg<T, D, SCORE, attn::LorentzWgFwdTile<D>::BM, attn::LorentzWgFwdTile<D>::BN>(p);         \
+    }
+
+#define ATTN_HYP_WG_ALL(NAME, SCORE)                       \
+    ATTN_HYP_WG(NAME, SCORE, f16, __half, 64)              \
+    ATTN_HYP_WG(NAME, SCORE, bf16, __nv_bfloat16, 64)      \
+    ATTN_HYP_WG(NAME, SCORE, f16, __half, 128)             \
+    ATTN_HYP_WG(NAME, SCORE, bf16, __nv_bfloat16, 128)
+
+ATTN_HYP_WG_ALL(sq_lorentz, attn::SqLorentzScore)
+ATTN_HYP_WG_ALL(geodesic, attn::GeodesicScore)
 
 #define ATTN_HYP_SIMT(NAME, SCORE)                                                                                 \
     extern "C" __global__ void __launch_bounds__(128)                                                              \

@@ -234,6 +234,11 @@ fn check_strides(spec: &AttnSpec, op: Op) -> Result<()> {
     Ok(())
 }
 
+/// Cosine-sim with l2-normalised q and k (its kernels scale by the reciprocal norms).
+fn l2norm_qk(spec: &AttnSpec) -> bool {
+    matches!(spec.family(), FamilySpec::CosineSim { l2norm_qk: true, .. })
+}
+
 fn dtype_check<T: Element>(spec: &AttnSpec, op: Op) -> Result<()> {
     if T::DTYPE != spec.dtype() {
         return Err(AttnError::InvalidArgument {
@@ -414,11 +419,39 @@ impl CudaAttn {
         let (lse, _gl) = c.output("lse", a.lse, spec.stats_len())?;
         (p.q, p.k, p.v, p.o, p.lse) = (q, k, v, o, lse);
         p.bias = bias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
-        let kernel = dispatch::flash_kernel(spec, Stage::Forward)?;
+        let kernel = dispatch::flash_kernel(spec, Stage::Forward, kernels.hopper)?;
         let scratch = self.hyperbolic_rows(spec, &kernels, &mut p, op)?;
+        // The Hopper forward reads cosine-sim's reciprocal norms from the row kernels (the mma.sync
+        // one computes them in its tiles).
+        let norms = if kernel.hopper && l2norm_qk(spec) {
+            self.inv_norm_rows(spec, &kernels, &mut p, op)?
+        } else {
+            Vec::new()
+        };
         kernels.launch(&self.stream, &kernel, &p, op)?;
-        drop(scratch);
+        drop((scratch, norms));
         Ok(())
+    }
+
+    /// Cosine-sim with l2-normalised q and k: allocate 1/‖q‖ and 1/‖k‖ (f32, one per row, indexed by
+    /// the dq/dk offset / D), point `p` at them and enqueue the row kernels that fill them. Returns the
+    /// buffers, to be kept until the kernels that read them are enqueued.
+    fn inv_norm_rows(
+        &self,
+        spec: &AttnSpec,
+        kernels: &Kernels,
+        p: &mut AttnParams,
+        op: Op,
+    ) -> Result<Vec<CudaSlice<f32>>> {
+        let s = &self.stream;
+        // SAFETY (each uninitialised allocation): the inv-norm kernels enqueued below write every q row
+        // and every k row dk holds before any kernel reads them; the kernels read no other entry.
+        let rq = unsafe { s.alloc::<f32>((spec.total_q() * spec.heads_q()).max(1)) }?;
+        let rk = unsafe { s.alloc::<f32>((spec.total_k() * spec.heads_kv()).max(1)) }?;
+        (p.rq, p.rk) = (rq.device_ptr(s).0, rk.device_ptr(s).0);
+        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::InvNormQ), p, op)?;
+        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::InvNormK), p, op)?;
+        Ok(vec![rq, rk])
     }
 
     /// Hyperbolic only: allocate the per-row scalar scratch, point `p` at it and enqueue the row
@@ -506,16 +539,14 @@ impl CudaAttn {
         // dQ kernel and dk̂ by the dK/dV kernel (every row of dq and dk, zeros for padded keys).
         let delta = unsafe { s.alloc::<f32>(spec.stats_len().max(1)) }?;
         p.delta = delta.device_ptr(s).0;
-        let norms = matches!(spec.family(), FamilySpec::CosineSim { l2norm_qk: true, .. });
+        let norms = l2norm_qk(spec);
         let mut scratch = Vec::new();
         if norms {
-            let rq = unsafe { s.alloc::<f32>((spec.total_q() * spec.heads_q()).max(1)) }?;
-            let rk = unsafe { s.alloc::<f32>((spec.total_k() * spec.heads_kv()).max(1)) }?;
             let dq_acc = unsafe { s.alloc::<f32>(spec.dq_len().max(1)) }?;
             let dk_acc = unsafe { s.alloc::<f32>(spec.dk_len().max(1)) }?;
-            (p.rq, p.rk) = (rq.device_ptr(s).0, rk.device_ptr(s).0);
             (p.dq_acc, p.dk_acc) = (dq_acc.device_ptr(s).0, dk_acc.device_ptr(s).0);
-            scratch.extend([rq, rk, dq_acc, dk_acc]);
+            scratch.extend([dq_acc, dk_acc]);
+            scratch.extend(self.inv_norm_rows(spec, &kernels, &mut p, op)?);
         }
         if spec.bias().is_some() {
             // Zeroed: the dQ kernel writes dS only where the mask allows a pair.
@@ -528,12 +559,8 @@ impl CudaAttn {
         let hyperbolic = self.hyperbolic_rows(spec, &kernels, &mut p, op)?;
         let launch = |k: dispatch::Kernel| kernels.launch(s, &k, &p, op);
         launch(dispatch::row_kernel(spec, RowKernel::Delta))?;
-        if norms {
-            launch(dispatch::row_kernel(spec, RowKernel::InvNormQ))?;
-            launch(dispatch::row_kernel(spec, RowKernel::InvNormK))?;
-        }
-        launch(dispatch::flash_kernel(spec, Stage::BwdDq)?)?;
-        launch(dispatch::flash_kernel(spec, Stage::BwdDkdv)?)?;
+        launch(dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper)?)?;
+        launch(dispatch::flash_kernel(spec, Stage::BwdDkdv, kernels.hopper)?)?;
         if norms {
             launch(dispatch::row_kernel(spec, RowKernel::L2normBwdQ))?;
             launch(dispatch::row_kernel(spec, RowKernel::L2normBwdK))?;

@@ -13,6 +13,7 @@
 //! of `attn_hyp_rows_{q,k}_{dt}` (time coordinates, norms, log γ) before any of them runs.
 
 use crate::heuristics::{self, Tile};
+use crate::runtime::Hopper;
 use attn_core::{AttnError, AttnSpec, DType, FamilyKind, FamilySpec, HypScore, Pass};
 
 /// Name used in `Unsupported` errors.
@@ -74,6 +75,8 @@ pub(crate) struct Kernel {
     pub grid: (usize, usize, usize),
     /// Threads per block.
     pub threads: u32,
+    /// A Hopper (wgmma) forward: cosine-sim reads the reciprocal norms of the inv-norm row kernels.
+    pub hopper: bool,
 }
 
 fn dtype_tag(dtype: DType) -> &'static str {
@@ -171,8 +174,9 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
     Ok(())
 }
 
-/// The flash kernel of one stage. Assumes [`check_supported`] passed.
-pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage) -> Result<Kernel, AttnError> {
+/// The flash kernel of one stage. Assumes [`check_supported`] passed. `hopper`: whether the device runs
+/// the Hopper kernels (runtime::Kernels::hopper); the forward then uses them at the head dims they cover.
+pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Result<Kernel, AttnError> {
     let pass = stage.pass();
     let d = spec.head_dim();
     let (family, module) = match spec.family_kind() {
@@ -205,11 +209,42 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage) -> Result<Kernel, Attn
             smem: 0,
             grid,
             threads: heuristics::THREADS,
+            hopper: false,
         });
     }
     let elem = spec.dtype().size();
     let missing = || unsupported(spec, pass, format!("{family} head dim {d}"));
     let lorentz = module == Module::Hyperbolic;
+    let wg_tile = if lorentz {
+        heuristics::lorentz_wg_fwd_tile(d)
+    } else {
+        heuristics::wg_fwd_tile(d)
+    };
+    if let (Stage::Forward, true, Some(mut tile)) = (stage, hopper.on, wg_tile) {
+        let mut variant = String::new();
+        if let Some((bm, bn)) = hopper.tile {
+            if module == Module::Softmax
+                && spec.dtype() == DType::BF16
+                && heuristics::WG_TILE_VARIANTS.contains(&(d, bm, bn))
+            {
+                tile = Tile { bm, bn, da: d };
+                variant = format!("{bm}x{bn}");
+            }
+        }
+        let extra = if lorentz {
+            heuristics::lorentz_extra_smem(tile)
+        } else {
+            0
+        };
+        return Ok(Kernel {
+            module,
+            name: format!("attn_{family}_fwd_wg{variant}_{}_d{d}", dtype_tag(spec.dtype())),
+            smem: heuristics::wg_fwd_smem(tile, d, elem) + extra,
+            grid: (heuristics::blocks(spec.seq_q(), tile.bm), hq, b),
+            threads: heuristics::wg_threads(tile),
+            hopper: true,
+        });
+    }
     type TileFn = fn(usize) -> Option<Tile>;
     type SmemFn = fn(Tile, usize, usize) -> usize;
     let (tile_of, smem_of): (TileFn, SmemFn) = match (stage, lorentz) {
@@ -235,6 +270,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage) -> Result<Kernel, Attn
         smem,
         grid,
         threads: heuristics::THREADS,
+        hopper: false,
     })
 }
 
@@ -286,6 +322,7 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
         } else {
             heuristics::THREADS
         },
+        hopper: false,
     }
 }
 
@@ -319,7 +356,7 @@ mod tests {
                     let s = spec(family, dtype, d);
                     check_supported(&s, Pass::Forward).expect("supported");
                     for stage in [Stage::Forward, Stage::BwdDq, Stage::BwdDkdv] {
-                        let k = flash_kernel(&s, stage).expect("kernel");
+                        let k = flash_kernel(&s, stage, Hopper::default()).expect("kernel");
                         let stem = format!("attn_{}_{}", s.family().label(), stage.name());
                         assert!(k.name.starts_with(&stem), "{k:?}");
                         assert_eq!(
@@ -340,15 +377,21 @@ mod tests {
             spec(fam, DType::BF16, 128),
             spec(Family::softmax(), DType::BF16, 128),
         );
-        let fwd = |x: &AttnSpec| flash_kernel(x, Stage::Forward).expect("kernel").smem;
+        let fwd = |x: &AttnSpec| {
+            flash_kernel(x, Stage::Forward, Hopper::default())
+                .expect("kernel")
+                .smem
+        };
         // log γ for two key blocks of 32 keys (k0 takes the cosine norms' slots).
         assert_eq!(fwd(&h), fwd(&s) + 2 * 32 * 4);
         assert_eq!(
-            flash_kernel(&h, Stage::Forward).expect("kernel").name,
+            flash_kernel(&h, Stage::Forward, Hopper::default())
+                .expect("kernel")
+                .name,
             "attn_hyperbolic_sq_lorentz_fwd_bf16_d128"
         );
         let f32 = spec(fam, DType::F32, 64);
-        let k = flash_kernel(&f32, Stage::BwdDq).expect("kernel");
+        let k = flash_kernel(&f32, Stage::BwdDq, Hopper::default()).expect("kernel");
         assert_eq!(
             (k.module, k.name.as_str()),
             (Module::Hyperbolic, "attn_hyperbolic_sq_lorentz_bwd_dq_f32")
@@ -357,14 +400,97 @@ mod tests {
         assert_eq!((rows.module, rows.grid), (Module::Hyperbolic, (33, 2, 2)));
     }
 
+    const ON: Hopper = Hopper { on: true, tile: None };
+
+    #[test]
+    fn hopper_tile_experiments_apply_to_bf16_softmax_only() {
+        let exp = Hopper {
+            on: true,
+            tile: Some((64, 128)),
+        };
+        let s = spec(Family::softmax(), DType::BF16, 64);
+        let k = flash_kernel(&s, Stage::Forward, exp).expect("kernel");
+        assert_eq!(
+            (k.name.as_str(), k.threads),
+            ("attn_softmax_fwd_wg64x128_bf16_d64", 128)
+        );
+        assert_eq!(k.grid, (2, 4, 2));
+        for (family, dtype, d) in [
+            (Family::cosine_sim(), DType::BF16, 64),
+            (Family::softmax(), DType::F16, 64),
+            (Family::softmax(), DType::BF16, 128),
+        ] {
+            let k = flash_kernel(&spec(family, dtype, d), Stage::Forward, exp).expect("kernel");
+            assert!(k.name.contains("_fwd_wg_"), "{k:?}");
+        }
+    }
+
+    #[test]
+    fn hopper_forward_where_the_device_and_head_dim_allow() {
+        let hyp = Family::hyperbolic(HypScore::Geodesic, Aggregation::EinsteinMidpoint);
+        for (family, d, dtype, wg) in [
+            (Family::softmax(), 128, DType::BF16, true),
+            (Family::cosine_sim(), 64, DType::F16, true),
+            (hyp, 64, DType::BF16, true),
+            (Family::softmax(), 96, DType::BF16, false),
+            (Family::softmax(), 256, DType::F16, false),
+            (Family::softmax(), 64, DType::F32, false),
+        ] {
+            let s = spec(family, dtype, d);
+            let k = flash_kernel(&s, Stage::Forward, ON).expect("kernel");
+            assert_eq!(k.name.contains("_fwd_wg_"), wg, "{k:?}");
+            assert_eq!(
+                (k.threads, k.hopper),
+                if wg { (256, true) } else { (128, false) },
+                "{k:?}"
+            );
+            if wg {
+                // 100 queries → one block of 128; the Einstein midpoint's log γ rides along.
+                assert_eq!(k.grid, (1, 4, 2));
+                let hyp = matches!(family, Family::Hyperbolic(_));
+                let bn = if d == 64 && !hyp { 64 } else { 128 };
+                let lorentz = if hyp { 2 * bn * 4 } else { 0 };
+                assert_eq!(
+                    k.smem,
+                    1024 + (128 + 4 * bn) * d * 2 + (2 * bn + 128) * 4 + lorentz,
+                    "{k:?}"
+                );
+            }
+            // Without the Hopper kernels, and for the backward, the mma.sync kernels.
+            assert!(!flash_kernel(&s, Stage::Forward, Hopper::default())
+                .expect("kernel")
+                .name
+                .contains("_wg_"));
+            assert!(!flash_kernel(&s, Stage::BwdDq, ON)
+                .expect("kernel")
+                .name
+                .contains("_wg_"));
+        }
+    }
+
     #[test]
     fn grids_cover_tails_and_split_columns() {
         let s = spec(Family::softmax(), DType::BF16, 256);
-        assert_eq!(flash_kernel(&s, Stage::Forward).expect("kernel").grid, (2, 4, 2));
+        assert_eq!(
+            flash_kernel(&s, Stage::Forward, Hopper::default())
+                .expect("kernel")
+                .grid,
+            (2, 4, 2)
+        );
         // 130 keys → 3 key tiles of 64, two column blocks each, one block per kv head.
-        assert_eq!(flash_kernel(&s, Stage::BwdDkdv).expect("kernel").grid, (6, 2, 2));
+        assert_eq!(
+            flash_kernel(&s, Stage::BwdDkdv, Hopper::default())
+                .expect("kernel")
+                .grid,
+            (6, 2, 2)
+        );
         let f = spec(Family::softmax(), DType::F32, 64);
-        assert_eq!(flash_kernel(&f, Stage::BwdDq).expect("kernel").grid, (25, 4, 2));
+        assert_eq!(
+            flash_kernel(&f, Stage::BwdDq, Hopper::default())
+                .expect("kernel")
+                .grid,
+            (25, 4, 2)
+        );
     }
 
     #[test]

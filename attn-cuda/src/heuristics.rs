@@ -139,6 +139,59 @@ pub(crate) fn lorentz_dkdv_tile(d: usize) -> Option<Tile> {
     }
 }
 
+/// `WgFwdTile<D>`: the Hopper (wgmma) forward, 128 queries (64 per warpgroup: `bm · 2` threads) per
+/// block, at D = 64 and 128 only: 64 keys per streamed block at D = 64 (two blocks per SM), 128 at
+/// D = 128 (one).
+pub(crate) fn wg_fwd_tile(d: usize) -> Option<Tile> {
+    match d {
+        64 => Some(Tile {
+            bm: 128,
+            bn: 64,
+            da: d,
+        }),
+        128 => Some(Tile {
+            bm: 128,
+            bn: 128,
+            da: d,
+        }),
+        _ => None,
+    }
+}
+
+/// `LorentzWgFwdTile<D>`: the hyperbolic scores' Hopper forward, 128 keys per block at D = 64 too
+/// (one block per SM: two would spill), else [`wg_fwd_tile`].
+pub(crate) fn lorentz_wg_fwd_tile(d: usize) -> Option<Tile> {
+    match d {
+        64 => Some(Tile {
+            bm: 128,
+            bn: 128,
+            da: d,
+        }),
+        _ => wg_fwd_tile(d),
+    }
+}
+
+/// Tile experiments of the Hopper forward, `(D, bm, bn)`: bf16 softmax kernels
+/// `attn_softmax_fwd_wg{bm}x{bn}_bf16_d{D}`, chosen with `ATTN_CUDA_WG_TILE=BMxBN` for A/B timings.
+pub(crate) const WG_TILE_VARIANTS: [(usize, usize, usize); 4] =
+    [(64, 64, 128), (64, 128, 128), (64, 64, 64), (128, 64, 64)];
+
+/// Threads of a Hopper forward block: one warpgroup (128 threads) per 64 query rows.
+pub(crate) fn wg_threads(t: Tile) -> u32 {
+    (t.bm * 2) as u32
+}
+
+/// Dynamic shared memory of the Hopper forward: 1 KiB of slack to align the tiles to 1024 bytes
+/// (the 128-byte swizzle), Q, two K and two V buffers in unpadded rows, and the scalars of
+/// [`fwd_smem`].
+///
+/// ```text
+/// D = 128, bf16: 1024 + (128 + 4·128)·128·2 + (2·128 + 128)·4 = 166 400 bytes
+/// ```
+pub(crate) fn wg_fwd_smem(t: Tile, d: usize, elem: usize) -> usize {
+    1024 + (t.bm + 4 * t.bn) * d * elem + (2 * t.bn + t.bm) * 4
+}
+
 fn row_bytes(d: usize, elem: usize) -> usize {
     (d + 8) * elem
 }
@@ -208,8 +261,32 @@ mod tests {
     }
 
     #[test]
+    fn hopper_forward_fits_the_sm90_opt_in_limit() {
+        for (d, t) in [64, 128]
+            .into_iter()
+            .flat_map(|d| [(d, wg_fwd_tile(d)), (d, lorentz_wg_fwd_tile(d))])
+        {
+            let t = t.expect("Hopper tile");
+            let bytes = wg_fwd_smem(t, d, 2) + lorentz_extra_smem(t);
+            assert!(bytes <= 227 * 1024, "D = {d}: {bytes} bytes");
+            // Two warpgroups of 64 rows; the sw128 column blocks are 64 wide and 8-row aligned.
+            assert_eq!((t.bm, wg_threads(t)), (128, 256));
+            assert_eq!((d % 64, t.bn % 64, t.bm % 64), (0, 0, 0));
+        }
+        assert!(wg_fwd_tile(32).is_none() && wg_fwd_tile(256).is_none());
+        for (d, bm, bn) in WG_TILE_VARIANTS {
+            let t = Tile { bm, bn, da: d };
+            assert!(wg_fwd_smem(t, d, 2) <= 227 * 1024, "{t:?}");
+            assert_eq!((bm % 64, bn % 64), (0, 0), "{t:?}");
+        }
+    }
+
+    #[test]
     fn worked_examples() {
         assert_eq!(fwd_tile(128).map(|t| fwd_smem(t, 128, 2)), Some(70_400));
+        assert_eq!(wg_fwd_tile(128).map(|t| wg_fwd_smem(t, 128, 2)), Some(166_400));
+        // D = 64: 1024 + (128 + 4·64)·64·2 + (2·64 + 128)·4; two blocks fit an SM's 228 KiB.
+        assert_eq!(wg_fwd_tile(64).map(|t| wg_fwd_smem(t, 64, 2)), Some(51_200));
         assert_eq!(
             dkdv_tile(256),
             Some(Tile {
@@ -270,6 +347,34 @@ mod tests {
                 };
                 assert_eq!(t, expect, "{name}<{d}>");
             }
+        }
+    }
+
+    #[test]
+    fn host_hopper_tiles_mirror_the_kernel_specialisations() {
+        let tiles = kernel_tiles("WgFwdTile");
+        assert_eq!(tiles.len(), 2, "WgFwdTile: D = 64 and 128");
+        let lorentz = kernel_tiles("LorentzWgFwdTile");
+        assert_eq!(lorentz.len(), 1, "LorentzWgFwdTile: D = 64");
+        for (name, host, tiles) in [
+            ("WgFwdTile", wg_fwd_tile as fn(usize) -> Option<Tile>, tiles),
+            ("LorentzWgFwdTile", lorentz_wg_fwd_tile, lorentz),
+        ] {
+            for (d, fields) in tiles {
+                let expect = Tile {
+                    bm: field(&fields, "BM", 0),
+                    bn: field(&fields, "BN", 0),
+                    da: d,
+                };
+                assert_eq!(host(d), Some(expect), "{name}<{d}>");
+            }
+        }
+        let softmax = include_str!("../kernels/softmax.cu");
+        for (d, bm, bn) in WG_TILE_VARIANTS {
+            assert!(
+                softmax.contains(&format!("ATTN_SOFTMAX_WG_X({d}, {bm}, {bn}, ")),
+                "{d} {bm}x{bn}"
+            );
         }
     }
 

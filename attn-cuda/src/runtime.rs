@@ -27,6 +27,31 @@ pub(crate) fn kernels_built() -> bool {
 pub(crate) struct Kernels {
     modules: HashMap<Module, Arc<CudaModule>>,
     functions: FunctionCache,
+    /// Whether (and how) the forward uses the Hopper (wgmma) kernels on this context.
+    pub(crate) hopper: Hopper,
+}
+
+/// The Hopper (sm_90a, wgmma) forward on a context: `on` where the device is compute capability 9.0
+/// (the only one that runs sm_90a code) unless `ATTN_CUDA_WGMMA=0`; `tile`: `ATTN_CUDA_WG_TILE=BMxBN`,
+/// a tile experiment for A/B timings (heuristics::WG_TILE_VARIANTS). Both read when the context
+/// first loads the kernels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Hopper {
+    pub on: bool,
+    pub tile: Option<(usize, usize)>,
+}
+
+impl Hopper {
+    pub(crate) fn new(cc: (i32, i32), wgmma: Option<&str>, tile: Option<&str>) -> Self {
+        let tile = tile.and_then(|t| {
+            let (bm, bn) = t.trim().split_once('x')?;
+            Some((bm.parse().ok()?, bn.parse().ok()?))
+        });
+        Hopper {
+            on: cc == (9, 0) && wgmma.map(str::trim) != Some("0"),
+            tile,
+        }
+    }
 }
 
 /// Functions looked up so far: name → (function, dynamic shared memory it is configured for).
@@ -143,9 +168,15 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
             .ok_or(CudaAttnError::KernelsNotBuilt { op })?;
         modules.insert(module, ctx.load_module(Ptx::from_binary(bytes.to_vec()))?);
     }
+    let cc = ctx.compute_capability()?;
     let kernels = Arc::new(Kernels {
         modules,
         functions: FunctionCache::default(),
+        hopper: Hopper::new(
+            cc,
+            std::env::var("ATTN_CUDA_WGMMA").ok().as_deref(),
+            std::env::var("ATTN_CUDA_WG_TILE").ok().as_deref(),
+        ),
     });
     entries.push((key, kernels.clone()));
     Ok(kernels)
@@ -181,5 +212,24 @@ impl Kernels {
         // tile configuration (dispatch + heuristics mirror tiles.h).
         unsafe { builder.launch(cfg) }.map_err(|source| launch_error(op, &kernel.name, &cfg, source))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Hopper;
+
+    #[test]
+    fn hopper_kernels_only_on_compute_capability_9_0_and_not_when_turned_off() {
+        assert!(Hopper::new((9, 0), None, None).on);
+        assert!(Hopper::new((9, 0), Some("1"), None).on);
+        assert!(!Hopper::new((9, 0), Some("0"), None).on);
+        assert!(!Hopper::new((9, 0), Some(" 0\n"), None).on);
+        for cc in [(8, 0), (8, 9), (10, 0), (12, 0)] {
+            assert!(!Hopper::new(cc, None, None).on, "{cc:?}");
+        }
+        assert_eq!(Hopper::new((9, 0), None, Some("64x128")).tile, Some((64, 128)));
+        assert_eq!(Hopper::new((9, 0), None, Some("64")).tile, None);
+        assert_eq!(Hopper::new((9, 0), None, Some("ax64")).tile, None);
     }
 }

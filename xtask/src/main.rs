@@ -44,6 +44,10 @@ const GPU_TEST_BINARIES: [&str; 6] = [
     "gpu_bench_taylor",
 ];
 
+/// The test binaries whose forward runs the Hopper (wgmma) kernels on an sm_90 GPU: run a second
+/// time with `ATTN_CUDA_WGMMA=0`, so the mma.sync forward stays tested on the H100 too.
+const FLASH_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_hyperbolic"];
+
 type Result<T> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
@@ -405,6 +409,15 @@ fn test_gpu(extra: &[String]) -> Result<()> {
     cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
     cmd.env("ATTN_REQUIRE_NVCC", "1");
     let cuda_tests = run(&mut cmd);
+    println!("xtask test-gpu: the flash tests again with the mma.sync forward (ATTN_CUDA_WGMMA=0)");
+    let mut cmd = Command::new(cargo());
+    cmd.args(["test", "--release", "-p", "attn-cuda"]);
+    for t in FLASH_TEST_BINARIES {
+        cmd.args(["--test", t]);
+    }
+    cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
+    cmd.env("ATTN_REQUIRE_NVCC", "1").env("ATTN_CUDA_WGMMA", "0");
+    let cuda_tests = cuda_tests.and(run(&mut cmd));
 
     // attn-candle's CUDA tests: with the toolchain of setup-candle-cuda, or a CUDA install the
     // environment already describes (CUDA_COMPUTE_CAP set).
@@ -504,6 +517,16 @@ for bin in "$here"/bin/*; do
   echo "$out"
   line="$(echo "$out" | grep -E '^test result:' | tail -n 1)"
   summary="$summary$name${SANITIZE:+ [$SANITIZE]}: rc=$rc $line"$'\n'
+  [ $rc -ne 0 ] && status=1
+done
+# On an sm_90 GPU the forward above ran the Hopper (wgmma) kernels; once more with the mma.sync ones.
+for name in gpu_softmax_like gpu_hyperbolic; do
+  [ -x "$here/bin/$name" ] || continue
+  out="$(ATTN_CUDA_WGMMA=0 "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"
+  rc=$?
+  echo "$out"
+  line="$(echo "$out" | grep -E '^test result:' | tail -n 1)"
+  summary="$summary$name [ATTN_CUDA_WGMMA=0]: rc=$rc $line"$'\n'
   [ $rc -ne 0 ] && status=1
 done
 echo "---- summary"

@@ -21,6 +21,148 @@
 
 namespace attn {
 
+// Hyperbolic scores: k0 (and, for the Einstein midpoint, log γ_j) of the BN keys of key block n
+// into shared memory (cp.async, in the caller's commit group; zero past the sequence).
+template <int BN>
+__device__ __forceinline__ void load_key_cols(const AttnParams& p, const SeqInfo& si, int hk, int n, float* k0,
+                                              float* lg, bool midpoint, int tid) {
+    if (tid < BN) {
+        const int j = n * BN + tid;
+        const bool valid = j < si.len_k;
+        const long long at = valid ? si.key_index(p, hk, j) : 0;
+        cp_async_4(k0 + tid, p.x0k + at, valid);
+        if (midpoint) cp_async_4(lg + tid, p.lgk + at, valid);
+    }
+}
+
+// The rows of a warp's MT 16-row tiles that this thread owns (two per tile, g and g + 8, from
+// `wrow` within the query tile at i0) and the key range [lo, hi) each may attend to.
+template <int MT>
+__device__ __forceinline__ void fwd_rows(const AttnParams& p, const SeqInfo& si, int i0, int wrow, int g,
+                                         int (&row)[MT][2], int (&lo)[MT][2], int (&hi)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            row[mt][r] = i0 + wrow + mt * 16 + g + 8 * r;
+            const bool valid = row[mt][r] < si.len_q;
+            lo[mt][r] = valid ? si.key_lo(p, row[mt][r]) : 0;
+            hi[mt][r] = valid ? si.key_hi(p, row[mt][r]) : 0;
+        }
+}
+
+// Running state of those rows before the first key block: m (the fixed offset without a running
+// max), l = 0, and rq: 1 (cosine-sim fills 1/‖q‖ later) or, for hyperbolic scores, q0.
+template <class Score, int MT>
+__device__ __forceinline__ void fwd_state_init(const AttnParams& p, const SeqInfo& si, int h, const int (&row)[MT][2],
+                                               float (&m)[MT][2], float (&l)[MT][2], float (&rq)[MT][2]) {
+    const float m_init = p.running_max ? -CUDART_INF_F : p.max_offset * kLog2e;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            m[mt][r] = m_init;
+            l[mt][r] = 0.f;
+            rq[mt][r] = 1.f;
+            if (Score::kLorentz && row[mt][r] < si.len_q) rq[mt][r] = p.x0q[si.stats_index(p, h, row[mt][r])];
+        }
+}
+
+// One key block [j0, j0 + BN) for a warp's MT 16-row tiles: scores from the raw products s, the
+// online-softmax step, s replaced by the unnormalised probabilities. alpha receives each row's
+// rescale factor for the output accumulator (applied by the caller: the Hopper kernel applies it
+// only once the previous block's P·V has landed). rk, k0, lg: this key block's column scalars in
+// shared memory (1/‖k‖ for cosine-sim; k0 and log γ_j for hyperbolic scores). full: no row of
+// the query tile [i0, i0 + bm) masks any key of the block.
+template <typename T, class Score, int MT, int NT>
+__device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
+                                                 bool norms, float (&s)[MT][NT][4], float (&m)[MT][2],
+                                                 float (&l)[MT][2], float (&alpha)[MT][2], const float (&rq)[MT][2],
+                                                 const int (&row)[MT][2], const int (&lo)[MT][2],
+                                                 const int (&hi)[MT][2], const float* rk, const float* k0,
+                                                 const float* lg, int t4) {
+    // Fast path (a tile with no mask, bias or softcap): keep the raw products (times 1/‖k‖ for
+    // cosine-sim) and fold scale·log2 e (times 1/‖q‖) into the exponential's FMA. General path:
+    // s = score + bias, masked → −∞, in log2 units.
+    const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+    float c[MT][2];
+    if constexpr (Score::kLorentz) {
+        if (p.midpoint)
+            lorentz_scores<Score, true, T>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, k0, lg, t4);
+        else
+            lorentz_scores<Score, false, T>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, k0, lg, t4);
+    } else if (fast) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            c[mt][0] = p.scale * kLog2e * rq[mt][0];
+            c[mt][1] = p.scale * kLog2e * rq[mt][1];
+            if (norms) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mt][nt][e] *= rk[nt * 8 + 2 * t4 + (e & 1)];
+            }
+        }
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            c[mt][0] = c[mt][1] = 1.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const int cl = nt * 8 + 2 * t4 + (e & 1);
+                    const int col = j0 + cl;
+                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                    float dtanh;
+                    float x = score<Score>(p, s[mt][nt][e], rq[mt][r], norms ? rk[cl] : 1.f, dtanh);
+                    if (allowed && p.bias != nullptr)
+                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
+                    s[mt][nt][e] = allowed ? x * kLog2e : -CUDART_INF_F;
+                }
+        }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        if (Score::kGeodesic && fast)  // c = −β/√c < 0: the row max comes from the smallest log2 w
+            softmax_rows<NT, true>(s[mt], m[mt], l[mt], true, c[mt], alpha[mt]);
+        else
+            softmax_rows<NT>(s[mt], m[mt], l[mt], Score::kGeodesic || p.running_max != 0, c[mt], alpha[mt]);
+    }
+}
+
+// Epilogue of a warp's MT 16-row tiles: o = O / l (0 for an empty row), LSE = m + ln l (−∞ for an
+// empty row), f32.
+template <typename T, class Score, int MT, int DT>
+__device__ __forceinline__ void fwd_epilogue(const AttnParams& p, const SeqInfo& si, int h,
+                                             const float (&acc_o)[MT][DT][4], const float (&m)[MT][2],
+                                             const float (&l)[MT][2], const int (&row)[MT][2], int t4) {
+    T* o = static_cast<T*>(p.o);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float lsum = quad_sum(l[mt][r]);
+            const int i = row[mt][r];
+            if (i >= si.len_q) continue;
+            const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+            T* orow = o + si.o_off(p, i, h);
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                using V2 = typename Vec2<T>::type;
+                const uint32_t packed = pack2<T>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+                *reinterpret_cast<V2*>(orow + dt * 8 + 2 * t4) = *reinterpret_cast<const V2*>(&packed);
+            }
+            if (t4 == 0) {
+                const float ref = m[mt][r] == -CUDART_INF_F ? 0.f : m[mt][r];
+                const float lse = lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
+                p.lse[si.stats_index(p, h, i)] = Score::kLorentz ? lse + p.hyp_lse : lse;
+            }
+        }
+}
+
 template <typename T, int D, class Score>
 __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     using Tile = FwdTileOf<Score, D>;
@@ -60,15 +202,7 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     constexpr bool kHyp = Score::kLorentz;
     const bool midpoint = kHyp && p.midpoint;
     // Hyperbolic: the key block's k0 (and log γ_j) with its K tile.
-    auto load_cols = [&](int n, int buf) {
-        if (tid < BN) {
-            const int j = n * BN + tid;
-            const bool valid = j < si.len_k;
-            const long long at = valid ? si.key_index(p, hk, j) : 0;
-            cp_async_4(sK0 + buf * BN + tid, p.x0k + at, valid);
-            if (midpoint) cp_async_4(sLg + buf * BN + tid, p.lgk + at, valid);
-        }
-    };
+    auto load_cols = [&](int n, int buf) { load_key_cols<BN>(p, si, hk, n, sK0 + buf * BN, sLg + buf * BN, midpoint, tid); };
 
     load_tile_async<T, BM, D, kThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
     if (n_count > 0) {
@@ -82,15 +216,7 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     const int g = lane / 4, t4 = lane % 4;
     const int wrow = warp * 16 * MT;  // first row of this warp within the tile
     int row[MT][2], lo[MT][2], hi[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            row[mt][r] = i0 + wrow + mt * 16 + g + 8 * r;
-            const bool valid = row[mt][r] < si.len_q;
-            lo[mt][r] = valid ? si.key_lo(p, row[mt][r]) : 0;
-            hi[mt][r] = valid ? si.key_hi(p, row[mt][r]) : 0;
-        }
+    fwd_rows<MT>(p, si, i0, wrow, g, row, lo, hi);
     float acc_o[MT][DT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -98,24 +224,8 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
         for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
-    const float m_init = p.running_max ? -CUDART_INF_F : p.max_offset * kLog2e;
     float m[MT][2], l[MT][2], rq[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            m[mt][r] = m_init;
-            l[mt][r] = 0.f;
-            rq[mt][r] = 1.f;
-        }
-    // Hyperbolic: q0 of this thread's rows (rq holds it; the score reads no norm).
-    if constexpr (kHyp) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-                if (row[mt][r] < si.len_q) rq[mt][r] = p.x0q[si.stats_index(p, h, row[mt][r])];
-    }
+    fwd_state_init<Score, MT>(p, si, h, row, m, l, rq);
 
     for (int it = 0; it < n_count; ++it) {
         const int n = n_first + it, buf = it & 1;
@@ -166,66 +276,14 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
             }
         }
 
-        // Scores. Fast path (a tile with no mask, bias or softcap): keep the raw products (times
-        // 1/‖k‖ for cosine-sim) and fold scale·log2 e (times 1/‖q‖) into the exponential's FMA.
-        // General path: s = score + bias, masked → −∞, in log2 units.
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
-        const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-        float c[MT][2];
-        if constexpr (kHyp) {
-            if (midpoint)
-                lorentz_scores<Score, true, T>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, sK0 + buf * BN,
-                                               sLg + buf * BN, t4);
-            else
-                lorentz_scores<Score, false, T>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, sK0 + buf * BN,
-                                                sLg + buf * BN, t4);
-        } else if (fast) {
+        float alpha[MT][2];
+        fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, norms, s, m, l, alpha, rq, row, lo, hi,
+                                           sRk + buf * BN, sK0 + buf * BN, sLg + buf * BN, t4);
+        if (Score::kGeodesic || p.running_max) {
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                c[mt][0] = p.scale * kLog2e * rq[mt][0];
-                c[mt][1] = p.scale * kLog2e * rq[mt][1];
-                if (norms) {
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= sRk[buf * BN + nt * 8 + 2 * t4 + (e & 1)];
-                }
-            }
-        } else {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                c[mt][0] = c[mt][1] = 1.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = e / 2;
-                        const int cl = nt * 8 + 2 * t4 + (e & 1);
-                        const int col = j0 + cl;
-                        const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
-                        float dtanh;
-                        float x =
-                            score<Score>(p, s[mt][nt][e], rq[mt][r], norms ? sRk[buf * BN + cl] : 1.f, dtanh);
-                        if (allowed && p.bias != nullptr)
-                            x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
-                        s[mt][nt][e] = allowed ? x * kLog2e : -CUDART_INF_F;
-                    }
-            }
-        }
-
-        if constexpr (Score::kGeodesic) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                if (fast)  // c = −β/√c < 0: the row max comes from the smallest log2 w
-                    online_softmax_step<NT, DT, true>(s[mt], acc_o[mt], m[mt], l[mt], true, c[mt]);
-                else
-                    online_softmax_step<NT, DT>(s[mt], acc_o[mt], m[mt], l[mt], true, c[mt]);
-            }
-        } else {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                online_softmax_step<NT, DT>(s[mt], acc_o[mt], m[mt], l[mt], p.running_max != 0, c[mt]);
+            for (int mt = 0; mt < MT; ++mt) rescale_rows<DT>(acc_o[mt], alpha[mt]);
         }
 
         // O += P V   [16·MT, D] per warp
@@ -249,29 +307,7 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     }
     cp_async_wait<0>();
 
-    // Epilogue: o = O / l, LSE = m + ln l
-    T* o = static_cast<T*>(p.o);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float lsum = quad_sum(l[mt][r]);
-            const int i = row[mt][r];
-            if (i >= si.len_q) continue;
-            const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-            T* orow = o + si.o_off(p, i, h);
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-                using V2 = typename Vec2<T>::type;
-                const uint32_t packed = pack2<T>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
-                *reinterpret_cast<V2*>(orow + dt * 8 + 2 * t4) = *reinterpret_cast<const V2*>(&packed);
-            }
-            if (t4 == 0) {
-                const float ref = m[mt][r] == -CUDART_INF_F ? 0.f : m[mt][r];
-                const float lse = lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
-                p.lse[si.stats_index(p, h, i)] = kHyp ? lse + p.hyp_lse : lse;
-            }
-        }
+    fwd_epilogue<T, Score, MT, DT>(p, si, h, acc_o, m, l, row, t4);
 }
 
 }  // namespace attn

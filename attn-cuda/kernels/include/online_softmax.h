@@ -50,12 +50,13 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Update the running state of this thread's two rows with a block of values x[NT][4] whose scores
 // in log2 units are c[r]·x (c > 0: the fast path keeps the raw products and folds the scale into
 // the exponential's FMA; the general path passes scores already in log2 units with c = 1; −∞
-// where masked), replace x by the unnormalised probabilities 2^(c·x − m'), and rescale o[DT][4].
-// kNeg: c < 0 (the geodesic's fast path keeps log2 of the distance term), so the row's largest
-// score comes from its smallest value.
-template <int NT, int DT, bool kNeg = false>
-__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o)[DT][4], float (&m)[2], float (&l)[2],
-                                                    bool running_max, const float (&c)[2]) {
+// where masked), and replace x by the unnormalised probabilities 2^(c·x − m'). alpha[r] receives
+// the factor 2^(m − m') by which the row's output accumulator must be rescaled (1 without a running
+// max); l is rescaled here. kNeg: c < 0 (the geodesic's fast path keeps log2 of the distance term),
+// so the row's largest score comes from its smallest value.
+template <int NT, bool kNeg = false>
+__device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&m)[2], float (&l)[2], bool running_max,
+                                             const float (&c)[2], float (&alpha)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float m_new = m[r];
@@ -73,14 +74,10 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o
             }
         }
         const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;
+        alpha[r] = 1.f;
         if (running_max) {
-            const float alpha = exp2_fast(m[r] - ref);
-            l[r] *= alpha;
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-                o[dt][2 * r] *= alpha;
-                o[dt][2 * r + 1] *= alpha;
-            }
+            alpha[r] = exp2_fast(m[r] - ref);
+            l[r] *= alpha[r];
         }
         m[r] = m_new;
         float sum = 0.f;
@@ -91,6 +88,18 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&o
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
         l[r] += sum;  // thread-partial; reduced across the quad once, at the end
+    }
+}
+
+// o ← alpha·o for this thread's two rows of an output accumulator o[DT][4].
+template <int DT>
+__device__ __forceinline__ void rescale_rows(float (&o)[DT][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1];
+        o[dt][3] *= alpha[1];
     }
 }
 

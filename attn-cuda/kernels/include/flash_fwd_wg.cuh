@@ -1,0 +1,193 @@
+// Forward pass of the flash skeleton on Hopper (sm_90a): warpgroup MMAs (wgmma) instead of
+// mma.sync, the same scores, masks, online softmax and epilogue as flash_fwd.cuh (shared helpers).
+//
+// One block = BM / 64 warpgroups (128 threads each) = one (batch b, query head h, query tile of BM
+// rows); warpgroup w owns rows 64w..64w+63, warp w' within it rows 16w'.., so every per-warp helper of
+// the mma.sync kernel applies unchanged (one 16-row tile per warp, MT = 1). Q stays in shared memory;
+// K and V blocks of BN keys stream through two buffers each (cp.async into the sw128 layout of
+// wgmma.h). Both products read their B operand from shared memory: S = Q Kᵀ with Q from shared
+// memory too, O += P V with P from registers (V transposed by the descriptor).
+//
+// Software pipeline (per key block j, after the prologue computed S_0):
+//   issue S_j = Q K_jᵀ, then O += P_{j−1} V_{j−1}       (both async)
+//   wait for S_j; scores and online softmax of block j  (overlaps P_{j−1} V_{j−1} on the tensor cores)
+//   wait for P_{j−1} V_{j−1}; rescale O by α_j; P_j → A fragments
+//   barrier; cp.async K_{j+2} and V_{j+1} into the buffers just released
+// so a K block is loaded a whole block ahead of its use, and V one block before its product.
+// Loads are grouped per block: group 0 = {Q, K_0, V_0}, group 1 = {K_1}, group j + 2 = {K_{j+2},
+// V_{j+1}} (committed at the end of block j, possibly empty), so at the top of block j every group up
+// to j must have landed: cp.async.wait_group 1.
+#pragma once
+#include "flash_fwd.cuh"
+#include "wgmma.h"
+
+namespace attn {
+
+// cp.async a ROWS×D tile into the sw128 layout (16-byte chunks; rows at or past rows_valid zero).
+template <typename T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile_sw128(T* smem, const T* base, long long row_stride, int row0,
+                                                int rows_valid, int tid) {
+    constexpr int kChunksPerRow = D / 8;
+    constexpr int kChunks = ROWS * kChunksPerRow;
+    static_assert(sizeof(T) == 2 && D % 64 == 0 && ROWS % 8 == 0, "sw128 tiles: 16-bit, 64-column blocks");
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(smem);
+#pragma unroll
+    for (int c = tid; c < kChunks; c += THREADS) {
+        const int r = c / kChunksPerRow;
+        const int col = (c % kChunksPerRow) * 8;
+        const int row = row0 + r;
+        const bool valid = row < rows_valid;
+        const T* src = valid ? base + (long long)row * row_stride + col : base;
+        cp_async_16(bytes + sw128_offset<ROWS>(r, col), src, valid);
+    }
+}
+
+template <typename T, int D, class Score, int BM, int BN>
+__device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int MT = 1;
+    constexpr int kWgThreads = BM * 2;  // one warpgroup (128 threads) per 64 rows
+    constexpr int NT = BN / 8;          // n8 tiles of S per warp
+    constexpr int DT = D / 8;           // n8 tiles of O per warp
+    static_assert(BM % 64 == 0 && BN % 64 == 0, "64 rows per warpgroup, whole sw128 row groups");
+
+    // The sw128 layout needs 1024-byte alignment; the host adds 1 KiB of slack to the allocation.
+    extern __shared__ __align__(1024) unsigned char smem_wg[];
+    unsigned char* base = smem_wg + ((1024u - (smem_addr(smem_wg) & 1023u)) & 1023u);
+    T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
+    T* sK = sQ + BM * D;                 // [2][BN × D] sw128
+    T* sV = sK + 2 * BN * D;             // [2][BN × D] sw128
+    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * D);  // [2][BN] cosine: 1/‖k‖
+    float* sK0 = sRk;                                         // [2][BN] hyperbolic: k0
+    float* sLg = sRk + 2 * BN + BM;                           // [2][BN] hyperbolic midpoint: log γ_j
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    const int b = blockIdx.z, h = blockIdx.y;
+    const SeqInfo si(p, b);
+    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int i0 = m_block * BM;
+    if (i0 >= si.len_q) return;
+    const int hk = h / p.group;
+    const int i_last = min(i0 + BM, si.len_q) - 1;
+    const int j_begin = si.key_lo(p, i0), j_end = si.key_hi(p, i_last);
+    const int n_first = j_begin / BN;
+    const int n_count = j_end > j_begin ? (j_end - 1) / BN - n_first + 1 : 0;
+
+    const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
+    const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
+    const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
+    const bool norms = Score::kNorms && p.l2norm;
+    const bool midpoint = Score::kLorentz && p.midpoint;
+    auto load_k = [&](int it) {
+        const int buf = it & 1;
+        load_tile_sw128<T, BN, D, kWgThreads>(sK + buf * BN * D, k, p.k_seq, (n_first + it) * BN, si.len_k, tid);
+        if constexpr (Score::kLorentz)
+            load_key_cols<BN>(p, si, hk, n_first + it, sK0 + buf * BN, sLg + buf * BN, midpoint, tid);
+        if (norms && tid < BN) {  // 1/‖k‖ of the block's keys (the inv-norm row kernel ran first)
+            const int j = (n_first + it) * BN + tid;
+            const bool valid = j < si.len_k;
+            cp_async_4(sRk + buf * BN + tid, p.rk + (valid ? si.dk_off(p, j, hk) / D : 0), valid);
+        }
+    };
+    auto load_v = [&](int it) {
+        load_tile_sw128<T, BN, D, kWgThreads>(sV + (it & 1) * BN * D, v, p.v_seq, (n_first + it) * BN, si.len_k,
+                                              tid);
+    };
+
+    load_tile_sw128<T, BM, D, kWgThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
+    if (n_count > 0) {
+        load_k(0);
+        load_v(0);
+    }
+    cp_async_commit();
+    if (n_count > 1) load_k(1);
+    cp_async_commit();
+
+    const int g = lane / 4, t4 = lane % 4;
+    const int wrow = warp * 16;
+    int row[MT][2], lo[MT][2], hi[MT][2];
+    fwd_rows<MT>(p, si, i0, wrow, g, row, lo, hi);
+    float acc_o[MT][DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
+    float m[MT][2], l[MT][2], rq[MT][2];
+    fwd_state_init<Score, MT>(p, si, h, row, m, l, rq);
+    if (norms) {  // 1/‖q‖ of this thread's rows, from the inv-norm row kernel
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            if (row[0][r] < si.len_q) rq[0][r] = p.rq[si.dq_off(p, row[0][r], h) / D];
+    }
+
+    // Descriptors: Q rows of this warpgroup; K and V per buffer. k16 step kk of a K-major operand is
+    // column block kk / 4, +32 bytes per step inside it; of V, 16 rows = 2048 bytes.
+    const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128;
+    const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+    constexpr uint32_t kTileK = BN * D * 2;  // bytes of one K (or V) buffer
+    auto q_desc = [&](int kk) { return sw128_desc(q_addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
+    auto k_desc = [&](int buf, int kk) {
+        return sw128_desc(k_addr + buf * kTileK + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+    };
+    auto v_desc = [&](int buf, int kk) { return sw128_desc(v_addr + buf * kTileK + kk * 2048, BN * 128, 1024); };
+
+    uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
+    for (int it = 0; it < n_count; ++it) {
+        const int n = n_first + it, buf = it & 1;
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+
+        float s[MT][NT][4];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) Wgmma<T, BN>::ss(s[0], q_desc(kk), k_desc(buf, kk), kk > 0);
+        wg_commit();
+        if (it > 0) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o[0], pa[kk], v_desc(buf ^ 1, kk), 1);
+            wg_commit();
+        }
+        if (it > 0)
+            wg_wait<1>();
+        else
+            wg_wait<0>();
+        fence_regs<NT>(s[0]);
+
+        const int j0 = n * BN;
+        const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+        float alpha[MT][2];
+        fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, norms, s, m, l, alpha, rq, row, lo, hi,
+                                           sRk + buf * BN, sK0 + buf * BN, sLg + buf * BN, t4);
+        wg_wait<0>();
+        fence_regs<DT>(acc_o[0]);
+        fence_regs<BN / 16>(pa);
+        if (Score::kGeodesic || p.running_max) rescale_rows<DT>(acc_o[0], alpha[0]);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+
+        __syncthreads();  // every warp is done with K_j and V_{j−1}: refill their buffers
+        if (it + 2 < n_count) load_k(it + 2);
+        if (it + 1 < n_count) load_v(it + 1);
+        cp_async_commit();
+    }
+    if (n_count > 0) {  // the last block's P·V
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o[0], pa[kk], v_desc((n_count - 1) & 1, kk), 1);
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<DT>(acc_o[0]);
+        fence_regs<BN / 16>(pa);
+    }
+    cp_async_wait<0>();
+    fwd_epilogue<T, Score, MT, DT>(p, si, h, acc_o, m, l, row, t4);
+#else
+    __trap();  // launched only on compute capability 9.0 (host dispatch)
+#endif
+}
+
+}  // namespace attn
