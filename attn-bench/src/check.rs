@@ -140,6 +140,7 @@ impl<'a> Reader<'a> {
             )));
         }
         let b = t.data();
+        // Internal invariant (the expects below): chunks_exact(n) yields slices of exactly n bytes.
         let values: Vec<i128> = match t.dtype() {
             StDtype::I64 => b
                 .chunks_exact(8)

@@ -92,6 +92,7 @@ fn tiled<const NR: usize>(
             let steps = panel.chunks_exact(MR).zip(b[j0..].chunks(ldb));
             if nr == NR {
                 for (pk, brow) in steps {
+                    // Internal invariant: `brow[..NR]` has exactly NR elements (nr == NR here).
                     let bk: &[f64; NR] = brow[..NR].try_into().expect("the slice is NR long");
                     for (row, &av) in acc.iter_mut().zip(pk) {
                         for (s, &bv) in row.iter_mut().zip(bk) {

@@ -67,10 +67,8 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     const int i0 = m_block * BM;
     if (i0 >= si.len_q) return;
     const int hk = h / p.group;
-    const int i_last = min(i0 + BM, si.len_q) - 1;
-    const int j_begin = si.key_lo(p, i0), j_end = si.key_hi(p, i_last);
-    const int n_first = j_begin / BN;
-    const int n_count = j_end > j_begin ? (j_end - 1) / BN - n_first + 1 : 0;
+    int n_first, n_count;
+    key_blocks<BN>(p, si, i0, BM, n_first, n_count);
     const bool norms = Score::kNorms && p.l2norm;
     constexpr bool kHyp = Score::kLorentz;
     const bool midpoint = kHyp && p.midpoint;

@@ -111,3 +111,15 @@ struct SeqInfo {
         return key_lo(p, i1 - 1) <= j0 && key_hi(p, i0) >= j1;
     }
 };
+
+// The blocks of BN keys that query rows [i0, min(i0 + bm, len_q)) can see: the first one and how many
+// (0 when every row's key range is empty). Since both ends of the key range are non-decreasing, the
+// first row's lower end and the last row's upper end bound them.
+template <int BN>
+__device__ __forceinline__ void key_blocks(const AttnParams& p, const SeqInfo& si, int i0, int bm, int& n_first,
+                                           int& n_count) {
+    const int i_last = min(i0 + bm, si.len_q) - 1;
+    const int j_begin = si.key_lo(p, i0), j_end = si.key_hi(p, i_last);
+    n_first = j_begin / BN;
+    n_count = j_end > j_begin ? (j_end - 1) / BN - n_first + 1 : 0;
+}
