@@ -2,8 +2,9 @@
 // f16 and bf16 at head dims 16, 32, 64, 96, 128, 256. The l2-norms of q and k are fused into the
 // tiles (reciprocal norms scale the raw products); the l2-norm's Jacobian is applied by the row
 // kernels of common.cu. Names: attn_cosine_sim_{fwd,bwd_dq,bwd_dkdv}_{dt}_d{D}; the Hopper forward
-// (wgmma, sm_90a only) at head dims 64 and 128: attn_cosine_sim_fwd_wg_{dt}_d{D}.
+// and backward (wgmma, sm_90a only) at head dims 64 and 128: attn_cosine_sim_{fwd,bwd_dq,bwd_dkdv}_wg_{dt}_d{D}.
 #include "include/flash_bwd.cuh"
+#include "include/flash_bwd_wg.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
 
@@ -42,3 +43,6 @@ ATTN_COSINE_WG(f16, __half, 64)
 ATTN_COSINE_WG(bf16, __nv_bfloat16, 64)
 ATTN_COSINE_WG(f16, __half, 128)
 ATTN_COSINE_WG(bf16, __nv_bfloat16, 128)
+
+// The Hopper backward (wgmma, sm_90a only): attn_cosine_sim_bwd_{dq,dkdv}_wg_{dt}_d{64,128}.
+ATTN_FLASH_BWD_WG_ALL(attn_cosine_sim, attn::CosineScore)

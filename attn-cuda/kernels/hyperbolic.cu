@@ -5,6 +5,8 @@
 //       the flash skeleton on tensor cores (score.h, lorentz_tile.cuh)
 //   attn_hyperbolic_{sq_lorentz,geodesic}_fwd_wg_{f16,bf16}_d{64,128}: the Hopper forward (wgmma,
 //       sm_90a only; flash_fwd_wg.cuh)
+//   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_{dq,dkdv}_wg_{f16,bf16}_d{64,128}: the Hopper backward
+//       (flash_bwd_wg.cuh)
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
 //   attn_hyp_rows_{q,k}_{f32,f16,bf16}: the per-row scalars every kernel above reads, one warp per
 //       row, sums in f64 and rounded once to f32:
@@ -14,6 +16,7 @@
 #include "include/flash_bwd.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
+#include "include/flash_bwd_wg.cuh"
 #include "include/hyp_simt.cuh"
 
 namespace attn {
@@ -122,6 +125,8 @@ ATTN_HYP_DIMS(geodesic, attn::GeodesicScore)
 
 ATTN_HYP_WG_ALL(sq_lorentz, attn::SqLorentzScore)
 ATTN_HYP_WG_ALL(geodesic, attn::GeodesicScore)
+ATTN_FLASH_BWD_WG_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
+ATTN_FLASH_BWD_WG_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 
 #define ATTN_HYP_SIMT(NAME, SCORE)                                                                                 \
     extern "C" __global__ void __launch_bounds__(128)                                                              \

@@ -1,7 +1,9 @@
 // Softmax attention (REFERENCE.md §1) on tensor cores: forward, dQ and dK/dV kernels for
 // f16 and bf16 at head dims 32, 64, 96, 128, 256. Names: attn_softmax_{fwd,bwd_dq,bwd_dkdv}_{dt}_d{D}; the
-// Hopper forward (wgmma, sm_90a only) at head dims 64 and 128: attn_softmax_fwd_wg_{dt}_d{D}.
+// Hopper forward and backward (wgmma, sm_90a only) at head dims 64 and 128: attn_softmax_fwd_wg_{dt}_d{D},
+// attn_softmax_bwd_{dq,dkdv}_wg_{dt}_d{D}.
 #include "include/flash_bwd.cuh"
+#include "include/flash_bwd_wg.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
 
@@ -52,3 +54,6 @@ ATTN_SOFTMAX_WG_X(64, 64, 128, 2)
 ATTN_SOFTMAX_WG_X(64, 128, 128, 1)
 ATTN_SOFTMAX_WG_X(64, 64, 64, 3)
 ATTN_SOFTMAX_WG_X(128, 64, 64, 2)
+
+// The Hopper backward (wgmma, sm_90a only): attn_softmax_bwd_{dq,dkdv}_wg_{dt}_d{64,128}.
+ATTN_FLASH_BWD_WG_ALL(attn_softmax, attn::SoftmaxScore)

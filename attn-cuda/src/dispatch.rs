@@ -75,7 +75,8 @@ pub(crate) struct Kernel {
     pub grid: (usize, usize, usize),
     /// Threads per block.
     pub threads: u32,
-    /// A Hopper (wgmma) forward: cosine-sim reads the reciprocal norms of the inv-norm row kernels.
+    /// A Hopper (wgmma) kernel: a cosine-sim forward then reads the reciprocal norms of the inv-norm
+    /// row kernels (the backward always does).
     pub hopper: bool,
 }
 
@@ -175,7 +176,8 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
 }
 
 /// The flash kernel of one stage. Assumes [`check_supported`] passed. `hopper`: whether the device runs
-/// the Hopper kernels (runtime::Kernels::hopper); the forward then uses them at the head dims they cover.
+/// the Hopper kernels (runtime::Kernels::hopper); the forward (and, unless `hopper.bwd` is off, the
+/// backward) then uses them at the head dims they cover, f16 and bf16.
 pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Result<Kernel, AttnError> {
     let pass = stage.pass();
     let d = spec.head_dim();
@@ -244,6 +246,35 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             threads: heuristics::wg_threads(tile),
             hopper: true,
         });
+    }
+    if let (Stage::BwdDq | Stage::BwdDkdv, true, true) = (stage, hopper.on, hopper.bwd) {
+        let dq = stage == Stage::BwdDq;
+        let tile = if dq {
+            heuristics::wg_dq_tile(d)
+        } else {
+            heuristics::wg_dkdv_tile(d)
+        };
+        if let Some(tile) = tile {
+            let (smem, grid, threads) = if dq {
+                let grid = (heuristics::blocks(spec.seq_q(), tile.bm), hq, b);
+                (heuristics::wg_dq_smem(tile, d, elem), grid, tile.bm * 2)
+            } else {
+                let grid = (heuristics::blocks(spec.seq_k(), tile.bn), hkv, b);
+                (heuristics::wg_dkdv_smem(tile, d, elem), grid, tile.bn * 2)
+            };
+            return Ok(Kernel {
+                module,
+                name: format!(
+                    "attn_{family}_{}_wg_{}_d{d}",
+                    stage.name(),
+                    dtype_tag(spec.dtype())
+                ),
+                smem,
+                grid,
+                threads: threads as u32,
+                hopper: true,
+            });
+        }
     }
     type TileFn = fn(usize) -> Option<Tile>;
     type SmemFn = fn(Tile, usize, usize) -> usize;
@@ -400,12 +431,17 @@ mod tests {
         assert_eq!((rows.module, rows.grid), (Module::Hyperbolic, (33, 2, 2)));
     }
 
-    const ON: Hopper = Hopper { on: true, tile: None };
+    const ON: Hopper = Hopper {
+        on: true,
+        bwd: true,
+        tile: None,
+    };
 
     #[test]
     fn hopper_tile_experiments_apply_to_bf16_softmax_only() {
         let exp = Hopper {
             on: true,
+            bwd: true,
             tile: Some((64, 128)),
         };
         let s = spec(Family::softmax(), DType::BF16, 64);
@@ -456,15 +492,28 @@ mod tests {
                     "{k:?}"
                 );
             }
-            // Without the Hopper kernels, and for the backward, the mma.sync kernels.
-            assert!(!flash_kernel(&s, Stage::Forward, Hopper::default())
-                .expect("kernel")
-                .name
-                .contains("_wg_"));
-            assert!(!flash_kernel(&s, Stage::BwdDq, ON)
-                .expect("kernel")
-                .name
-                .contains("_wg_"));
+            // The backward likewise: dQ over 100 queries in one block of 128, dK/dV over 130 keys in
+            // two of 128; both on their own with ATTN_CUDA_WG_BWD=0.
+            let dq = flash_kernel(&s, Stage::BwdDq, ON).expect("kernel");
+            let dkdv = flash_kernel(&s, Stage::BwdDkdv, ON).expect("kernel");
+            assert_eq!(dq.name.contains("_bwd_dq_wg_"), wg, "{dq:?}");
+            assert_eq!(dkdv.name.contains("_bwd_dkdv_wg_"), wg, "{dkdv:?}");
+            if wg {
+                assert_eq!((dq.grid, dq.threads, dq.hopper), ((1, 4, 2), 256, true));
+                assert_eq!(dq.smem, 1024 + (2 * 128 + 5 * 64) * d * 2 + 6 * 64 * 4);
+                assert_eq!((dkdv.grid, dkdv.threads), ((2, 2, 2), 256));
+                assert_eq!(dkdv.smem, 1024 + (2 * 128 + 4 * 64) * d * 2 + 6 * 64 * 4);
+            }
+            let fwd_only = Hopper { bwd: false, ..ON };
+            for stage in [Stage::BwdDq, Stage::BwdDkdv] {
+                let k = flash_kernel(&s, stage, fwd_only).expect("kernel");
+                assert!(!k.name.contains("_wg_") && !k.hopper, "{k:?}");
+            }
+            // Without the Hopper kernels, the mma.sync kernels.
+            for stage in [Stage::Forward, Stage::BwdDq, Stage::BwdDkdv] {
+                let k = flash_kernel(&s, stage, Hopper::default()).expect("kernel");
+                assert!(!k.name.contains("_wg_"), "{k:?}");
+            }
         }
     }
 

@@ -171,6 +171,53 @@ pub(crate) fn lorentz_wg_fwd_tile(d: usize) -> Option<Tile> {
     }
 }
 
+/// `WgDqTile<D>`: the Hopper (wgmma) dQ kernel, 128 resident queries (64 per warpgroup: `bm · 2`
+/// threads) and 64 keys per streamed block, at D = 64 and 128, every score.
+pub(crate) fn wg_dq_tile(d: usize) -> Option<Tile> {
+    match d {
+        64 | 128 => Some(Tile {
+            bm: 128,
+            bn: 64,
+            da: d,
+        }),
+        _ => None,
+    }
+}
+
+/// `WgDkvTile<D>`: the Hopper (wgmma) dK/dV kernel, 128 resident keys (64 per warpgroup: `bn · 2`
+/// threads) and 64 queries per streamed block, at D = 64 and 128, every score; no column split.
+pub(crate) fn wg_dkdv_tile(d: usize) -> Option<Tile> {
+    match d {
+        64 | 128 => Some(Tile {
+            bm: 64,
+            bn: 128,
+            da: d,
+        }),
+        _ => None,
+    }
+}
+
+/// Dynamic shared memory of the Hopper dQ kernel: 1 KiB of alignment slack, Q and dO, three K and
+/// two V buffers (K of the previous block is still read by its dQ product while the next one lands),
+/// and 1/‖k‖ (hyperbolic: k0) and log γ for three key blocks.
+///
+/// ```text
+/// D = 128, bf16: 1024 + (2·128 + 5·64)·128·2 + 6·64·4 = 150 016 bytes
+/// ```
+pub(crate) fn wg_dq_smem(t: Tile, d: usize, elem: usize) -> usize {
+    1024 + (2 * t.bm + 5 * t.bn) * d * elem + 6 * t.bn * 4
+}
+
+/// Dynamic shared memory of the Hopper dK/dV kernel: 1 KiB of slack, K and V, two Q and two dO
+/// buffers, and LSE, δ, 1/‖q‖ (hyperbolic: q0) for two query blocks.
+///
+/// ```text
+/// D = 128, bf16: 1024 + (2·128 + 4·64)·128·2 + 6·64·4 = 133 632 bytes
+/// ```
+pub(crate) fn wg_dkdv_smem(t: Tile, d: usize, elem: usize) -> usize {
+    1024 + (2 * t.bn + 4 * t.bm) * d * elem + 6 * t.bm * 4
+}
+
 /// Tile experiments of the Hopper forward, `(D, bm, bn)`: bf16 softmax kernels
 /// `attn_softmax_fwd_wg{bm}x{bn}_bf16_d{D}`, chosen with `ATTN_CUDA_WG_TILE=BMxBN` for A/B timings.
 pub(crate) const WG_TILE_VARIANTS: [(usize, usize, usize); 4] =
@@ -274,6 +321,14 @@ mod tests {
             assert_eq!((d % 64, t.bn % 64, t.bm % 64), (0, 0, 0));
         }
         assert!(wg_fwd_tile(32).is_none() && wg_fwd_tile(256).is_none());
+        for d in [64, 128] {
+            let (q, kv) = (wg_dq_tile(d).expect("dQ"), wg_dkdv_tile(d).expect("dK/dV"));
+            assert!(wg_dq_smem(q, d, 2) <= 227 * 1024 && wg_dkdv_smem(kv, d, 2) <= 227 * 1024);
+            // 64 resident rows per warpgroup, sw128 column blocks 64 wide, whole k16 steps streamed.
+            assert_eq!((q.bm % 64, q.bn % 64, kv.bn % 64, kv.bm % 16), (0, 0, 0, 0));
+            assert_eq!(kv.da, d, "no column split");
+        }
+        assert!(wg_dq_tile(96).is_none() && wg_dkdv_tile(256).is_none());
         for (d, bm, bn) in WG_TILE_VARIANTS {
             let t = Tile { bm, bn, da: d };
             assert!(wg_fwd_smem(t, d, 2) <= 227 * 1024, "{t:?}");
@@ -287,6 +342,8 @@ mod tests {
         assert_eq!(wg_fwd_tile(128).map(|t| wg_fwd_smem(t, 128, 2)), Some(166_400));
         // D = 64: 1024 + (128 + 4·64)·64·2 + (2·64 + 128)·4; two blocks fit an SM's 228 KiB.
         assert_eq!(wg_fwd_tile(64).map(|t| wg_fwd_smem(t, 64, 2)), Some(51_200));
+        assert_eq!(wg_dq_tile(128).map(|t| wg_dq_smem(t, 128, 2)), Some(150_016));
+        assert_eq!(wg_dkdv_tile(128).map(|t| wg_dkdv_smem(t, 128, 2)), Some(133_632));
         assert_eq!(
             dkdv_tile(256),
             Some(Tile {
@@ -360,6 +417,21 @@ mod tests {
             ("WgFwdTile", wg_fwd_tile as fn(usize) -> Option<Tile>, tiles),
             ("LorentzWgFwdTile", lorentz_wg_fwd_tile, lorentz),
         ] {
+            for (d, fields) in tiles {
+                let expect = Tile {
+                    bm: field(&fields, "BM", 0),
+                    bn: field(&fields, "BN", 0),
+                    da: d,
+                };
+                assert_eq!(host(d), Some(expect), "{name}<{d}>");
+            }
+        }
+        for (name, host) in [
+            ("WgDqTile", wg_dq_tile as fn(usize) -> Option<Tile>),
+            ("WgDkvTile", wg_dkdv_tile),
+        ] {
+            let tiles = kernel_tiles(name);
+            assert_eq!(tiles.len(), 2, "{name}: D = 64 and 128");
             for (d, fields) in tiles {
                 let expect = Tile {
                     bm: field(&fields, "BM", 0),

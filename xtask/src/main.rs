@@ -44,8 +44,8 @@ const GPU_TEST_BINARIES: [&str; 6] = [
     "gpu_bench_taylor",
 ];
 
-/// The test binaries whose forward runs the Hopper (wgmma) kernels on an sm_90 GPU: run a second
-/// time with `ATTN_CUDA_WGMMA=0`, so the mma.sync forward stays tested on the H100 too.
+/// The test binaries whose flash kernels are the Hopper (wgmma) kernels on an sm_90 GPU: run a second
+/// time with `ATTN_CUDA_WGMMA=0`, so the mma.sync forward and backward stay tested on the H100 too.
 const FLASH_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_hyperbolic"];
 
 type Result<T> = std::result::Result<T, String>;
@@ -409,7 +409,7 @@ fn test_gpu(extra: &[String]) -> Result<()> {
     cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
     cmd.env("ATTN_REQUIRE_NVCC", "1");
     let cuda_tests = run(&mut cmd);
-    println!("xtask test-gpu: the flash tests again with the mma.sync forward (ATTN_CUDA_WGMMA=0)");
+    println!("xtask test-gpu: the flash tests again with the mma.sync kernels (ATTN_CUDA_WGMMA=0)");
     let mut cmd = Command::new(cargo());
     cmd.args(["test", "--release", "-p", "attn-cuda"]);
     for t in FLASH_TEST_BINARIES {
@@ -519,7 +519,7 @@ for bin in "$here"/bin/*; do
   summary="$summary$name${SANITIZE:+ [$SANITIZE]}: rc=$rc $line"$'\n'
   [ $rc -ne 0 ] && status=1
 done
-# On an sm_90 GPU the forward above ran the Hopper (wgmma) kernels; once more with the mma.sync ones.
+# On an sm_90 GPU the flash kernels above were the Hopper (wgmma) ones; once more with the mma.sync ones.
 for name in gpu_softmax_like gpu_hyperbolic; do
   [ -x "$here/bin/$name" ] || continue
   out="$(ATTN_CUDA_WGMMA=0 "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"

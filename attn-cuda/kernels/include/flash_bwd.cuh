@@ -43,6 +43,227 @@ __device__ __forceinline__ float lse_log2(const AttnParams& p, const SeqInfo& si
     return lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e;
 }
 
+// Per-row state of a query tile (dQ kernels): row index, allowed key range, LSE (log2 units, less a
+// hyperbolic score's constant), δ, and rq = 1/‖q‖ (cosine) or q0 (hyperbolic), cq = scale·log2 e·rq.
+template <class Score, int D, int MT>
+__device__ __forceinline__ void bwd_q_rows(const AttnParams& p, const SeqInfo& si, int h, int i0, int wrow, int g,
+                                           bool norms, int (&row)[MT][2], int (&lo)[MT][2], int (&hi)[MT][2],
+                                           float (&lse2)[MT][2], float (&delta)[MT][2], float (&rq)[MT][2],
+                                           float (&cq)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = i0 + wrow + mt * 16 + g + 8 * r;
+            const bool valid = i < si.len_q;
+            row[mt][r] = i;
+            lo[mt][r] = valid ? si.key_lo(p, i) : 0;
+            hi[mt][r] = valid ? si.key_hi(p, i) : 0;
+            lse2[mt][r] = lse_log2(p, si, h, i);
+            delta[mt][r] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
+            rq[mt][r] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
+            cq[mt][r] = p.scale * kLog2e * rq[mt][r];
+            if constexpr (Score::kLorentz) {  // rq: q0; LSE less the score's constant
+                rq[mt][r] = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
+                lse2[mt][r] -= p.hyp_lse * kLog2e;
+            }
+        }
+}
+
+// Per-key state of a key tile (dK/dV kernels): key index, rk = 1/‖k‖ (cosine) or k0 (hyperbolic),
+// log γ_j (Einstein midpoint), and the hyperbolic row sums zeroed.
+template <class Score, int D, int MT>
+__device__ __forceinline__ void bwd_k_rows(const AttnParams& p, const SeqInfo& si, int hk, int j0, int g, bool norms,
+                                           bool midpoint, int (&key)[MT][2], float (&rk)[MT][2], float (&lg)[MT][2],
+                                           float (&bsum)[MT][2], float (&csum)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            key[mt][r] = j0 + mt * 16 + g + 8 * r;
+            rk[mt][r] = norms && key[mt][r] < si.len_k ? p.rk[si.dk_off(p, key[mt][r], hk) / D] : 1.f;
+            lg[mt][r] = bsum[mt][r] = csum[mt][r] = 0.f;
+            if constexpr (Score::kLorentz) {  // rk: k0
+                const bool valid = key[mt][r] < si.len_k;
+                const long long at = si.key_index(p, hk, key[mt][r]);
+                rk[mt][r] = valid ? p.x0k[at] : 1.f;
+                if (midpoint && valid) lg[mt][r] = p.lgk[at];
+            }
+        }
+}
+
+// dQ kernels, one key block at j0 (`full`: no element of the tile is masked): s holds S = QKᵀ, dp
+// holds dP = dO Vᵀ; on return s holds dS' (P = exp(s − LSE), dS = P ∘ (dP − δ), times the softcap's
+// tanh' and, for cosine-sim, the key's reciprocal norm). Hyperbolic scores: lorentz_dq_tile. Fast path
+// (no mask, bias, softcap or bias gradient in the tile): one FMA and one exp2 per element. sRk, sK0,
+// sLg: the block's 1/‖k‖, k0 and log γ in shared memory.
+template <typename T, class Score, int MT, int NT>
+__device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
+                                            bool norms, float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
+                                            float (&a)[MT][2], const float (&rq)[MT][2], const float (&cq)[MT][2],
+                                            const float (&lse2)[MT][2], const float (&delta)[MT][2],
+                                            const int (&row)[MT][2], const int (&lo)[MT][2], const int (&hi)[MT][2],
+                                            const float* sRk, const float* sK0, const float* sLg, int t4) {
+    const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+    if constexpr (Score::kLorentz) {
+        if (p.midpoint)
+            lorentz_dq_tile<Score, true, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg,
+                                            t4);
+        else
+            lorentz_dq_tile<Score, false, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg,
+                                             t4);
+    } else if (fast) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const float rk = norms ? sRk[nt * 8 + 2 * t4 + (e & 1)] : 1.f;
+                    const float pr = exp2_fast(fmaf(s[mt][nt][e] * rk, cq[mt][r], -lse2[mt][r]));
+                    s[mt][nt][e] = pr * (dp[mt][nt][e] - delta[mt][r]) * rk;
+                }
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const int cl = nt * 8 + 2 * t4 + (e & 1);
+                    const int col = j0 + cl;
+                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                    const float rk = norms ? sRk[cl] : 1.f;
+                    float dtanh;
+                    float x = score<Score>(p, s[mt][nt][e], rq[mt][r], rk, dtanh);
+                    if (allowed && p.bias != nullptr)
+                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
+                    const float pr = allowed ? exp2_fast(x * kLog2e - lse2[mt][r]) : 0.f;
+                    const float ds = pr * (dp[mt][nt][e] - delta[mt][r]);
+                    if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
+                    s[mt][nt][e] = ds * dtanh * rk;
+                }
+    }
+}
+
+// dK/dV kernels, one streamed query block of 8·QT queries at i0 (query head h): st holds Sᵀ = K Qᵀ,
+// dpt holds dPᵀ = V dOᵀ (rows: this thread's keys); on return st holds Pᵀ and dpt holds dS'ᵀ.
+// Hyperbolic scores: lorentz_dkdv_tile. sRq, sLse, sDelta: the query block's 1/‖q‖ (hyperbolic: q0),
+// LSE (log2 units) and δ in shared memory.
+template <typename T, class Score, int MT, int QT>
+__device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInfo& si, int h, int i0, bool full,
+                                               bool norms, float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
+                                               float (&bsum)[MT][2], float (&csum)[MT][2], const float (&rk)[MT][2],
+                                               const float (&lg)[MT][2], const int (&key)[MT][2], const float* sRq,
+                                               const float* sLse, const float* sDelta, int t4) {
+    const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+    if constexpr (Score::kLorentz) {
+        if (p.midpoint)
+            lorentz_dkdv_tile<Score, true, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse,
+                                              sDelta, t4);
+        else
+            lorentz_dkdv_tile<Score, false, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse,
+                                               sDelta, t4);
+    } else if (fast) {
+        const float c0 = p.scale * kLog2e;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int qt = 0; qt < QT; ++qt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int cl = qt * 8 + 2 * t4 + (e & 1);
+                    const float rqi = sRq[cl];
+                    const float f = norms ? c0 * rqi * rk[mt][e / 2] : c0;
+                    const float pr = exp2_fast(fmaf(st[mt][qt][e], f, -sLse[cl]));
+                    const float ds = pr * (dpt[mt][qt][e] - sDelta[cl]);
+                    st[mt][qt][e] = pr;
+                    dpt[mt][qt][e] = norms ? ds * rqi : ds;
+                }
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int qt = 0; qt < QT; ++qt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const int cl = qt * 8 + 2 * t4 + (e & 1);
+                    const int i = i0 + cl;
+                    const int j = key[mt][r];
+                    const bool allowed =
+                        full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
+                    const float rqi = sRq[cl];
+                    float dtanh;
+                    float x = score<Score>(p, st[mt][qt][e], rqi, rk[mt][r], dtanh);
+                    if (allowed && p.bias != nullptr)
+                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
+                    const float pr = allowed ? exp2_fast(x * kLog2e - sLse[cl]) : 0.f;
+                    const float ds = pr * (dpt[mt][qt][e] - sDelta[cl]);
+                    st[mt][qt][e] = pr;
+                    dpt[mt][qt][e] = ds * dtanh * rqi;
+                }
+    }
+}
+
+// dq = scale · acc for this thread's rows (cosine-sim: dq̂ in f32, projected through the l2-norm by a
+// row kernel).
+template <typename T, int MT, int DT>
+__device__ __forceinline__ void dq_store(const AttnParams& p, const SeqInfo& si, int h, const float (&acc)[MT][DT][4],
+                                         const int (&row)[MT][2], bool norms, int t4) {
+    using V2 = typename Vec2<T>::type;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (row[mt][r] >= si.len_q) continue;
+            const long long off = si.dq_off(p, row[mt][r], h);
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                const float x0 = acc[mt][dt][2 * r] * p.scale, x1 = acc[mt][dt][2 * r + 1] * p.scale;
+                const int col = dt * 8 + 2 * t4;
+                if (norms) {
+                    *reinterpret_cast<float2*>(p.dq_acc + off + col) = make_float2(x0, x1);
+                } else {
+                    const uint32_t packed = pack2<T>(x0, x1);
+                    *reinterpret_cast<V2*>(static_cast<T*>(p.dq) + off + col) = *reinterpret_cast<const V2*>(&packed);
+                }
+            }
+        }
+}
+
+// dv = acc_dv, dk = scale · acc_dk for columns [d0, d0 + 8·AT) of this thread's keys (cosine-sim: dk̂
+// in f32, projected by a row kernel). Padded keys (rows dk holds past len_k) get the zeros they hold.
+template <typename T, int MT, int AT>
+__device__ __forceinline__ void dkdv_store(const AttnParams& p, const SeqInfo& si, int hk, int d0,
+                                           const float (&acc_dk)[MT][AT][4], const float (&acc_dv)[MT][AT][4],
+                                           const int (&key)[MT][2], bool norms, int t4) {
+    using V2 = typename Vec2<T>::type;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (key[mt][r] >= si.key_rows(p)) continue;
+            const long long offk = si.dk_off(p, key[mt][r], hk) + d0;
+            const long long offv = si.dv_off(p, key[mt][r], hk) + d0;
+#pragma unroll
+            for (int at = 0; at < AT; ++at) {
+                const int col = at * 8 + 2 * t4;
+                const uint32_t pv = pack2<T>(acc_dv[mt][at][2 * r], acc_dv[mt][at][2 * r + 1]);
+                *reinterpret_cast<V2*>(static_cast<T*>(p.dv) + offv + col) = *reinterpret_cast<const V2*>(&pv);
+                const float x0 = acc_dk[mt][at][2 * r] * p.scale, x1 = acc_dk[mt][at][2 * r + 1] * p.scale;
+                if (norms) {
+                    *reinterpret_cast<float2*>(p.dk_acc + offk + col) = make_float2(x0, x1);
+                } else {
+                    const uint32_t pk = pack2<T>(x0, x1);
+                    *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
+                }
+            }
+        }
+}
+
 template <typename T, int D, class Score>
 __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     using Tile = DqTileOf<Score, D>;
@@ -102,24 +323,7 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     const int wrow = warp * 16 * MT;
     int row[MT][2], lo[MT][2], hi[MT][2];
     float lse2[MT][2], delta[MT][2], rq[MT][2], cq[MT][2];  // cq: scale·log2 e·rq (fast path)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int i = i0 + wrow + mt * 16 + g + 8 * r;
-            const bool valid = i < si.len_q;
-            row[mt][r] = i;
-            lo[mt][r] = valid ? si.key_lo(p, i) : 0;
-            hi[mt][r] = valid ? si.key_hi(p, i) : 0;
-            lse2[mt][r] = lse_log2(p, si, h, i);
-            delta[mt][r] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
-            rq[mt][r] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
-            cq[mt][r] = p.scale * kLog2e * rq[mt][r];
-            if constexpr (kHyp) {  // rq: q0; LSE less the score's constant
-                rq[mt][r] = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
-                lse2[mt][r] -= p.hyp_lse * kLog2e;
-            }
-        }
+    bwd_q_rows<Score, D, MT>(p, si, h, i0, wrow, g, norms, row, lo, hi, lse2, delta, rq, cq);
     float acc_dq[MT][DT][4];
     float a[MT][2];  // hyperbolic: Σ_j w_ij k0_j, thread-partial
 #pragma unroll
@@ -167,52 +371,9 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
             }
         }
 
-        // P = exp(s − LSE), dS = P ∘ (dP − δ), dS' into s. Fast path (no mask, bias, softcap or
-        // bias gradient in this tile): one FMA and one exp2 per element.
         const int j0 = n * BN;
-        const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
-        const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-        if constexpr (kHyp) {
-            if (midpoint)
-                lorentz_dq_tile<Score, true, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi,
-                                                sK0 + buf * BN, sLg + buf * BN, t4);
-            else
-                lorentz_dq_tile<Score, false, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi,
-                                                 sK0 + buf * BN, sLg + buf * BN, t4);
-        } else if (fast) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = e / 2;
-                        const float rk = norms ? sRk[buf * BN + nt * 8 + 2 * t4 + (e & 1)] : 1.f;
-                        const float pr = exp2_fast(fmaf(s[mt][nt][e] * rk, cq[mt][r], -lse2[mt][r]));
-                        s[mt][nt][e] = pr * (dp[mt][nt][e] - delta[mt][r]) * rk;
-                    }
-        } else {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = e / 2;
-                        const int cl = nt * 8 + 2 * t4 + (e & 1);
-                        const int col = j0 + cl;
-                        const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
-                        const float rk = norms ? sRk[buf * BN + cl] : 1.f;
-                        float dtanh;
-                        float x = score<Score>(p, s[mt][nt][e], rq[mt][r], rk, dtanh);
-                        if (allowed && p.bias != nullptr)
-                            x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
-                        const float pr = allowed ? exp2_fast(x * kLog2e - lse2[mt][r]) : 0.f;
-                        const float ds = pr * (dp[mt][nt][e] - delta[mt][r]);
-                        if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
-                        s[mt][nt][e] = ds * dtanh * rk;
-                    }
-        }
+        dq_block_ds<T, Score, MT, NT>(p, si, h, j0, si.tile_full(p, i0, i0 + BM, j0, j0 + BN), norms, s, dp, a, rq, cq,
+                                      lse2, delta, row, lo, hi, sRk + buf * BN, sK0 + buf * BN, sLg + buf * BN, t4);
 
         // dQ += dS' K   [16·MT, D] per warp
 #pragma unroll
@@ -235,30 +396,11 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     }
     cp_async_wait<0>();
 
-    // dq = scale · acc (cosine: dq̂ in f32, projected through the l2-norm by a row kernel)
-    if constexpr (kHyp) {
-        lorentz_dq_epilogue<T, MT, DT>(p, si, h, acc_dq, a, rq, row, sQ, ld, wrow, lane);
-    } else {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                if (row[mt][r] >= si.len_q) continue;
-                const long long off = si.dq_off(p, row[mt][r], h);
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt) {
-                    const float x0 = acc_dq[mt][dt][2 * r] * p.scale, x1 = acc_dq[mt][dt][2 * r + 1] * p.scale;
-                    const int col = dt * 8 + 2 * t4;
-                    if (norms) {
-                        *reinterpret_cast<float2*>(p.dq_acc + off + col) = make_float2(x0, x1);
-                    } else {
-                        using V2 = typename Vec2<T>::type;
-                        const uint32_t packed = pack2<T>(x0, x1);
-                        *reinterpret_cast<V2*>(static_cast<T*>(p.dq) + off + col) = *reinterpret_cast<const V2*>(&packed);
-                    }
-                }
-            }
-    }
+    if constexpr (kHyp)
+        lorentz_dq_epilogue<T, MT, DT>(p, si, h, acc_dq, a, rq, row, [&](int r, int c) { return to_f32(sQ[r * ld + c]); },
+                                       wrow, lane);
+    else
+        dq_store<T, MT, DT>(p, si, h, acc_dq, row, norms, t4);
 }
 
 template <typename T, int D, class Score>
@@ -328,20 +470,7 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     int key[MT][2];
     float rk[MT][2];
     float lg[MT][2], bsum[MT][2], csum[MT][2];  // hyperbolic: log γ_j, Σ_i w_ij q0_i, Σ_i dS_ij
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            key[mt][r] = j0 + wrow + mt * 16 + g + 8 * r;
-            rk[mt][r] = norms && key[mt][r] < si.len_k ? p.rk[si.dk_off(p, key[mt][r], hk) / D] : 1.f;
-            lg[mt][r] = bsum[mt][r] = csum[mt][r] = 0.f;
-            if constexpr (kHyp) {  // rk: k0
-                const bool valid = key[mt][r] < si.len_k;
-                const long long at = si.key_index(p, hk, key[mt][r]);
-                rk[mt][r] = valid ? p.x0k[at] : 1.f;
-                if (midpoint && valid) lg[mt][r] = p.lgk[at];
-            }
-        }
+    bwd_k_rows<Score, D, MT>(p, si, hk, j0 + wrow, g, norms, midpoint, key, rk, lg, bsum, csum);
     float acc_dk[MT][AT][4], acc_dv[MT][AT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -390,57 +519,8 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
             }
         }
 
-        // Pᵀ into st, dS'ᵀ into dpt (fast path: one FMA and one exp2 per element)
-        const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
-        const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-        if constexpr (kHyp) {
-            const float* q0b = sRq + buf * BM;
-            if (midpoint)
-                lorentz_dkdv_tile<Score, true, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, q0b,
-                                                  sLse + buf * BM, sDelta + buf * BM, t4);
-            else
-                lorentz_dkdv_tile<Score, false, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, q0b,
-                                                   sLse + buf * BM, sDelta + buf * BM, t4);
-        } else if (fast) {
-            const float c0 = p.scale * kLog2e;
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int qt = 0; qt < QT; ++qt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int cl = qt * 8 + 2 * t4 + (e & 1);
-                        const float rqi = sRq[buf * BM + cl];
-                        const float f = norms ? c0 * rqi * rk[mt][e / 2] : c0;
-                        const float pr = exp2_fast(fmaf(st[mt][qt][e], f, -sLse[buf * BM + cl]));
-                        const float ds = pr * (dpt[mt][qt][e] - sDelta[buf * BM + cl]);
-                        st[mt][qt][e] = pr;
-                        dpt[mt][qt][e] = norms ? ds * rqi : ds;
-                    }
-        } else {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int qt = 0; qt < QT; ++qt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = e / 2;
-                        const int cl = qt * 8 + 2 * t4 + (e & 1);
-                        const int i = i0 + cl;
-                        const int j = key[mt][r];
-                        const bool allowed =
-                            full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
-                        const float rqi = sRq[buf * BM + cl];
-                        float dtanh;
-                        float x = score<Score>(p, st[mt][qt][e], rqi, rk[mt][r], dtanh);
-                        if (allowed && p.bias != nullptr)
-                            x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
-                        const float pr = allowed ? exp2_fast(x * kLog2e - sLse[buf * BM + cl]) : 0.f;
-                        const float ds = pr * (dpt[mt][qt][e] - sDelta[buf * BM + cl]);
-                        st[mt][qt][e] = pr;
-                        dpt[mt][qt][e] = ds * dtanh * rqi;
-                    }
-        }
+        dkdv_block_pds<T, Score, MT, QT>(p, si, h, i0, si.tile_full(p, i0, i0 + BM, j0, j0 + BN), norms, st, dpt, bsum,
+                                         csum, rk, lg, key, sRq + buf * BM, sLse + buf * BM, sDelta + buf * BM, t4);
 
         // dV += Pᵀ dO and dK += dS'ᵀ Q   [16·MT keys, DA] per warp
 #pragma unroll
@@ -469,34 +549,12 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     }
     cp_async_wait<0>();
 
-    // dv = acc_dv, dk = scale · acc_dk (cosine: dk̂ in f32, projected by a row kernel)
-    if constexpr (kHyp) {
-        lorentz_dkdv_epilogue<T, MT, AT>(p, si, hk, d0, acc_dk, acc_dv, bsum, csum, rk, key, sK, sV, ld, wrow, lane,
-                                         midpoint);
-    } else {
-        using V2 = typename Vec2<T>::type;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                if (key[mt][r] >= si.key_rows(p)) continue;
-                const long long offk = si.dk_off(p, key[mt][r], hk) + d0;
-                const long long offv = si.dv_off(p, key[mt][r], hk) + d0;
-#pragma unroll
-                for (int at = 0; at < AT; ++at) {
-                    const int col = at * 8 + 2 * t4;
-                    const uint32_t pv = pack2<T>(acc_dv[mt][at][2 * r], acc_dv[mt][at][2 * r + 1]);
-                    *reinterpret_cast<V2*>(static_cast<T*>(p.dv) + offv + col) = *reinterpret_cast<const V2*>(&pv);
-                    const float x0 = acc_dk[mt][at][2 * r] * p.scale, x1 = acc_dk[mt][at][2 * r + 1] * p.scale;
-                    if (norms) {
-                        *reinterpret_cast<float2*>(p.dk_acc + offk + col) = make_float2(x0, x1);
-                    } else {
-                        const uint32_t pk = pack2<T>(x0, x1);
-                        *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
-                    }
-                }
-            }
-    }
+    if constexpr (kHyp)
+        lorentz_dkdv_epilogue<T, MT, AT>(
+            p, si, hk, d0, acc_dk, acc_dv, bsum, csum, rk, key, [&](int r, int c) { return to_f32(sK[r * ld + c]); },
+            [&](int r, int c) { return to_f32(sV[r * ld + c]); }, wrow, lane, midpoint);
+    else
+        dkdv_store<T, MT, AT>(p, si, hk, d0, acc_dk, acc_dv, key, norms, t4);
 }
 
 }  // namespace attn

@@ -158,12 +158,13 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
     }
 }
 
-// dQ epilogue: dq_i = hyp_grad·(acc_i − (a_i/q0_i)·q_i), q_i read from the resident Q tile.
-template <typename T, int MT, int DT>
+// dQ epilogue: dq_i = hyp_grad·(acc_i − (a_i/q0_i)·q_i), q_i read from the resident Q tile: q_at(r, c)
+// is element c of the tile's row r as f32 (the tile's layout is the kernel's).
+template <typename T, int MT, int DT, class QAt>
 __device__ __forceinline__ void lorentz_dq_epilogue(const AttnParams& p, const SeqInfo& si, int h,
                                                     const float (&acc)[MT][DT][4], const float (&a)[MT][2],
-                                                    const float (&q0)[MT][2], const int (&row)[MT][2], const T* sQ,
-                                                    int ld, int wrow, int lane) {
+                                                    const float (&q0)[MT][2], const int (&row)[MT][2], const QAt& q_at,
+                                                    int wrow, int lane) {
     using V2 = typename Vec2<T>::type;
     const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
@@ -173,13 +174,13 @@ __device__ __forceinline__ void lorentz_dq_epilogue(const AttnParams& p, const S
             const float ai = quad_sum(a[mt][r]);  // every lane of the quad takes part
             if (row[mt][r] >= si.len_q) continue;
             const float ratio = ai / q0[mt][r];
-            const T* qrow = sQ + (wrow + mt * 16 + g + 8 * r) * ld;
+            const int tr = wrow + mt * 16 + g + 8 * r;
             T* dq = static_cast<T*>(p.dq) + si.dq_off(p, row[mt][r], h);
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
                 const int col = dt * 8 + 2 * t4;
-                const float x0 = p.hyp_grad * fmaf(-ratio, to_f32(qrow[col]), acc[mt][dt][2 * r]);
-                const float x1 = p.hyp_grad * fmaf(-ratio, to_f32(qrow[col + 1]), acc[mt][dt][2 * r + 1]);
+                const float x0 = p.hyp_grad * fmaf(-ratio, q_at(tr, col), acc[mt][dt][2 * r]);
+                const float x1 = p.hyp_grad * fmaf(-ratio, q_at(tr, col + 1), acc[mt][dt][2 * r + 1]);
                 const uint32_t packed = pack2<T>(x0, x1);
                 *reinterpret_cast<V2*>(dq + col) = *reinterpret_cast<const V2*>(&packed);
             }
@@ -187,14 +188,15 @@ __device__ __forceinline__ void lorentz_dq_epilogue(const AttnParams& p, const S
 }
 
 // dK/dV epilogue for columns [d0, d0 + 8·AT): dk_j = hyp_grad·(acc_dk − (b_j/k0_j)·k_j) and
-// dv_j = acc_dv + (Σ_i dS_ij)·c γ_j²·v_j (Einstein midpoint), k_j and v_j read from the resident tiles.
-// Padded keys (j ≥ len_k, rows dk and dv still hold) get zeros.
-template <typename T, int MT, int AT>
+// dv_j = acc_dv + (Σ_i dS_ij)·c γ_j²·v_j (Einstein midpoint), k_j and v_j read from the resident tiles
+// through k_at(r, c) and v_at(r, c) (row r, column c of the tile, as f32). Padded keys (j ≥ len_k, rows
+// dk and dv still hold) get zeros.
+template <typename T, int MT, int AT, class KAt, class VAt>
 __device__ __forceinline__ void lorentz_dkdv_epilogue(const AttnParams& p, const SeqInfo& si, int hk, int d0,
                                                       const float (&acc_dk)[MT][AT][4],
                                                       const float (&acc_dv)[MT][AT][4], const float (&bsum)[MT][2],
                                                       const float (&csum)[MT][2], const float (&k0)[MT][2],
-                                                      const int (&key)[MT][2], const T* sK, const T* sV, int ld,
+                                                      const int (&key)[MT][2], const KAt& k_at, const VAt& v_at,
                                                       int wrow, int lane, bool midpoint) {
     using V2 = typename Vec2<T>::type;
     const int g = lane / 4, t4 = lane % 4;
@@ -209,17 +211,16 @@ __device__ __forceinline__ void lorentz_dkdv_epilogue(const AttnParams& p, const
             const bool valid = j < si.len_k;
             const float ratio = valid ? bj / k0[mt][r] : 0.f;
             const float mid = midpoint && valid ? cj * p.dgk[si.key_index(p, hk, j)] : 0.f;
-            const T* krow = sK + (wrow + mt * 16 + g + 8 * r) * ld + d0;
-            const T* vrow = sV + (wrow + mt * 16 + g + 8 * r) * ld + d0;
+            const int tr = wrow + mt * 16 + g + 8 * r;
             T* dk = static_cast<T*>(p.dk) + si.dk_off(p, j, hk) + d0;
             T* dv = static_cast<T*>(p.dv) + si.dv_off(p, j, hk) + d0;
 #pragma unroll
             for (int at = 0; at < AT; ++at) {
                 const int col = at * 8 + 2 * t4;
-                const uint32_t pk = pack2<T>(p.hyp_grad * fmaf(-ratio, to_f32(krow[col]), acc_dk[mt][at][2 * r]),
-                                             p.hyp_grad * fmaf(-ratio, to_f32(krow[col + 1]), acc_dk[mt][at][2 * r + 1]));
-                const uint32_t pv = pack2<T>(fmaf(mid, to_f32(vrow[col]), acc_dv[mt][at][2 * r]),
-                                             fmaf(mid, to_f32(vrow[col + 1]), acc_dv[mt][at][2 * r + 1]));
+                const uint32_t pk = pack2<T>(p.hyp_grad * fmaf(-ratio, k_at(tr, d0 + col), acc_dk[mt][at][2 * r]),
+                                             p.hyp_grad * fmaf(-ratio, k_at(tr, d0 + col + 1), acc_dk[mt][at][2 * r + 1]));
+                const uint32_t pv = pack2<T>(fmaf(mid, v_at(tr, d0 + col), acc_dv[mt][at][2 * r]),
+                                             fmaf(mid, v_at(tr, d0 + col + 1), acc_dv[mt][at][2 * r + 1]));
                 *reinterpret_cast<V2*>(dk + col) = *reinterpret_cast<const V2*>(&pk);
                 *reinterpret_cast<V2*>(dv + col) = *reinterpret_cast<const V2*>(&pv);
             }

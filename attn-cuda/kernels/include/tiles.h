@@ -61,6 +61,16 @@ template <> struct WgFwdTile<128> { static constexpr int BM = 128, BN = 128, MIN
 template <int D> struct LorentzWgFwdTile : WgFwdTile<D> {};
 template <> struct LorentzWgFwdTile<64> { static constexpr int BM = 128, BN = 128, MIN_BLOCKS = 1; };
 
+// Hopper backward (flash_bwd_wg.cuh, sm_90a), one block per SM (ptxas: 206–255 registers; two blocks
+// would spill hundreds of bytes). dQ: BM resident queries (64 per warpgroup), BN keys per streamed
+// block. dK/dV: BN resident keys (64 per warpgroup), BM queries per streamed block. Every score.
+template <int D> struct WgDqTile;
+template <> struct WgDqTile<64> { static constexpr int BM = 128, BN = 64; };
+template <> struct WgDqTile<128> { static constexpr int BM = 128, BN = 64; };
+template <int D> struct WgDkvTile;
+template <> struct WgDkvTile<64> { static constexpr int BN = 128, BM = 64; };
+template <> struct WgDkvTile<128> { static constexpr int BN = 128, BM = 64; };
+
 // The tile of a score: the skeleton's, or the hyperbolic one.
 template <class Score, int D> using FwdTileOf = std::conditional_t<Score::kLorentz, LorentzFwdTile<D>, FwdTile<D>>;
 template <class Score, int D> using DqTileOf = std::conditional_t<Score::kLorentz, LorentzDqTile<D>, DqTile<D>>;

@@ -1,0 +1,311 @@
+// Backward pass of the flash skeleton on Hopper (sm_90a): the two deterministic kernels of
+// flash_bwd.cuh (dQ; dK and dV) with warpgroup MMAs (wgmma) instead of mma.sync. Same math, same
+// per-element code (dq_block_ds, dkdv_block_pds), same epilogues; only the products and the shared
+// tiles differ (the sw128 layout of wgmma.h, loaded by cp.async).
+//
+// dQ: one block = BM / 64 warpgroups = one (batch b, query head h, query tile of BM rows); Q and dO
+// stay in shared memory, K and V blocks of BN keys stream. Per key block j:
+//   issue S_j = Q K_jᵀ and dP_j = dO V_jᵀ (both operands from shared memory), then
+//   dQ += dS'_{j−1} K_{j−1} (dS' from registers, K MN-major: the descriptor transposes it);
+//   wait for S_j, dP_j; dS'_j in registers (overlaps the dQ product on the tensor cores);
+//   wait for the dQ product; dS'_j → A fragments; barrier; cp.async K_{j+2}, V_{j+2}.
+// K_{j−1} is still read while K_{j+1} lands, so K takes three buffers, V two. Load groups: 0 = {Q,
+// dO, K_0, V_0}, 1 = {K_1, V_1}, j + 2 = {K_{j+2}, V_{j+2}} (committed at the end of block j), so at
+// the top of block j every group up to j has landed after cp.async.wait_group 1.
+//
+// dK/dV: one block = BN / 64 warpgroups = one (batch b, kv head, key tile of BN keys); K and V stay,
+// blocks of BM queries (every query head of the GQA group, every query tile that sees these keys)
+// stream through two buffers. Per query block: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared × shared), Pᵀ and
+// dS'ᵀ in registers, then dV += Pᵀ dO and dK += dS'ᵀ Q (registers × shared, dO and Q MN-major).
+#pragma once
+#include "flash_bwd.cuh"
+#include "flash_fwd_wg.cuh"
+
+namespace attn {
+
+template <typename T, int D, class Score, int BM, int BN>
+__device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int MT = 1;
+    constexpr int kWgThreads = BM * 2;
+    constexpr int NT = BN / 8, DT = D / 8;
+    static_assert(BM % 64 == 0 && BN % 64 == 0, "64 rows per warpgroup, whole sw128 row groups");
+
+    extern __shared__ __align__(1024) unsigned char smem_wg[];
+    unsigned char* base = smem_wg + ((1024u - (smem_addr(smem_wg) & 1023u)) & 1023u);
+    T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
+    T* sdO = sQ + BM * D;                // [BM × D] sw128
+    T* sK = sdO + BM * D;                // [3][BN × D] sw128
+    T* sV = sK + 3 * BN * D;             // [2][BN × D] sw128
+    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * D);  // [3][BN] cosine: 1/‖k‖
+    float* sK0 = sRk;                                         // [3][BN] hyperbolic: k0
+    float* sLg = sRk + 3 * BN;                                // [3][BN] hyperbolic midpoint: log γ_j
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    const int b = blockIdx.z, h = blockIdx.y;
+    const SeqInfo si(p, b);
+    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int i0 = m_block * BM;
+    if (i0 >= si.len_q) return;
+    const int hk = h / p.group;
+    int n_first, n_count;
+    key_blocks<BN>(p, si, i0, BM, n_first, n_count);
+    const bool norms = Score::kNorms && p.l2norm;
+    const bool midpoint = Score::kLorentz && p.midpoint;
+
+    const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
+    const T* d_o = static_cast<const T*>(p.d_o) + si.o_off(p, 0, h);
+    const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
+    const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
+    auto load_kv = [&](int it) {
+        const int kb = it % 3, n = n_first + it;
+        load_tile_sw128<T, BN, D, kWgThreads>(sK + kb * BN * D, k, p.k_seq, n * BN, si.len_k, tid);
+        load_tile_sw128<T, BN, D, kWgThreads>(sV + (it & 1) * BN * D, v, p.v_seq, n * BN, si.len_k, tid);
+        if constexpr (Score::kLorentz) load_key_cols<BN>(p, si, hk, n, sK0 + kb * BN, sLg + kb * BN, midpoint, tid);
+        if (norms && tid < BN) {
+            const int j = n * BN + tid;
+            const bool valid = j < si.len_k;
+            cp_async_4(sRk + kb * BN + tid, p.rk + (valid ? si.dk_off(p, j, hk) / D : 0), valid);
+        }
+    };
+    load_tile_sw128<T, BM, D, kWgThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
+    load_tile_sw128<T, BM, D, kWgThreads>(sdO, d_o, p.o_seq, i0, si.len_q, tid);
+    if (n_count > 0) load_kv(0);
+    cp_async_commit();
+    if (n_count > 1) load_kv(1);
+    cp_async_commit();
+
+    const int g = lane / 4, t4 = lane % 4;
+    const int wrow = warp * 16;
+    int row[MT][2], lo[MT][2], hi[MT][2];
+    float lse2[MT][2], delta[MT][2], rq[MT][2], cq[MT][2];
+    bwd_q_rows<Score, D, MT>(p, si, h, i0, wrow, g, norms, row, lo, hi, lse2, delta, rq, cq);
+    float acc_dq[MT][DT][4];
+    float a[MT][2] = {{0.f, 0.f}};  // hyperbolic: Σ_j w_ij k0_j, thread-partial
+    zero(acc_dq[0]);
+
+    // Descriptors. A (K-major): Q, dO rows of this warpgroup. B K-major: K_j, V_j (n = keys). B MN-major
+    // for dQ += dS' K: K_j with k = keys (16 rows = 2048 bytes per k16 step), n = D.
+    const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128, do_addr = smem_addr(sdO) + wg * 64 * 128;
+    const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+    constexpr uint32_t kTile = BN * D * 2;
+    auto a_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
+    auto b_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024); };
+    auto kn_desc = [&](int kb, int kk) { return sw128_desc(k_addr + kb * kTile + kk * 2048, BN * 128, 1024); };
+
+    uint32_t ads[BN / 16][4];  // dS' of the previous key block as A fragments
+    for (int it = 0; it < n_count; ++it) {
+        const int n = n_first + it, kb = it % 3, vb = it & 1;
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+
+        float s[MT][NT][4], dp[MT][NT][4];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) Wgmma<T, BN>::ss(s[0], a_desc(q_addr, kk), b_desc(k_addr + kb * kTile, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            Wgmma<T, BN>::ss(dp[0], a_desc(do_addr, kk), b_desc(v_addr + vb * kTile, kk), kk > 0);
+        wg_commit();
+        if (it > 0) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_dq[0], ads[kk], kn_desc((it + 2) % 3, kk), 1);
+            wg_commit();
+            wg_wait<1>();
+        } else {
+            wg_wait<0>();
+        }
+        fence_regs<NT>(s[0]);
+        fence_regs<NT>(dp[0]);
+
+        const int j0 = n * BN;
+        dq_block_ds<T, Score, MT, NT>(p, si, h, j0, si.tile_full(p, i0, i0 + BM, j0, j0 + BN), norms, s, dp, a, rq, cq,
+                                      lse2, delta, row, lo, hi, sRk + kb * BN, sK0 + kb * BN, sLg + kb * BN, t4);
+        wg_wait<0>();
+        fence_regs<DT>(acc_dq[0]);
+        fence_regs<BN / 16>(ads);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(ads[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+
+        __syncthreads();  // every warp is done with K_{j−1} and V_j: refill their buffers
+        if (it + 2 < n_count) load_kv(it + 2);
+        cp_async_commit();
+    }
+    if (n_count > 0) {  // the last block's dQ product
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_dq[0], ads[kk], kn_desc((n_count - 1) % 3, kk), 1);
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<DT>(acc_dq[0]);
+        fence_regs<BN / 16>(ads);
+    }
+    cp_async_wait<0>();
+
+    if constexpr (Score::kLorentz)
+        lorentz_dq_epilogue<T, MT, DT>(
+            p, si, h, acc_dq, a, rq, row,
+            [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BM>(r, c))); }, wrow, lane);
+    else
+        dq_store<T, MT, DT>(p, si, h, acc_dq, row, norms, t4);
+#else
+    __trap();  // launched only on compute capability 9.0 (host dispatch)
+#endif
+}
+
+template <typename T, int D, class Score, int BN, int BM>
+__device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int MT = 1;
+    constexpr int kWgThreads = BN * 2;
+    constexpr int QT = BM / 8, AT = D / 8;
+    static_assert(BN % 64 == 0 && BM % 16 == 0, "64 keys per warpgroup, whole k16 steps of queries");
+
+    extern __shared__ __align__(1024) unsigned char smem_wg[];
+    unsigned char* base = smem_wg + ((1024u - (smem_addr(smem_wg) & 1023u)) & 1023u);
+    T* sK = reinterpret_cast<T*>(base);  // [BN × D] sw128
+    T* sV = sK + BN * D;                 // [BN × D] sw128
+    T* sQ = sV + BN * D;                 // [2][BM × D] sw128
+    T* sdO = sQ + 2 * BM * D;            // [2][BM × D] sw128
+    float* sLse = reinterpret_cast<float*>(sdO + 2 * BM * D);  // [2][BM] log2 units
+    float* sDelta = sLse + 2 * BM;                              // [2][BM]
+    float* sRq = sDelta + 2 * BM;                               // [2][BM] (hyperbolic: q0)
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    const int b = blockIdx.z, hk = blockIdx.y;
+    const SeqInfo si(p, b);
+    const int j0 = blockIdx.x * BN;
+    if (j0 >= si.key_rows(p)) return;
+    const int j1 = min(j0 + BN, si.len_k);
+    const int m_first = si.query_lo(p, j0) / BM;
+    const int q_end = si.query_hi(p, j1);
+    const int m_count = q_end > m_first * BM ? (q_end - 1) / BM - m_first + 1 : 0;
+    const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
+    const bool norms = Score::kNorms && p.l2norm;
+    const bool midpoint = Score::kLorentz && p.midpoint;
+
+    const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
+    const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
+    load_tile_sw128<T, BN, D, kWgThreads>(sK, k, p.k_seq, j0, si.len_k, tid);
+    load_tile_sw128<T, BN, D, kWgThreads>(sV, v, p.v_seq, j0, si.len_k, tid);
+    auto load_q = [&](int it, int buf) {
+        const int h = hk * p.group + it / m_count;
+        const int i0 = (m_first + it % m_count) * BM;
+        load_tile_sw128<T, BM, D, kWgThreads>(sQ + buf * BM * D, static_cast<const T*>(p.q) + si.q_off(p, 0, h),
+                                              p.q_seq, i0, si.len_q, tid);
+        load_tile_sw128<T, BM, D, kWgThreads>(sdO + buf * BM * D, static_cast<const T*>(p.d_o) + si.o_off(p, 0, h),
+                                              p.o_seq, i0, si.len_q, tid);
+        if (tid < BM) {
+            const int i = i0 + tid;
+            const bool valid = i < si.len_q;
+            float lse = lse_log2(p, si, h, i), rq = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
+            if constexpr (Score::kLorentz) {
+                lse -= p.hyp_lse * kLog2e;
+                rq = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
+            }
+            sLse[buf * BM + tid] = lse;
+            sDelta[buf * BM + tid] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
+            sRq[buf * BM + tid] = rq;
+        }
+    };
+    if (iters > 0) load_q(0, 0);
+    cp_async_commit();
+
+    const int g = lane / 4, t4 = lane % 4;
+    const int wrow = warp * 16;
+    int key[MT][2];
+    float rk[MT][2], lg[MT][2], bsum[MT][2], csum[MT][2];
+    bwd_k_rows<Score, D, MT>(p, si, hk, j0 + wrow, g, norms, midpoint, key, rk, lg, bsum, csum);
+    float acc_dk[MT][AT][4], acc_dv[MT][AT][4];
+    zero(acc_dk[0]);
+    zero(acc_dv[0]);
+
+    // Descriptors. A (K-major): K, V rows of this warpgroup. B K-major: Q, dO of the block (n = queries).
+    // B MN-major for dV += Pᵀ dO and dK += dS'ᵀ Q: k = queries (2048 bytes per k16 step), n = D.
+    const uint32_t k_addr = smem_addr(sK) + wg * 64 * 128, v_addr = smem_addr(sV) + wg * 64 * 128;
+    const uint32_t q_addr = smem_addr(sQ), do_addr = smem_addr(sdO);
+    constexpr uint32_t kTile = BM * D * 2;
+    auto a_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024); };
+    auto b_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
+    auto n_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + kk * 2048, BM * 128, 1024); };
+
+    for (int it = 0; it < iters; ++it) {
+        const int buf = it & 1;
+        const int h = hk * p.group + it / m_count;
+        const int i0 = (m_first + it % m_count) * BM;
+        if (it + 1 < iters) load_q(it + 1, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+
+        float st[MT][QT][4], dpt[MT][QT][4];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            Wgmma<T, BM>::ss(st[0], a_desc(k_addr, kk), b_desc(q_addr + buf * kTile, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            Wgmma<T, BM>::ss(dpt[0], a_desc(v_addr, kk), b_desc(do_addr + buf * kTile, kk), kk > 0);
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<QT>(st[0]);
+        fence_regs<QT>(dpt[0]);
+
+        dkdv_block_pds<T, Score, MT, QT>(p, si, h, i0, si.tile_full(p, i0, i0 + BM, j0, j0 + BN), norms, st, dpt, bsum,
+                                         csum, rk, lg, key, sRq + buf * BM, sLse + buf * BM, sDelta + buf * BM, t4);
+
+        uint32_t ap[BM / 16][4], ads[BM / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) {
+            pack_a<T>(ap[kk], st[0][2 * kk], st[0][2 * kk + 1]);
+            pack_a<T>(ads[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
+        }
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, D>::rs(acc_dv[0], ap[kk], n_desc(do_addr + buf * kTile, kk), 1);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, D>::rs(acc_dk[0], ads[kk], n_desc(q_addr + buf * kTile, kk), 1);
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<AT>(acc_dv[0]);
+        fence_regs<AT>(acc_dk[0]);
+        fence_regs<BM / 16>(ap);
+        fence_regs<BM / 16>(ads);
+        __syncthreads();  // every warp is done with this block's Q and dO: the next load may refill them
+    }
+    cp_async_wait<0>();
+
+    if constexpr (Score::kLorentz)
+        lorentz_dkdv_epilogue<T, MT, AT>(
+            p, si, hk, 0, acc_dk, acc_dv, bsum, csum, rk, key,
+            [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BN>(r, c))); },
+            [&](int r, int c) {
+                return to_f32(*reinterpret_cast<const T*>(base + BN * D * 2 + sw128_offset<BN>(r, c)));
+            },
+            wrow, lane, midpoint);
+    else
+        dkdv_store<T, MT, AT>(p, si, hk, 0, acc_dk, acc_dv, key, norms, t4);
+#else
+    __trap();  // launched only on compute capability 9.0 (host dispatch)
+#endif
+}
+
+}  // namespace attn
+
+// The Hopper backward kernels of one score: NAME_bwd_{dq,dkdv}_wg_{f16,bf16}_d{64,128}.
+#define ATTN_FLASH_BWD_WG(NAME, SCORE, DT, T, D)                                                                   \
+    extern "C" __global__ void __launch_bounds__(attn::WgDqTile<D>::BM * 2, 1)                                     \
+        NAME##_bwd_dq_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                        \
+        attn::flash_bwd_dq_wg<T, D, SCORE, attn::WgDqTile<D>::BM, attn::WgDqTile<D>::BN>(p);                      \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(attn::WgDkvTile<D>::BN * 2, 1)                                    \
+        NAME##_bwd_dkdv_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                      \
+        attn::flash_bwd_dkdv_wg<T, D, SCORE, attn::WgDkvTile<D>::BN, attn::WgDkvTile<D>::BM>(p);                  \
+    }
+#define ATTN_FLASH_BWD_WG_ALL(NAME, SCORE)                  \
+    ATTN_FLASH_BWD_WG(NAME, SCORE, f16, __half, 64)         \
+    ATTN_FLASH_BWD_WG(NAME, SCORE, bf16, __nv_bfloat16, 64) \
+    ATTN_FLASH_BWD_WG(NAME, SCORE, f16, __half, 128)        \
+    ATTN_FLASH_BWD_WG(NAME, SCORE, bf16, __nv_bfloat16, 128)
