@@ -32,25 +32,23 @@ const KERNELS: [(&str, &str); 6] = [
 ];
 
 /// Headers every kernel file may include.
-const HEADERS: [&str; 17] = [
-    "kernels/include/params.h",
-    "kernels/include/mask.h",
-    "kernels/include/mma.h",
-    "kernels/include/loads.h",
-    "kernels/include/online_softmax.h",
-    "kernels/include/score.h",
-    "kernels/include/tiles.h",
-    "kernels/include/flash_fwd.cuh",
-    "kernels/include/flash_bwd.cuh",
-    "kernels/include/simt_f32.cuh",
-    "kernels/include/lorentz_tile.cuh",
-    "kernels/include/hyp_simt.cuh",
-    "kernels/include/taylor_common.cuh",
-    "kernels/include/taylor_rows.cuh",
-    "kernels/include/taylor_dense.cuh",
-    "kernels/include/taylor_state.cuh",
-    "kernels/include/taylor_decode.cuh",
-];
+/// Every header the kernels include: the whole `kernels/include` folder, read at build time (a
+/// fixed list went stale when a header was added: the build then neither re-ran on its edits nor
+/// keyed the fatbin cache on it).
+const INCLUDE_DIR: &str = "kernels/include";
+
+fn headers(manifest: &Path) -> Result<Vec<String>, String> {
+    let dir = manifest.join(INCLUDE_DIR);
+    let mut names = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+        if entry.file_type().map(|t| t.is_file()).unwrap_or(false) {
+            names.push(format!("{INCLUDE_DIR}/{}", entry.file_name().to_string_lossy()));
+        }
+    }
+    names.sort();
+    Ok(names)
+}
 
 const GENCODE: [&str; 3] = [
     "-gencode=arch=compute_90a,code=sm_90a",
@@ -62,9 +60,8 @@ fn main() -> Result<(), String> {
     for (_, src) in KERNELS {
         println!("cargo:rerun-if-changed={src}");
     }
-    for h in HEADERS {
-        println!("cargo:rerun-if-changed={h}");
-    }
+    // A folder: cargo re-runs the script when any file in it changes, or one is added.
+    println!("cargo:rerun-if-changed={INCLUDE_DIR}");
     for var in [
         "NVCC",
         "PATH",
@@ -94,7 +91,7 @@ fn main() -> Result<(), String> {
     };
 
     let gencode = gencode();
-    let cache = cache_dir(&manifest, &nvcc, &gencode)?;
+    let cache = cache_dir(&manifest, &nvcc, &gencode, &headers(&manifest)?)?;
     if let Some(cache) = &cache {
         let cached: Vec<PathBuf> = KERNELS
             .iter()
@@ -179,7 +176,12 @@ fn gencode() -> Vec<String> {
 
 /// `<target dir>/attn-cuda-fatbins/<hash of nvcc, flags and sources>`, or None when the target
 /// dir cannot be told (the build then simply compiles).
-fn cache_dir(manifest: &Path, nvcc: &Path, gencode: &[String]) -> Result<Option<PathBuf>, String> {
+fn cache_dir(
+    manifest: &Path,
+    nvcc: &Path,
+    gencode: &[String],
+    headers: &[String],
+) -> Result<Option<PathBuf>, String> {
     let target = match env::var_os("CARGO_TARGET_DIR") {
         Some(t) => PathBuf::from(t),
         None => match manifest.parent() {
@@ -191,7 +193,11 @@ fn cache_dir(manifest: &Path, nvcc: &Path, gencode: &[String]) -> Result<Option<
     nvcc.hash(&mut h);
     gencode.hash(&mut h);
     NVCC_FLAGS.hash(&mut h);
-    for file in KERNELS.iter().map(|(_, src)| *src).chain(HEADERS) {
+    for file in KERNELS
+        .iter()
+        .map(|(_, src)| *src)
+        .chain(headers.iter().map(String::as_str))
+    {
         let text = fs::read(manifest.join(file)).map_err(|e| format!("cannot read {file}: {e}"))?;
         file.hash(&mut h);
         text.hash(&mut h);

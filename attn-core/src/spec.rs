@@ -137,6 +137,10 @@ pub struct AttnProblem {
     pub window: Option<Window>,
     pub lengths: SeqLengths,
     pub bias: Option<BiasShape>,
+    /// A backward whose results are the same bits on every run. Off by default: a backend may
+    /// then sum gradient contributions in whatever order its threads finish (attn-cuda's Hopper
+    /// backward reduces dQ with f32 atomics), as FlashAttention and PyTorch's SDPA do.
+    pub deterministic: bool,
 }
 
 impl AttnProblem {
@@ -168,6 +172,7 @@ impl AttnProblem {
             window: None,
             lengths: SeqLengths::Dense,
             bias: None,
+            deterministic: false,
         }
     }
 
@@ -233,6 +238,11 @@ impl AttnProblem {
             cu_seqlens_q,
             cu_seqlens_k,
         };
+        self
+    }
+    /// See [`AttnProblem::deterministic`].
+    pub fn with_deterministic(mut self, deterministic: bool) -> Self {
+        self.deterministic = deterministic;
         self
     }
     pub fn with_bias(mut self, batch: usize, heads: usize) -> Self {
@@ -408,6 +418,7 @@ impl AttnProblem {
             window: self.window,
             lengths: self.lengths.clone(),
             bias: self.bias,
+            deterministic: self.deterministic,
         })
     }
 }
@@ -554,6 +565,7 @@ pub struct AttnSpec {
     window: Option<Window>,
     lengths: SeqLengths,
     bias: Option<BiasShape>,
+    deterministic: bool,
 }
 
 /// Length a buffer needs to hold every element addressed by `s` (0 when there is none).
@@ -616,6 +628,10 @@ impl AttnSpec {
     }
     pub fn bias(&self) -> Option<BiasShape> {
         self.bias
+    }
+    /// See [`AttnProblem::deterministic`].
+    pub fn deterministic(&self) -> bool {
+        self.deterministic
     }
     pub fn is_varlen(&self) -> bool {
         matches!(self.lengths, SeqLengths::Varlen { .. })

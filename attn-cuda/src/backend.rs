@@ -8,6 +8,9 @@
 //!    hyperbolic: the per-row scalars again (row kernels);
 //! 3. dQ (flash kernel over query tiles; also dS for the bias gradient, into a zeroed f32 scratch);
 //! 4. dK, dV (flash kernel over key tiles, looping over the GQA group: no atomics);
+//!    on the Hopper backward without a bias or `deterministic`, 3 and 4 are one fused kernel
+//!    (`dispatch::fused_backward`) that adds each key tile's dQ into a zeroed f32 scratch with
+//!    atomics, and a row kernel stores dq from it (cosine-sim: step 5 does);
 //! 5. cosine-sim with l2-norm: the l2-norm's Jacobian on dq̂, dk̂ (row kernels);
 //! 6. with a bias: dbias = dS summed over its broadcast dims (deterministic reduction).
 //!
@@ -536,16 +539,27 @@ impl CudaAttn {
         // SAFETY (each uninitialised allocation below): every element is written by a kernel
         // enqueued before any kernel that reads it: δ by the delta kernel (every query row), the
         // reciprocal norms by the inv-norm kernels (every q row, every k row dk holds), dq̂ by the
-        // dQ kernel and dk̂ by the dK/dV kernel (every row of dq and dk, zeros for padded keys).
+        // dQ kernel (the fused kernel's dQ scratch is zeroed instead) and dk̂ by the dK/dV or fused
+        // kernel (every row of dq and dk, zeros for padded keys).
         let delta = unsafe { s.alloc::<f32>(spec.stats_len().max(1)) }?;
         p.delta = delta.device_ptr(s).0;
         let norms = l2norm_qk(spec);
+        let fused = dispatch::fused_backward(spec, kernels.hopper);
         let mut scratch = Vec::new();
-        if norms {
+        if fused {
+            // Zeroed: the fused kernel adds every key block's dQ into it.
+            let dq_acc = s.alloc_zeros::<f32>(spec.dq_len().max(1))?;
+            p.dq_acc = dq_acc.device_ptr(s).0;
+            scratch.push(dq_acc);
+        } else if norms {
             let dq_acc = unsafe { s.alloc::<f32>(spec.dq_len().max(1)) }?;
+            p.dq_acc = dq_acc.device_ptr(s).0;
+            scratch.push(dq_acc);
+        }
+        if norms {
             let dk_acc = unsafe { s.alloc::<f32>(spec.dk_len().max(1)) }?;
-            (p.dq_acc, p.dk_acc) = (dq_acc.device_ptr(s).0, dk_acc.device_ptr(s).0);
-            scratch.extend([dq_acc, dk_acc]);
+            p.dk_acc = dk_acc.device_ptr(s).0;
+            scratch.push(dk_acc);
             scratch.extend(self.inv_norm_rows(spec, &kernels, &mut p, op)?);
         }
         if spec.bias().is_some() {
@@ -559,8 +573,15 @@ impl CudaAttn {
         let hyperbolic = self.hyperbolic_rows(spec, &kernels, &mut p, op)?;
         let launch = |k: dispatch::Kernel| kernels.launch(s, &k, &p, op);
         launch(dispatch::row_kernel(spec, RowKernel::Delta))?;
-        launch(dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper)?)?;
-        launch(dispatch::flash_kernel(spec, Stage::BwdDkdv, kernels.hopper)?)?;
+        if fused {
+            launch(dispatch::flash_kernel(spec, Stage::BwdFused, kernels.hopper)?)?;
+            if !norms {
+                launch(dispatch::row_kernel(spec, RowKernel::DqStore))?;
+            }
+        } else {
+            launch(dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper)?)?;
+            launch(dispatch::flash_kernel(spec, Stage::BwdDkdv, kernels.hopper)?)?;
+        }
         if norms {
             launch(dispatch::row_kernel(spec, RowKernel::L2normBwdQ))?;
             launch(dispatch::row_kernel(spec, RowKernel::L2normBwdK))?;

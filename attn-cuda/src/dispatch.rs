@@ -19,12 +19,14 @@ use attn_core::{AttnError, AttnSpec, DType, FamilyKind, FamilySpec, HypScore, Pa
 /// Name used in `Unsupported` errors.
 pub(crate) const BACKEND: &str = "attn-cuda";
 
-/// The three flash kernels of a call.
+/// The flash kernels of a call: the forward, and the backward as dQ and dK/dV kernels or (Hopper,
+/// see [`fused_backward`]) as one kernel that reduces dQ with f32 atomics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Stage {
     Forward,
     BwdDq,
     BwdDkdv,
+    BwdFused,
 }
 
 impl Stage {
@@ -33,12 +35,13 @@ impl Stage {
             Stage::Forward => "fwd",
             Stage::BwdDq => "bwd_dq",
             Stage::BwdDkdv => "bwd_dkdv",
+            Stage::BwdFused => "bwd_fused",
         }
     }
     fn pass(self) -> Pass {
         match self {
             Stage::Forward => Pass::Forward,
-            Stage::BwdDq | Stage::BwdDkdv => Pass::Backward,
+            Stage::BwdDq | Stage::BwdDkdv | Stage::BwdFused => Pass::Backward,
         }
     }
 }
@@ -175,6 +178,22 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
     Ok(())
 }
 
+/// Whether the backward of `spec` runs as one fused Hopper kernel (dK, dV, and dQ reduced into f32
+/// with atomics, then stored by a row kernel) instead of the deterministic dQ and dK/dV kernels: on
+/// the Hopper backward, f16/bf16 softmax and cosine-sim at the head dims it covers, unless the call
+/// asks for a deterministic backward or has a bias (whose gradient the dQ kernel gathers), or
+/// `ATTN_CUDA_WG_FUSED=0`.
+pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
+    hopper.on
+        && hopper.bwd
+        && hopper.fused
+        && !spec.deterministic()
+        && spec.bias().is_none()
+        && spec.dtype() != DType::F32
+        && matches!(spec.family_kind(), FamilyKind::Softmax | FamilyKind::CosineSim)
+        && heuristics::wg_dkdv_tile(spec.head_dim()).is_some()
+}
+
 /// The flash kernel of one stage. Assumes [`check_supported`] passed. `hopper`: whether the device runs
 /// the Hopper kernels (runtime::Kernels::hopper); the forward (and, unless `hopper.bwd` is off, the
 /// backward) then uses them at the head dims they cover, f16 and bf16.
@@ -199,6 +218,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         let grid = match stage {
             Stage::Forward | Stage::BwdDq => (heuristics::blocks(spec.seq_q(), rows), hq, b),
             Stage::BwdDkdv => (heuristics::blocks(spec.seq_k(), rows), hkv, b),
+            Stage::BwdFused => return Err(unsupported(spec, pass, "a fused f32 backward".into())),
         };
         return Ok(Kernel {
             // The hyperbolic f32 kernels live with the family (their pair kernel is its own).
@@ -247,6 +267,18 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             hopper: true,
         });
     }
+    if stage == Stage::BwdFused {
+        let tile = heuristics::wg_dkdv_tile(d).filter(|_| fused_backward(spec, hopper));
+        let tile = tile.ok_or_else(|| unsupported(spec, pass, format!("a fused {family} backward here")))?;
+        return Ok(Kernel {
+            module,
+            name: format!("attn_{family}_bwd_fused_wg_{}_d{d}", dtype_tag(spec.dtype())),
+            smem: heuristics::wg_fused_smem(tile, d, elem),
+            grid: (heuristics::blocks(spec.seq_k(), tile.bn), hkv, b),
+            threads: (tile.bn * 2) as u32,
+            hopper: true,
+        });
+    }
     if let (Stage::BwdDq | Stage::BwdDkdv, true, true) = (stage, hopper.on, hopper.bwd) {
         let dq = stage == Stage::BwdDq;
         let tile = if dq {
@@ -285,6 +317,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         (Stage::BwdDq, true) => (heuristics::lorentz_dq_tile, heuristics::dq_smem),
         (Stage::BwdDkdv, false) => (heuristics::dkdv_tile, heuristics::dkdv_smem),
         (Stage::BwdDkdv, true) => (heuristics::lorentz_dkdv_tile, heuristics::dkdv_smem),
+        (Stage::BwdFused, _) => unreachable!("returned above"),
     };
     let tile = tile_of(d).ok_or_else(missing)?;
     let mut smem = smem_of(tile, d, elem);
@@ -293,7 +326,9 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
     }
     let grid = match stage {
         Stage::Forward | Stage::BwdDq => (heuristics::blocks(spec.seq_q(), tile.bm), hq, b),
-        Stage::BwdDkdv => (heuristics::blocks(spec.seq_k(), tile.bn) * (d / tile.da), hkv, b),
+        Stage::BwdDkdv | Stage::BwdFused => {
+            (heuristics::blocks(spec.seq_k(), tile.bn) * (d / tile.da), hkv, b)
+        }
     };
     Ok(Kernel {
         module,
@@ -318,6 +353,8 @@ pub(crate) enum RowKernel {
     HypRowsQ,
     /// Hyperbolic: k0, ‖k‖ (and log γ, c γ² for the Einstein midpoint) per key row.
     HypRowsK,
+    /// dq from the f32 dQ of the fused backward.
+    DqStore,
 }
 
 pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
@@ -337,6 +374,7 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
         RowKernel::InvNormK => ("inv_norm_k", over_k),
         RowKernel::L2normBwdQ => ("l2norm_bwd_q", over_q),
         RowKernel::L2normBwdK => ("l2norm_bwd_k", over_k),
+        RowKernel::DqStore => ("dq_store", over_q),
         // A grid-stride loop: enough blocks to fill the GPU, never more than the elements need.
         RowKernel::DbiasReduce => (
             "dbias_reduce",
@@ -434,15 +472,15 @@ mod tests {
     const ON: Hopper = Hopper {
         on: true,
         bwd: true,
+        fused: true,
         tile: None,
     };
 
     #[test]
     fn hopper_tile_experiments_apply_to_bf16_softmax_only() {
         let exp = Hopper {
-            on: true,
-            bwd: true,
             tile: Some((64, 128)),
+            ..ON
         };
         let s = spec(Family::softmax(), DType::BF16, 64);
         let k = flash_kernel(&s, Stage::Forward, exp).expect("kernel");
@@ -514,6 +552,49 @@ mod tests {
                 let k = flash_kernel(&s, stage, Hopper::default()).expect("kernel");
                 assert!(!k.name.contains("_wg_"), "{k:?}");
             }
+        }
+    }
+
+    #[test]
+    fn fused_backward_only_where_it_is_exact_and_allowed() {
+        let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
+        for (family, dtype, d, fused) in [
+            (Family::softmax(), DType::BF16, 64, true),
+            (Family::cosine_sim(), DType::F16, 128, true),
+            (Family::softmax(), DType::BF16, 96, false),
+            (Family::softmax(), DType::F32, 64, false),
+            (hyp, DType::BF16, 128, false),
+        ] {
+            let s = spec(family, dtype, d);
+            assert_eq!(fused_backward(&s, ON), fused, "{family:?} {dtype:?} {d}");
+            let k = flash_kernel(&s, Stage::BwdFused, ON);
+            assert_eq!(k.is_ok(), fused, "{k:?}");
+            if let Ok(k) = k {
+                assert!(k.name.contains("_bwd_fused_wg_"), "{k:?}");
+                // 130 keys → two tiles of 128 per kv head; dS'ᵀ of a 64-query block and ‖q‖ ride along.
+                assert_eq!((k.grid, k.threads), ((2, 2, 2), 256));
+                assert_eq!(
+                    k.smem,
+                    1024 + (2 * 128 + 4 * 64) * d * 2 + 6 * 64 * 4 + 128 * 64 * 2 + 2 * 64 * 4
+                );
+            }
+        }
+        let s = spec(Family::softmax(), DType::BF16, 128);
+        let det = AttnProblem::new(Family::softmax(), DType::BF16, 2, 4, 2, 100, 130, 128)
+            .with_deterministic(true)
+            .validate()
+            .expect("valid problem");
+        let bias = AttnProblem::new(Family::softmax(), DType::BF16, 2, 4, 2, 100, 130, 128)
+            .with_bias(1, 4)
+            .validate()
+            .expect("valid problem");
+        assert!(!fused_backward(&det, ON) && !fused_backward(&bias, ON));
+        for off in [
+            Hopper::default(),
+            Hopper { bwd: false, ..ON },
+            Hopper { fused: false, ..ON },
+        ] {
+            assert!(!fused_backward(&s, off), "{off:?}");
         }
     }
 

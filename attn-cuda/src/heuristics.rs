@@ -218,6 +218,16 @@ pub(crate) fn wg_dkdv_smem(t: Tile, d: usize, elem: usize) -> usize {
     1024 + (2 * t.bn + 4 * t.bm) * d * elem + 6 * t.bm * 4
 }
 
+/// Dynamic shared memory of the fused Hopper backward: the dK/dV kernel's, dS'ᵀ of one query block
+/// (the A operand of its dQ product) and, for cosine-sim, max(‖q‖, eps) of two query blocks.
+///
+/// ```text
+/// D = 128, bf16: 133 632 + 128·64·2 + 2·64·4 = 150 528 bytes
+/// ```
+pub(crate) fn wg_fused_smem(t: Tile, d: usize, elem: usize) -> usize {
+    wg_dkdv_smem(t, d, elem) + t.bn * t.bm * elem + 2 * t.bm * 4
+}
+
 /// Tile experiments of the Hopper forward, `(D, bm, bn)`: bf16 softmax kernels
 /// `attn_softmax_fwd_wg{bm}x{bn}_bf16_d{D}`, chosen with `ATTN_CUDA_WG_TILE=BMxBN` for A/B timings.
 pub(crate) const WG_TILE_VARIANTS: [(usize, usize, usize); 4] =
@@ -323,7 +333,13 @@ mod tests {
         assert!(wg_fwd_tile(32).is_none() && wg_fwd_tile(256).is_none());
         for d in [64, 128] {
             let (q, kv) = (wg_dq_tile(d).expect("dQ"), wg_dkdv_tile(d).expect("dK/dV"));
-            assert!(wg_dq_smem(q, d, 2) <= 227 * 1024 && wg_dkdv_smem(kv, d, 2) <= 227 * 1024);
+            for bytes in [
+                wg_dq_smem(q, d, 2),
+                wg_dkdv_smem(kv, d, 2),
+                wg_fused_smem(kv, d, 2),
+            ] {
+                assert!(bytes <= 227 * 1024, "D = {d}: {bytes} bytes");
+            }
             // 64 resident rows per warpgroup, sw128 column blocks 64 wide, whole k16 steps streamed.
             assert_eq!((q.bm % 64, q.bn % 64, kv.bn % 64, kv.bm % 16), (0, 0, 0, 0));
             assert_eq!(kv.da, d, "no column split");
@@ -344,6 +360,7 @@ mod tests {
         assert_eq!(wg_fwd_tile(64).map(|t| wg_fwd_smem(t, 64, 2)), Some(51_200));
         assert_eq!(wg_dq_tile(128).map(|t| wg_dq_smem(t, 128, 2)), Some(150_016));
         assert_eq!(wg_dkdv_tile(128).map(|t| wg_dkdv_smem(t, 128, 2)), Some(133_632));
+        assert_eq!(wg_dkdv_tile(128).map(|t| wg_fused_smem(t, 128, 2)), Some(150_528));
         assert_eq!(
             dkdv_tile(256),
             Some(Tile {

@@ -33,18 +33,26 @@ pub(crate) struct Kernels {
 
 /// The Hopper (sm_90a, wgmma) kernels on a context: `on` where the device is compute capability 9.0
 /// (the only one that runs sm_90a code) unless `ATTN_CUDA_WGMMA=0`; `bwd`: the backward too, unless
-/// `ATTN_CUDA_WG_BWD=0` (A/B timings of the backward alone); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a
-/// forward tile experiment (heuristics::WG_TILE_VARIANTS). All read when the context first loads the
-/// kernels.
+/// `ATTN_CUDA_WG_BWD=0` (A/B timings of the backward alone); `fused`: the fused backward where a call
+/// allows it (dispatch::fused_backward), unless `ATTN_CUDA_WG_FUSED=0` (A/B runs and tests of the
+/// two-kernel one); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
+/// (heuristics::WG_TILE_VARIANTS). All read when the context first loads the kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Hopper {
     pub on: bool,
     pub bwd: bool,
+    pub fused: bool,
     pub tile: Option<(usize, usize)>,
 }
 
 impl Hopper {
-    pub(crate) fn new(cc: (i32, i32), wgmma: Option<&str>, bwd: Option<&str>, tile: Option<&str>) -> Self {
+    pub(crate) fn new(
+        cc: (i32, i32),
+        wgmma: Option<&str>,
+        bwd: Option<&str>,
+        fused: Option<&str>,
+        tile: Option<&str>,
+    ) -> Self {
         let tile = tile.and_then(|t| {
             let (bm, bn) = t.trim().split_once('x')?;
             Some((bm.parse().ok()?, bn.parse().ok()?))
@@ -52,6 +60,7 @@ impl Hopper {
         Hopper {
             on: cc == (9, 0) && wgmma.map(str::trim) != Some("0"),
             bwd: bwd.map(str::trim) != Some("0"),
+            fused: fused.map(str::trim) != Some("0"),
             tile,
         }
     }
@@ -179,6 +188,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
             cc,
             std::env::var("ATTN_CUDA_WGMMA").ok().as_deref(),
             std::env::var("ATTN_CUDA_WG_BWD").ok().as_deref(),
+            std::env::var("ATTN_CUDA_WG_FUSED").ok().as_deref(),
             std::env::var("ATTN_CUDA_WG_TILE").ok().as_deref(),
         ),
     });
@@ -225,20 +235,22 @@ mod tests {
 
     #[test]
     fn hopper_kernels_only_on_compute_capability_9_0_and_not_when_turned_off() {
-        assert!(Hopper::new((9, 0), None, None, None).on);
-        assert!(Hopper::new((9, 0), Some("1"), None, None).on);
-        assert!(!Hopper::new((9, 0), Some("0"), None, None).on);
-        assert!(!Hopper::new((9, 0), Some(" 0\n"), None, None).on);
+        assert!(Hopper::new((9, 0), None, None, None, None).on);
+        assert!(Hopper::new((9, 0), Some("1"), None, None, None).on);
+        assert!(!Hopper::new((9, 0), Some("0"), None, None, None).on);
+        assert!(!Hopper::new((9, 0), Some(" 0\n"), None, None, None).on);
         for cc in [(8, 0), (8, 9), (10, 0), (12, 0)] {
-            assert!(!Hopper::new(cc, None, None, None).on, "{cc:?}");
+            assert!(!Hopper::new(cc, None, None, None, None).on, "{cc:?}");
         }
-        assert!(Hopper::new((9, 0), None, None, None).bwd);
-        assert!(!Hopper::new((9, 0), None, Some("0"), None).bwd);
+        assert!(Hopper::new((9, 0), None, None, None, None).bwd);
+        assert!(!Hopper::new((9, 0), None, Some("0"), None, None).bwd);
+        assert!(Hopper::new((9, 0), None, None, None, None).fused);
+        assert!(!Hopper::new((9, 0), None, None, Some("0"), None).fused);
         assert_eq!(
-            Hopper::new((9, 0), None, None, Some("64x128")).tile,
+            Hopper::new((9, 0), None, None, None, Some("64x128")).tile,
             Some((64, 128))
         );
-        assert_eq!(Hopper::new((9, 0), None, None, Some("64")).tile, None);
-        assert_eq!(Hopper::new((9, 0), None, None, Some("ax64")).tile, None);
+        assert_eq!(Hopper::new((9, 0), None, None, None, Some("64")).tile, None);
+        assert_eq!(Hopper::new((9, 0), None, None, None, Some("ax64")).tile, None);
     }
 }

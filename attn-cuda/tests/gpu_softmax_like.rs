@@ -7,12 +7,13 @@
 
 mod common;
 
-use attn_core::{CosineParams, Family, SoftmaxParams};
+use attn_core::{AttnProblem, Causal, CosineParams, DType, Family, SoftmaxParams};
+use attn_cpu_ref::testing::random_case;
 use common::shapes::{
     bias_broadcast_batch, bias_broadcast_heads, causal_bottom_right_q_longer, causal_top_left_q_shorter,
     dense_gqa, key_padding_and_window, mqa_bhnd, strided_views, varlen_causal, Lengths, Make, Shapes,
 };
-use common::{check_dims, check_dtype, Cases};
+use common::{check_dims, check_dtype, identical_runs, Cases};
 
 const SOFTMAX_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 const COSINE_DIMS: [usize; 6] = [16, 32, 64, 96, 128, 256];
@@ -104,6 +105,33 @@ gpu_tests! {
     cosine_head_broadcast_bias_gradient_matches_reference: Family::cosine_sim(), COSINE_DIMS, bias_broadcast_heads, 0;
     cosine_without_l2norm_matches_reference: cosine_unnormalised(), COSINE_DIMS, dense_gqa, 0;
     cosine_large_scale_uses_the_running_max_and_matches_reference: cosine_large_scale(), COSINE_DIMS, causal_top_left_q_shorter, 0;
+}
+
+/// `deterministic` asks for a backward without atomics (on the H100 the two-kernel one, not the fused
+/// one whose dQ is a sum in arrival order): the same bits on every run, for both families, both
+/// Hopper head dims and both 16-bit dtypes, on a causal GQA case with several key tiles per query and
+/// tails. (Every other test here runs the default backward, fused where the GPU has it.)
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn deterministic_backward_is_identical_run_to_run() {
+    let mut cases = Cases::new("deterministic_backward_is_identical_run_to_run");
+    for family in [Family::softmax(), Family::cosine_sim()] {
+        for d in [64, 128] {
+            for dtype in [DType::F16, DType::BF16] {
+                let spec = AttnProblem::new(family, dtype, 2, 6, 2, 333, 461, d)
+                    .with_causal(Causal::BottomRight)
+                    .with_deterministic(true)
+                    .validate()
+                    .expect("valid problem");
+                let case = random_case(&spec, 90 + d as u64);
+                cases.record(
+                    format!("{} D={d} {dtype}", spec.family().label()),
+                    identical_runs(&spec, &case),
+                );
+            }
+        }
+    }
+    cases.finish();
 }
 
 #[test]

@@ -20,8 +20,8 @@ use attn_cuda::{CudaAttnError, DeviceElem, ForwardViews};
 use common::bench::{all_finite, forward_backward, time_ms, Bufs};
 use common::shapes::{dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
 use common::{
-    check_dims, dot, gpu, key_rows, l2norm_bwd, prep_row, query_rows, run_gpu, taylor_family, Cases, KeyRow,
-    Outputs, QueryRow,
+    check_dims, dot, gpu, identical_runs, key_rows, l2norm_bwd, prep_row, query_rows, run_gpu, taylor_family,
+    Cases, KeyRow, Outputs, QueryRow,
 };
 use half::{bf16, f16};
 
@@ -309,34 +309,7 @@ fn taylor_results_are_identical_run_to_run() {
                     .validate()
                     .expect("valid");
                 let case = random_case(&spec, 70 + fi as u64);
-                let twice = |run: &dyn Fn() -> Result<Outputs, String>| -> Result<(), String> {
-                    let (a, b) = (run()?, run()?);
-                    for (name, x, y) in [
-                        ("o", &a.o, &b.o),
-                        ("den", &a.lse, &b.lse),
-                        ("dq", &a.dq, &b.dq),
-                        ("dk", &a.dk, &b.dk),
-                        ("dv", &a.dv, &b.dv),
-                    ] {
-                        let diff = x
-                            .iter()
-                            .zip(y)
-                            .filter(|(p, q)| p.to_bits() != q.to_bits())
-                            .count();
-                        if diff > 0 {
-                            return Err(format!(
-                                "{name}: {diff} of {} elements differ between two runs",
-                                x.len()
-                            ));
-                        }
-                    }
-                    Ok(())
-                };
-                let r = match dtype {
-                    DType::F32 => twice(&|| run_gpu::<f32>(&spec, &case, 0)),
-                    DType::F16 => twice(&|| run_gpu::<f16>(&spec, &case, 0)),
-                    DType::BF16 => twice(&|| run_gpu::<bf16>(&spec, &case, 0)),
-                };
+                let r = identical_runs(&spec, &case);
                 if let Err(e) = r {
                     failures.push(format!("{} D={d} {dtype}: {e}", spec.family().label()));
                 }

@@ -154,23 +154,34 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
 #endif
 }
 
-template <typename T, int D, class Score, int BN, int BM>
+template <typename T, int D, class Score, int BN, int BM, bool kDq = false>
 __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int MT = 1;
     constexpr int kWgThreads = BN * 2;
     constexpr int QT = BM / 8, AT = D / 8;
     static_assert(BN % 64 == 0 && BM % 16 == 0, "64 keys per warpgroup, whole k16 steps of queries");
+    // kDq (the fused backward): also dQ += dS' K of each query block, reduced into p.dq_acc with f32
+    // atomics. Warpgroup w takes the 64 columns 64w.. of dQ over every key of the tile where D has one
+    // 64-column block per warpgroup (D = 128), else all of D over its own 64 keys (D = 64). The dQ
+    // product waits for the whole dS'ᵀ tile (a barrier) and its atomics follow it at once: deferring
+    // them under the next block's Sᵀ and dPᵀ (three Q/dO buffers, two dS'ᵀ tiles) was slower on the
+    // H100 (more registers live across the products: 148 bytes spilled at D = 128; NOTES.md).
+    static_assert(!kDq || (BM == 64 && !Score::kLorentz && (D == 64 || D == BN)), "fused dQ: 64-query blocks");
+    constexpr bool kSplitCols = D == BN;
+    constexpr int kBufs = 2;
 
     extern __shared__ __align__(1024) unsigned char smem_wg[];
     unsigned char* base = smem_wg + ((1024u - (smem_addr(smem_wg) & 1023u)) & 1023u);
     T* sK = reinterpret_cast<T*>(base);  // [BN × D] sw128
     T* sV = sK + BN * D;                 // [BN × D] sw128
-    T* sQ = sV + BN * D;                 // [2][BM × D] sw128
-    T* sdO = sQ + 2 * BM * D;            // [2][BM × D] sw128
-    float* sLse = reinterpret_cast<float*>(sdO + 2 * BM * D);  // [2][BM] log2 units
-    float* sDelta = sLse + 2 * BM;                              // [2][BM]
-    float* sRq = sDelta + 2 * BM;                               // [2][BM] (hyperbolic: q0)
+    T* sQ = sV + BN * D;                 // [kBufs][BM × D] sw128
+    T* sdO = sQ + kBufs * BM * D;        // [kBufs][BM × D] sw128
+    T* sdS = sdO + kBufs * BM * D;       // kDq: [BN × BM] sw128, dS'ᵀ (rows = keys)
+    float* sLse = reinterpret_cast<float*>(sdS + (kDq ? BN * BM : 0));  // [kBufs][BM] log2 units
+    float* sDelta = sLse + kBufs * BM;                                   // [kBufs][BM]
+    float* sRq = sDelta + kBufs * BM;                                    // [kBufs][BM] (hyperbolic: q0)
+    float* sNq = sRq + kBufs * BM;  // kDq, cosine-sim: [kBufs][BM] max(‖q‖, eps) = 1 / sRq
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int b = blockIdx.z, hk = blockIdx.y;
@@ -184,14 +195,15 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
     const bool norms = Score::kNorms && p.l2norm;
     const bool midpoint = Score::kLorentz && p.midpoint;
+    auto head_of = [&](int it) { return hk * p.group + it / m_count; };
+    auto row0_of = [&](int it) { return (m_first + it % m_count) * BM; };
 
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
     const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
     load_tile_sw128<T, BN, D, kWgThreads>(sK, k, p.k_seq, j0, si.len_k, tid);
     load_tile_sw128<T, BN, D, kWgThreads>(sV, v, p.v_seq, j0, si.len_k, tid);
-    auto load_q = [&](int it, int buf) {
-        const int h = hk * p.group + it / m_count;
-        const int i0 = (m_first + it % m_count) * BM;
+    auto load_q = [&](int it) {
+        const int buf = it % kBufs, h = head_of(it), i0 = row0_of(it);
         load_tile_sw128<T, BM, D, kWgThreads>(sQ + buf * BM * D, static_cast<const T*>(p.q) + si.q_off(p, 0, h),
                                               p.q_seq, i0, si.len_q, tid);
         load_tile_sw128<T, BM, D, kWgThreads>(sdO + buf * BM * D, static_cast<const T*>(p.d_o) + si.o_off(p, 0, h),
@@ -207,9 +219,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
             sLse[buf * BM + tid] = lse;
             sDelta[buf * BM + tid] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             sRq[buf * BM + tid] = rq;
+            if (kDq && norms) sNq[buf * BM + tid] = 1.f / rq;
         }
     };
-    if (iters > 0) load_q(0, 0);
+    if (iters > 0) load_q(0);
     cp_async_commit();
 
     const int g = lane / 4, t4 = lane % 4;
@@ -230,11 +243,23 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     auto b_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
     auto n_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + kk * 2048, BM * 128, 1024); };
 
+    // kDq: dQ of a block (64 queries × these 64 columns) into dq_acc, scaled, by f32 atomics.
+    const int c0 = kSplitCols ? wg * 64 : 0;
+    auto reduce_dq = [&](const float (&acc_q)[8][4], int h, int i0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = i0 + (warp % 4) * 16 + g + 8 * r;
+            if (i >= si.len_q) continue;
+            float* dst = p.dq_acc + si.dq_off(p, i, h) + c0 + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, acc_q[j][2 * r] * p.scale, acc_q[j][2 * r + 1] * p.scale);
+        }
+    };
+
     for (int it = 0; it < iters; ++it) {
-        const int buf = it & 1;
-        const int h = hk * p.group + it / m_count;
-        const int i0 = (m_first + it % m_count) * BM;
-        if (it + 1 < iters) load_q(it + 1, buf ^ 1);
+        const int buf = it % kBufs;
+        const int h = head_of(it), i0 = row0_of(it);
+        if (it + 1 < iters) load_q(it + 1);
         cp_async_commit();
         cp_async_wait<1>();
         fence_proxy_async();
@@ -262,18 +287,54 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
             pack_a<T>(ap[kk], st[0][2 * kk], st[0][2 * kk + 1]);
             pack_a<T>(ads[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
         }
+        if constexpr (kDq) {
+            // dS'ᵀ into shared memory for dQ. dK took dS·(1/‖q_i‖) (cosine-sim); dQ takes dS·(1/‖k_j‖).
+            unsigned char* ds = reinterpret_cast<unsigned char*>(sdS);
+#pragma unroll
+            for (int qt = 0; qt < QT; ++qt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    float x0 = dpt[0][qt][2 * r], x1 = dpt[0][qt][2 * r + 1];
+                    if (norms) {
+                        const int cl = buf * BM + qt * 8 + 2 * t4;
+                        x0 *= sNq[cl] * rk[0][r];
+                        x1 *= sNq[cl + 1] * rk[0][r];
+                    }
+                    *reinterpret_cast<uint32_t*>(ds + sw128_offset<BN>(wrow + g + 8 * r, qt * 8 + 2 * t4)) =
+                        pack2<T>(x0, x1);
+                }
+        }
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, D>::rs(acc_dv[0], ap[kk], n_desc(do_addr + buf * kTile, kk), 1);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, D>::rs(acc_dk[0], ads[kk], n_desc(q_addr + buf * kTile, kk), 1);
         wg_commit();
-        wg_wait<0>();
+        if constexpr (kDq) {
+            // dQ (this block's 64 queries) += dS' K: A = dS'ᵀ and B = K, both MN-major in shared memory.
+            fence_proxy_async();
+            __syncthreads();  // the whole dS'ᵀ tile is stored
+            constexpr int kKeys = kSplitCols ? BN : 64;
+            const uint32_t ds_addr = smem_addr(sdS) + (kSplitCols ? 0 : wg * 64 * 128);
+            const uint32_t kb_addr = smem_addr(sK) + (kSplitCols ? wg * BN * 128 : wg * 64 * 128);
+            float acc_q[8][4];
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < kKeys / 16; ++kk)
+                Wgmma<T, 64>::ss_tt(acc_q, sw128_desc(ds_addr + kk * 2048, BN * 128, 1024),
+                                    sw128_desc(kb_addr + kk * 2048, BN * 128, 1024), kk > 0);
+            wg_commit();
+            wg_wait<0>();
+            fence_regs<8>(acc_q);
+            reduce_dq(acc_q, h, i0);
+        } else {
+            wg_wait<0>();
+        }
         fence_regs<AT>(acc_dv[0]);
         fence_regs<AT>(acc_dk[0]);
         fence_regs<BM / 16>(ap);
         fence_regs<BM / 16>(ads);
-        __syncthreads();  // every warp is done with this block's Q and dO: the next load may refill them
+        __syncthreads();  // every warp is done with this block's Q, dO (and dS'ᵀ): the next load may refill them
     }
     cp_async_wait<0>();
 
@@ -309,3 +370,16 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     ATTN_FLASH_BWD_WG(NAME, SCORE, bf16, __nv_bfloat16, 64) \
     ATTN_FLASH_BWD_WG(NAME, SCORE, f16, __half, 128)        \
     ATTN_FLASH_BWD_WG(NAME, SCORE, bf16, __nv_bfloat16, 128)
+
+// The fused Hopper backward of a score without per-row sums in its dQ (softmax, cosine-sim): one
+// kernel writes dK and dV and reduces dQ into f32 (NAME_bwd_fused_wg_{f16,bf16}_d{64,128}).
+#define ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, DT, T, D)                                                             \
+    extern "C" __global__ void __launch_bounds__(attn::WgDkvTile<D>::BN * 2, 1)                                    \
+        NAME##_bwd_fused_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                     \
+        attn::flash_bwd_dkdv_wg<T, D, SCORE, attn::WgDkvTile<D>::BN, attn::WgDkvTile<D>::BM, true>(p);            \
+    }
+#define ATTN_FLASH_BWD_FUSED_WG_ALL(NAME, SCORE)                  \
+    ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, f16, __half, 64)         \
+    ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, bf16, __nv_bfloat16, 64) \
+    ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, f16, __half, 128)        \
+    ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, bf16, __nv_bfloat16, 128)

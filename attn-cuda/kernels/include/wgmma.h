@@ -40,6 +40,11 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 // Shared-memory writes of the generic proxy (cp.async, st.shared) visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// dst[0..1] += (x, y) in global memory, one vector reduction (sm_90), no return value.
+__device__ __forceinline__ void red_add_v2(float* dst, float x, float y) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+}
+
 // Keep the compiler from moving accesses of registers that an in-flight wgmma reads or writes
 // across the wait that completes it.
 template <int N> __device__ __forceinline__ void fence_regs(float (&d)[N][4]) {
@@ -55,8 +60,9 @@ template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&a)[N][4])
         for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
 }
 
-// d (+)= A·B for one k16 step: ss = A and B from shared memory (both K-major), rs = A from
-// registers and B MN-major (transposed) from shared memory. accumulate = 0 overwrites d.
+// d (+)= A·B for one k16 step: ss = A and B from shared memory (both K-major), ss_tt = both from
+// shared memory and MN-major (transposed), rs = A from registers and B MN-major from shared memory.
+// accumulate = 0 overwrites d.
 template <typename T, int N> struct Wgmma;
 
 // The accumulator operands of m64nN: N / 2 floats d[j][e], and their PTX register lists.
@@ -97,6 +103,13 @@ template <typename T, int N> struct Wgmma;
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                                        \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TAG "." TAG " " ATTN_WG_R##N           \
                          ", %" #NA ", %" #A1 ", p, 1, 1, 0, 0;\n}\n"                                              \
+                         : ATTN_WG_D##N                                                                         \
+                         : "l"(a), "l"(b), "r"(accumulate));                                                    \
+        }                                                                                                          \
+        static __device__ __forceinline__ void ss_tt(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {\
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                                        \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TAG "." TAG " " ATTN_WG_R##N           \
+                         ", %" #NA ", %" #A1 ", p, 1, 1, 1, 1;\n}\n"                                              \
                          : ATTN_WG_D##N                                                                         \
                          : "l"(a), "l"(b), "r"(accumulate));                                                    \
         }                                                                                                          \

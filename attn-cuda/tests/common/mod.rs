@@ -478,6 +478,37 @@ pub fn check_dtype(spec: &AttnSpec, seed: u64, offset: usize) -> Result<(), Stri
     }
 }
 
+/// The forward and backward of `spec` on `case`, twice in the spec's storage dtype: an error naming the
+/// first output whose bits differ between the two runs.
+pub fn identical_runs(spec: &AttnSpec, case: &Case) -> Result<(), String> {
+    let run = || match spec.dtype() {
+        DType::F32 => run_gpu::<f32>(spec, case, 0),
+        DType::F16 => run_gpu::<half::f16>(spec, case, 0),
+        DType::BF16 => run_gpu::<half::bf16>(spec, case, 0),
+    };
+    let (a, b) = (run()?, run()?);
+    for (name, x, y) in [
+        ("o", &a.o, &b.o),
+        ("lse", &a.lse, &b.lse),
+        ("dq", &a.dq, &b.dq),
+        ("dk", &a.dk, &b.dk),
+        ("dv", &a.dv, &b.dv),
+    ] {
+        let diff = x
+            .iter()
+            .zip(y)
+            .filter(|(p, q)| p.to_bits() != q.to_bits())
+            .count();
+        if diff > 0 {
+            return Err(format!(
+                "{name}: {diff} of {} elements differ between two runs",
+                x.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The cases of one test: each one counted and each failure kept under its label, so that
 /// [`Cases::finish`] reports them all (case, field, error, bound) before the test fails.
 pub struct Cases {
