@@ -45,6 +45,6 @@ ATTN_COSINE_WG(f16, __half, 128)
 ATTN_COSINE_WG(bf16, __nv_bfloat16, 128)
 
 // The Hopper backward (wgmma, sm_90a only): attn_cosine_sim_bwd_{dq,dkdv}_wg_{dt}_d{64,128} (deterministic), and
-// attn_cosine_sim_bwd_fused_wg_{dt}_d{64,128} (dK, dV and dQ by f32 reductions in one kernel).
+// attn_cosine_sim_bwd_fused_wg_{dt}_d128 (dK, dV and dQ by f32 reductions in one kernel).
 ATTN_FLASH_BWD_WG_ALL(attn_cosine_sim, attn::CosineScore)
 ATTN_FLASH_BWD_FUSED_WG_ALL(attn_cosine_sim, attn::CosineScore)

@@ -56,6 +56,6 @@ ATTN_SOFTMAX_WG_X(64, 64, 64, 3)
 ATTN_SOFTMAX_WG_X(128, 64, 64, 2)
 
 // The Hopper backward (wgmma, sm_90a only): attn_softmax_bwd_{dq,dkdv}_wg_{dt}_d{64,128} (deterministic), and
-// attn_softmax_bwd_fused_wg_{dt}_d{64,128} (dK, dV and dQ by f32 reductions in one kernel).
+// attn_softmax_bwd_fused_wg_{dt}_d128 (dK, dV and dQ by f32 reductions in one kernel).
 ATTN_FLASH_BWD_WG_ALL(attn_softmax, attn::SoftmaxScore)
 ATTN_FLASH_BWD_FUSED_WG_ALL(attn_softmax, attn::SoftmaxScore)

@@ -161,14 +161,13 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     constexpr int kWgThreads = BN * 2;
     constexpr int QT = BM / 8, AT = D / 8;
     static_assert(BN % 64 == 0 && BM % 16 == 0, "64 keys per warpgroup, whole k16 steps of queries");
-    // kDq (the fused backward): also dQ += dS' K of each query block, reduced into p.dq_acc with f32
-    // atomics. Warpgroup w takes the 64 columns 64w.. of dQ over every key of the tile where D has one
-    // 64-column block per warpgroup (D = 128), else all of D over its own 64 keys (D = 64). The dQ
-    // product waits for the whole dS'ᵀ tile (a barrier) and its atomics follow it at once: deferring
-    // them under the next block's Sᵀ and dPᵀ (three Q/dO buffers, two dS'ᵀ tiles) was slower on the
-    // H100 (more registers live across the products: 148 bytes spilled at D = 128; NOTES.md).
-    static_assert(!kDq || (BM == 64 && !Score::kLorentz && (D == 64 || D == BN)), "fused dQ: 64-query blocks");
-    constexpr bool kSplitCols = D == BN;
+    // kDq (the fused backward, D = 128): also dQ += dS' K of each query block, reduced into p.dq_acc
+    // with f32 atomics; warpgroup w takes the 64 columns 64w.. of dQ over every key of the tile. The
+    // dQ product waits for the whole dS'ᵀ tile (a barrier) and its atomics follow it at once:
+    // deferring them under the next block's Sᵀ and dPᵀ (three Q/dO buffers, two dS'ᵀ tiles) was
+    // slower on the H100 (more registers live across the products), and at D = 64 (each warpgroup
+    // all of D over its own keys) the fused kernel was no faster than the two kernels (NOTES.md).
+    static_assert(!kDq || (BM == 64 && BN == 128 && D == 128 && !Score::kLorentz), "fused dQ: D = 128 tiles");
     constexpr int kBufs = 2;
 
     extern __shared__ __align__(1024) unsigned char smem_wg[];
@@ -244,7 +243,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     auto n_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + kk * 2048, BM * 128, 1024); };
 
     // kDq: dQ of a block (64 queries × these 64 columns) into dq_acc, scaled, by f32 atomics.
-    const int c0 = kSplitCols ? wg * 64 : 0;
+    const int c0 = wg * 64;
     auto reduce_dq = [&](const float (&acc_q)[8][4], int h, int i0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -314,13 +313,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
             // dQ (this block's 64 queries) += dS' K: A = dS'ᵀ and B = K, both MN-major in shared memory.
             fence_proxy_async();
             __syncthreads();  // the whole dS'ᵀ tile is stored
-            constexpr int kKeys = kSplitCols ? BN : 64;
-            const uint32_t ds_addr = smem_addr(sdS) + (kSplitCols ? 0 : wg * 64 * 128);
-            const uint32_t kb_addr = smem_addr(sK) + (kSplitCols ? wg * BN * 128 : wg * 64 * 128);
+            const uint32_t ds_addr = smem_addr(sdS), kb_addr = smem_addr(sK) + wg * BN * 128;
             float acc_q[8][4];
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < kKeys / 16; ++kk)
+            for (int kk = 0; kk < BN / 16; ++kk)
                 Wgmma<T, 64>::ss_tt(acc_q, sw128_desc(ds_addr + kk * 2048, BN * 128, 1024),
                                     sw128_desc(kb_addr + kk * 2048, BN * 128, 1024), kk > 0);
             wg_commit();
@@ -372,14 +369,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     ATTN_FLASH_BWD_WG(NAME, SCORE, bf16, __nv_bfloat16, 128)
 
 // The fused Hopper backward of a score without per-row sums in its dQ (softmax, cosine-sim): one
-// kernel writes dK and dV and reduces dQ into f32 (NAME_bwd_fused_wg_{f16,bf16}_d{64,128}).
+// kernel writes dK and dV and reduces dQ into f32 (NAME_bwd_fused_wg_{f16,bf16}_d128).
 #define ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, DT, T, D)                                                             \
     extern "C" __global__ void __launch_bounds__(attn::WgDkvTile<D>::BN * 2, 1)                                    \
         NAME##_bwd_fused_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                     \
         attn::flash_bwd_dkdv_wg<T, D, SCORE, attn::WgDkvTile<D>::BN, attn::WgDkvTile<D>::BM, true>(p);            \
     }
-#define ATTN_FLASH_BWD_FUSED_WG_ALL(NAME, SCORE)                  \
-    ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, f16, __half, 64)         \
-    ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, bf16, __nv_bfloat16, 64) \
-    ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, f16, __half, 128)        \
+#define ATTN_FLASH_BWD_FUSED_WG_ALL(NAME, SCORE)           \
+    ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, f16, __half, 128) \
     ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, bf16, __nv_bfloat16, 128)
