@@ -33,6 +33,9 @@ pub struct AttnOptions {
     /// `[B|1, Hq|1, Nq, Nk]`, same dtype and device as q; it receives a gradient.
     pub bias: Option<Tensor>,
     pub layout: Layout,
+    /// A backward with the same bits on every run ([`AttnProblem::deterministic`]); off by default,
+    /// where attn-cuda's Hopper backward may sum dQ with atomics, as FlashAttention does.
+    pub deterministic: bool,
 }
 
 impl AttnOptions {
@@ -45,6 +48,7 @@ impl AttnOptions {
             lengths: SeqLengths::Dense,
             bias: None,
             layout: Layout::Bnhd,
+            deterministic: false,
         }
     }
     pub fn with_causal(mut self, causal: Causal) -> Self {
@@ -76,6 +80,11 @@ impl AttnOptions {
     }
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
+        self
+    }
+    /// See [`AttnOptions::deterministic`].
+    pub fn with_deterministic(mut self, deterministic: bool) -> Self {
+        self.deterministic = deterministic;
         self
     }
 }
@@ -289,6 +298,7 @@ fn problem(
     });
     p.causal = opts.causal;
     p.window = opts.window;
+    p.deterministic = opts.deterministic;
     if let Some(b) = bias {
         match *b.dims() {
             [bb, bh, nq, nk] if (nq, nk) == (p.seq_q, p.seq_k) => {
@@ -424,6 +434,21 @@ mod tests {
         .map_err(to_candle)?;
         assert_eq!(p.q_strides(), s);
         assert_eq!(p.q_offset(1, 4, 2), 120 + 4 * 8 + 2 * 40);
+        Ok(())
+    }
+
+    #[test]
+    fn deterministic_reaches_the_spec_dense_and_packed() -> Result<()> {
+        let dense = Tensor::zeros((2, 5, 3, 8), candle_core::DType::F32, &Device::Cpu)?;
+        let packed = Tensor::zeros((7, 3, 8), candle_core::DType::F32, &Device::Cpu)?;
+        for deterministic in [false, true] {
+            let opts = AttnOptions::new(Family::softmax()).with_deterministic(deterministic);
+            let varlen = opts.clone().with_varlen(vec![0, 3, 7], vec![0, 3, 7]);
+            for (x, o) in [(&dense, &opts), (&packed, &varlen)] {
+                let p = problem(x, x, x, None, o, None).map_err(to_candle)?;
+                assert_eq!(p.validate().map_err(to_candle)?.deterministic(), deterministic);
+            }
+        }
         Ok(())
     }
 

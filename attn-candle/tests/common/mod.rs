@@ -50,6 +50,7 @@ pub fn options_for(p: &AttnProblem) -> AttnOptions {
         lengths: p.lengths.clone(),
         bias: None,
         layout: p.layout,
+        deterministic: p.deterministic,
     }
 }
 
