@@ -287,6 +287,16 @@ mod tests {
         let expect = -beta / c.sqrt() * (c * u).acosh();
         assert!((s - expect).abs() < 1e-5, "{s} vs {expect}");
         assert!((h.grad as f64 - beta / c.sqrt()).abs() < 1e-6);
+        // β/√c = 1 gives exactly fast = −1, the condition of the geodesic's reciprocal forward
+        // (flash_fwd.cuh: weight 1/w, no LG2/EX2); any other ratio keeps the log-domain path.
+        for (c, beta) in [(1.0f32, 1.0f32), (4.0, 2.0), (0.25, 0.5)] {
+            assert_eq!(
+                HypConstants::new(HypScore::Geodesic, c, beta).fast,
+                -1.0,
+                "c {c} β {beta}"
+            );
+        }
+        assert_ne!(HypConstants::new(HypScore::Geodesic, 0.8, 1.3).fast, -1.0);
     }
 
     /// The kernels' decomposition (score.h, lorentz_tile.cuh), emulated in f64 on one dense slice:

@@ -86,7 +86,20 @@ __device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqI
     // s = score + bias, masked → −∞, in log2 units.
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     float c[MT][2];
+    // The geodesic at β/√c = 1 (hyp_c exactly −1): the weight is 1/w, no log or exponential per element.
+    const bool recip = Score::kGeodesic && fast && p.hyp_c == -1.f;
     if constexpr (Score::kLorentz) {
+        if (recip) {
+            if (p.midpoint)
+                lorentz_scores<Score, true, T, MT, NT, true>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, k0, lg,
+                                                             t4);
+            else
+                lorentz_scores<Score, false, T, MT, NT, true>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, k0, lg,
+                                                              t4);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) softmax_rows<NT, false, true>(s[mt], m[mt], l[mt], true, c[mt], alpha[mt]);
+            return;
+        }
         if (p.midpoint)
             lorentz_scores<Score, true, T>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, k0, lg, t4);
         else

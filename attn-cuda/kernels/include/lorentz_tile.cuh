@@ -25,7 +25,9 @@ __device__ __forceinline__ float round_to(float x) {
 // Forward scores of one key block of BN = 8·NT keys starting at j0 for MT 16-row tiles: raw products
 // in s → fast-path values y with c = hyp_c, or log2-unit scores with c = 1 (general path).
 // q0: this thread's rows' time coordinates; sK0, sLg: the block's k0 and log γ_j in shared memory.
-template <class Score, bool kMid, typename T, int MT, int NT>
+// kRecip (geodesic, hyp_c = −β/√c = −1, fast path): the weight 2^(c·y) = 1/w (times γ_j) itself, for
+// softmax_rows<.., kLinear>: RSQ and RCP per element instead of RSQ, LG2 and EX2.
+template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip = false>
 __device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInfo& si, int h, int j0, bool fast, bool full,
                                                float (&s)[MT][NT][4], float (&c)[MT][2], const float (&q0)[MT][2],
                                                const int (&row)[MT][2], const int (&lo)[MT][2], const int (&hi)[MT][2],
@@ -44,6 +46,11 @@ __device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInf
                 const int r = e / 2;
                 const float k0j = (e & 1) ? k0.y : k0.x, lgj = (e & 1) ? lg.y : lg.x;
                 float psi;
+                if (kRecip && fast) {
+                    const float w = lorentz_value<Score, false, true>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
+                    s[mt][nt][e] = kMid ? rcp_fast(w) * exp2_fast(lgj * kLog2e) : rcp_fast(w);
+                    continue;
+                }
                 const float y = lorentz_value<Score, false>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
                 if (fast) {
                     s[mt][nt][e] = kMid ? fmaf(lgj, lg_fast, y) : y;

@@ -32,6 +32,11 @@ __device__ __forceinline__ float rsqrt_fast(float x) {
     asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+__device__ __forceinline__ float rcp_fast(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 // Reductions across the 4 lanes of a quad (the lanes that share an mma row).
 __device__ __forceinline__ float quad_max(float x) {
@@ -53,10 +58,35 @@ __device__ __forceinline__ float quad_sum(float x) {
 // where masked), and replace x by the unnormalised probabilities 2^(c·x − m'). alpha[r] receives
 // the factor 2^(m − m') by which the row's output accumulator must be rescaled (1 without a running
 // max); l is rescaled here. kNeg: c < 0 (the geodesic's fast path keeps log2 of the distance term),
-// so the row's largest score comes from its smallest value.
-template <int NT, bool kNeg = false>
+// so the row's largest score comes from its smallest value. kLinear: x already holds 2^score ≥ 0 (the
+// geodesic at β/√c = 1, whose weight is a reciprocal: no exponential per element); the running max
+// stays in log2 units (one LG2 per row and block) and P = x·2^(−m'), one FMUL.
+template <int NT, bool kNeg = false, bool kLinear = false>
 __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&m)[2], float (&l)[2], bool running_max,
                                              const float (&c)[2], float (&alpha)[2]) {
+    if constexpr (kLinear) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = quad_max(mx);
+            const float m_new = mx > 0.f ? fmaxf(m[r], lg2_fast(mx)) : m[r];
+            const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;
+            alpha[r] = exp2_fast(m[r] - ref);
+            l[r] *= alpha[r];
+            m[r] = m_new;
+            const float f = exp2_fast(-ref);
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                s[nt][2 * r] *= f;
+                s[nt][2 * r + 1] *= f;
+                sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            }
+            l[r] += sum;
+        }
+    } else {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float m_new = m[r];
@@ -88,6 +118,7 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&m)[2], f
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
         l[r] += sum;  // thread-partial; reduced across the quad once, at the end
+    }
     }
 }
 

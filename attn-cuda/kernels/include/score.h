@@ -70,7 +70,8 @@ struct Lorentz {
 // The fast-path value y of one element from the raw product and the time coordinates (see the top
 // of the file), and with kGrad the factor ψ of its gradient. Two FMAs (SqLorentz: one) and, for the
 // geodesic, one MUFU.RSQ and one MUFU.LG2: √t = t·(1/√t) serves both the score and ψ.
-template <class Score, bool kGrad>
+// kW (geodesic): return w itself instead of log2 w (the β/√c = 1 forward, whose weight is 1/w).
+template <class Score, bool kGrad, bool kW = false>
 __device__ __forceinline__ float lorentz_value(float qk, float q0, float k0, const Lorentz& L, float& psi) {
     if (!Score::kGeodesic) {
         psi = 1.f;
@@ -81,7 +82,8 @@ __device__ __forceinline__ float lorentz_value(float qk, float q0, float k0, con
     const float t = fmaf(u, u, -L.inv_c2);  // u² − 1/c² = (z² − 1)/c², no cancellation (exact square)
     const float rs = rsqrt_fast(t);
     if (kGrad) psi = u_raw < L.thr ? 0.f : rs;
-    return lg2_fast(fmaf(t, rs, u));  // log2 w, w = u + √t
+    const float w = fmaf(t, rs, u);  // w = u + √t
+    return kW ? w : lg2_fast(w);
 }
 
 // s_ij before the bias, from the raw product and the reciprocal norms (1 when unused). `dx` is set
