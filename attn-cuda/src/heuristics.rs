@@ -1,7 +1,9 @@
 //! Tile shapes, shared-memory sizes and grids: pure host functions, the mirror of
 //! `kernels/include/tiles.h` and of each kernel's shared-memory carve-up.
 //!
-//! Every kernel runs 4 warps (128 threads). Shared rows are padded to `D + 8` elements.
+//! The mma.sync, SIMT and row kernels run 4 warps (128 threads), with shared rows padded to `D + 8`
+//! elements; the Hopper kernels run one warpgroup (128 threads) per 64 resident rows, in the unpadded
+//! 128-byte-swizzled layout.
 
 /// Threads per block of every flash and row kernel.
 pub(crate) const THREADS: u32 = 128;

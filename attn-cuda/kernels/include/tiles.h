@@ -1,6 +1,7 @@
 // Tile shapes per head dim: specialisations only, no generic fallback, so an unsupported head dim
 // cannot compile. Mirrored by attn_cuda::heuristics (host side: grid and shared-memory sizes).
-// Every kernel runs 4 warps (128 threads); a warp owns 16 rows of the M side of its products.
+// The mma.sync kernels run 4 warps (128 threads), the Hopper ones a warpgroup (128 threads) per 64
+// resident rows; either way a warp owns 16 rows of the M side of its products.
 #pragma once
 #include <type_traits>
 
