@@ -106,12 +106,21 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
                                             const float* sRk, const float* sK0, const float* sLg, int t4) {
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     if constexpr (Score::kLorentz) {
-        if (p.midpoint)
+        // The geodesic at β/√c = 1: P from the reciprocal 1/w (lorentz_tile.cuh, kRecip).
+        if (Score::kGeodesic && fast && p.hyp_c == -1.f) {
+            if (p.midpoint)
+                lorentz_dq_tile<Score, true, T, MT, NT, true>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row,
+                                                              lo, hi, sK0, sLg, t4);
+            else
+                lorentz_dq_tile<Score, false, T, MT, NT, true>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row,
+                                                               lo, hi, sK0, sLg, t4);
+        } else if (p.midpoint) {
             lorentz_dq_tile<Score, true, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg,
                                             t4);
-        else
+        } else {
             lorentz_dq_tile<Score, false, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg,
                                              t4);
+        }
     } else if (fast) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -160,12 +169,20 @@ __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInf
                                                const float* sLse, const float* sDelta, int t4) {
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     if constexpr (Score::kLorentz) {
-        if (p.midpoint)
+        if (Score::kGeodesic && fast && p.hyp_c == -1.f) {
+            if (p.midpoint)
+                lorentz_dkdv_tile<Score, true, T, MT, QT, true>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg,
+                                                                key, sRq, sLse, sDelta, t4);
+            else
+                lorentz_dkdv_tile<Score, false, T, MT, QT, true>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg,
+                                                                 key, sRq, sLse, sDelta, t4);
+        } else if (p.midpoint) {
             lorentz_dkdv_tile<Score, true, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse,
                                               sDelta, t4);
-        else
+        } else {
             lorentz_dkdv_tile<Score, false, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse,
                                                sDelta, t4);
+        }
     } else if (fast) {
         const float c0 = p.scale * kLog2e;
 #pragma unroll

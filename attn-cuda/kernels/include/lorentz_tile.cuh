@@ -71,7 +71,8 @@ __device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInf
 // dQ kernel, one key block: s holds S = QKᵀ, dp holds dP = dO Vᵀ. On return s holds w = dS·ψ rounded
 // to T, and a[mt][r] (thread-partial) has gained Σ_j w_ij k0_j. lse2: LSE_i in log2 units less the
 // score's constant (+∞ for rows that must get P = 0). With a bias, dS goes to the bias scratch.
-template <class Score, bool kMid, typename T, int MT, int NT>
+// kRecip (geodesic, hyp_c = −1, fast tiles only): P = (1/w)·γ_j·2^(−lse2_i), no LG2 or EX2 per element.
+template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip = false>
 __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqInfo& si, int h, int j0, bool fast,
                                                 bool full, float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
                                                 float (&a)[MT][2], const float (&q0)[MT][2], const float (&lse2)[MT][2],
@@ -80,11 +81,22 @@ __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqIn
                                                 const float* sLg, int t4) {
     const Lorentz L(p);
     const float lg_fast = kLog2e / L.fast;
+    float er[MT][2];  // kRecip: 2^(−lse2) per row (0 for rows that must get P = 0)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) er[mt][0] = er[mt][1] = 0.f;
+    if (kRecip) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) er[mt][r] = exp2_fast(-lse2[mt][r]);
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int cl = nt * 8 + 2 * t4;
         const float2 k0 = *reinterpret_cast<const float2*>(sK0 + cl);
         const float2 lg = kMid ? *reinterpret_cast<const float2*>(sLg + cl) : make_float2(0.f, 0.f);
+        float2 gam = make_float2(1.f, 1.f);  // kRecip with the midpoint: γ_j
+        if (kRecip && kMid) gam = make_float2(exp2_fast(lg.x * kLog2e), exp2_fast(lg.y * kLog2e));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -92,12 +104,16 @@ __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqIn
                 const int r = e / 2;
                 const float k0j = (e & 1) ? k0.y : k0.x, lgj = (e & 1) ? lg.y : lg.x;
                 float psi;
-                const float y = lorentz_value<Score, true>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
+                float y = lorentz_value<Score, true, kRecip>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
                 float ds;
-                if (fast) {
+                if (kRecip && fast) {  // y is w
+                    const float pr = rcp_fast(y) * ((e & 1) ? gam.y : gam.x) * er[mt][r];
+                    ds = pr * (dp[mt][nt][e] - delta[mt][r]);
+                } else if (fast) {
                     const float pr = exp2_fast(fmaf(kMid ? fmaf(lgj, lg_fast, y) : y, L.fast, -lse2[mt][r]));
                     ds = pr * (dp[mt][nt][e] - delta[mt][r]);
                 } else {
+                    if (kRecip) y = lg2_fast(y);
                     const int col = j0 + cl + (e & 1);
                     const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
                     float x = fmaf(L.fast, y, kMid ? lgj * kLog2e : 0.f);
@@ -119,7 +135,8 @@ __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqIn
 // wᵀ rounded to T; bsum gains Σ_i w_ij q0_i and, with kMid, csum gains Σ_i dS_ij. k0 and lg: the
 // keys' time coordinates and log γ_j; sQ0, sLse, sDelta: the query block's q0, LSE (log2 units, less
 // the score's constant) and δ.
-template <class Score, bool kMid, typename T, int MT, int QT>
+// kRecip: as for lorentz_dq_tile, with 2^(−LSE) per query column and γ_j per key row.
+template <class Score, bool kMid, typename T, int MT, int QT, bool kRecip = false>
 __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const SeqInfo& si, int h, int i0, bool fast,
                                                   bool full, float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
                                                   float (&bsum)[MT][2], float (&csum)[MT][2], const float (&k0)[MT][2],
@@ -127,12 +144,19 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
                                                   const float* sQ0, const float* sLse, const float* sDelta, int t4) {
     const Lorentz L(p);
     const float lg_fast = kLog2e / L.fast;
+    float gam[MT][2];  // kRecip with the midpoint: γ_j of this thread's keys
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) gam[mt][r] = kRecip && kMid ? exp2_fast(lg[mt][r] * kLog2e) : 1.f;
 #pragma unroll
     for (int qt = 0; qt < QT; ++qt) {
         const int cl = qt * 8 + 2 * t4;
         const float2 q0 = *reinterpret_cast<const float2*>(sQ0 + cl);
         const float2 lse = *reinterpret_cast<const float2*>(sLse + cl);
         const float2 delta = *reinterpret_cast<const float2*>(sDelta + cl);
+        float2 eq = make_float2(0.f, 0.f);  // kRecip: 2^(−LSE) per query
+        if (kRecip) eq = make_float2(exp2_fast(-lse.x), exp2_fast(-lse.y));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -141,11 +165,14 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
                 const float q0i = (e & 1) ? q0.y : q0.x;
                 const float lsei = (e & 1) ? lse.y : lse.x, di = (e & 1) ? delta.y : delta.x;
                 float psi;
-                const float y = lorentz_value<Score, true>(st[mt][qt][e], q0i, k0[mt][r], L, psi);
+                float y = lorentz_value<Score, true, kRecip>(st[mt][qt][e], q0i, k0[mt][r], L, psi);
                 float pr;
-                if (fast) {
+                if (kRecip && fast) {  // y is w
+                    pr = rcp_fast(y) * gam[mt][r] * ((e & 1) ? eq.y : eq.x);
+                } else if (fast) {
                     pr = exp2_fast(fmaf(kMid ? fmaf(lg[mt][r], lg_fast, y) : y, L.fast, -lsei));
                 } else {
+                    if (kRecip) y = lg2_fast(y);
                     const int i = i0 + cl + (e & 1);
                     const int j = key[mt][r];
                     const bool allowed =
