@@ -318,6 +318,8 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         (Stage::BwdDq, true) => (heuristics::lorentz_dq_tile, heuristics::dq_smem),
         (Stage::BwdDkdv, false) => (heuristics::dkdv_tile, heuristics::dkdv_smem),
         (Stage::BwdDkdv, true) => (heuristics::lorentz_dkdv_tile, heuristics::dkdv_smem),
+        // Invariant: the fused stage returned above (it has no mma.sync kernel); `Stage` is internal,
+        // chosen by the backend, never user input.
         (Stage::BwdFused, _) => unreachable!("returned above"),
     };
     let tile = tile_of(d).ok_or_else(missing)?;

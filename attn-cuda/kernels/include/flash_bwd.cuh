@@ -106,21 +106,10 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
                                             const float* sRk, const float* sK0, const float* sLg, int t4) {
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     if constexpr (Score::kLorentz) {
-        // The geodesic at β/√c = 1: P from the reciprocal 1/w (lorentz_tile.cuh, kRecip).
-        if (Score::kGeodesic && fast && p.hyp_c == -1.f) {
-            if (p.midpoint)
-                lorentz_dq_tile<Score, true, T, MT, NT, true>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row,
-                                                              lo, hi, sK0, sLg, t4);
-            else
-                lorentz_dq_tile<Score, false, T, MT, NT, true>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row,
-                                                               lo, hi, sK0, sLg, t4);
-        } else if (p.midpoint) {
-            lorentz_dq_tile<Score, true, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg,
-                                            t4);
-        } else {
-            lorentz_dq_tile<Score, false, T>(p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg,
-                                             t4);
-        }
+        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip) {
+            lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value>(
+                p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
+        });
     } else if (fast) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -169,20 +158,10 @@ __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInf
                                                const float* sLse, const float* sDelta, int t4) {
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     if constexpr (Score::kLorentz) {
-        if (Score::kGeodesic && fast && p.hyp_c == -1.f) {
-            if (p.midpoint)
-                lorentz_dkdv_tile<Score, true, T, MT, QT, true>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg,
-                                                                key, sRq, sLse, sDelta, t4);
-            else
-                lorentz_dkdv_tile<Score, false, T, MT, QT, true>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg,
-                                                                 key, sRq, sLse, sDelta, t4);
-        } else if (p.midpoint) {
-            lorentz_dkdv_tile<Score, true, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse,
-                                              sDelta, t4);
-        } else {
-            lorentz_dkdv_tile<Score, false, T>(p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse,
-                                               sDelta, t4);
-        }
+        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip) {
+            lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value>(
+                p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta, t4);
+        });
     } else if (fast) {
         const float c0 = p.scale * kLog2e;
 #pragma unroll
@@ -301,12 +280,8 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int b = blockIdx.z, h = blockIdx.y;
     const SeqInfo si(p, b);
-    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int i0 = m_block * BM;
-    if (i0 >= si.len_q) return;
-    const int hk = h / p.group;
-    int n_first, n_count;
-    key_blocks<BN>(p, si, i0, BM, n_first, n_count);
+    int i0, hk, n_first, n_count;
+    if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
     const bool norms = Score::kNorms && p.l2norm;
     constexpr bool kHyp = Score::kLorentz;
     const bool midpoint = kHyp && p.midpoint;

@@ -86,24 +86,18 @@ __device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqI
     // s = score + bias, masked → −∞, in log2 units.
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     float c[MT][2];
-    // The geodesic at β/√c = 1 (hyp_c exactly −1): the weight is 1/w, no log or exponential per element.
-    const bool recip = Score::kGeodesic && fast && p.hyp_c == -1.f;
     if constexpr (Score::kLorentz) {
+        bool recip = false;  // the geodesic at β/√c = 1: the scores are already the weights 1/w
+        lorentz_variant<Score>(p, fast, [&](auto mid, auto rc) {
+            lorentz_scores<Score, decltype(mid)::value, T, MT, NT, decltype(rc)::value>(p, si, h, j0, fast, full, s, c,
+                                                                                       rq, row, lo, hi, k0, lg, t4);
+            recip = decltype(rc)::value;
+        });
         if (recip) {
-            if (p.midpoint)
-                lorentz_scores<Score, true, T, MT, NT, true>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, k0, lg,
-                                                             t4);
-            else
-                lorentz_scores<Score, false, T, MT, NT, true>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, k0, lg,
-                                                              t4);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) softmax_rows<NT, false, true>(s[mt], m[mt], l[mt], true, c[mt], alpha[mt]);
             return;
         }
-        if (p.midpoint)
-            lorentz_scores<Score, true, T>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, k0, lg, t4);
-        else
-            lorentz_scores<Score, false, T>(p, si, h, j0, fast, full, s, c, rq, row, lo, hi, k0, lg, t4);
     } else if (fast) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -198,13 +192,8 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int b = blockIdx.z, h = blockIdx.y;
     const SeqInfo si(p, b);
-    // Causal blocks near the end of the sequence have the most keys: schedule them first.
-    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int i0 = m_block * BM;
-    if (i0 >= si.len_q) return;
-    const int hk = h / p.group;
-    int n_first, n_count;
-    key_blocks<BN>(p, si, i0, BM, n_first, n_count);
+    int i0, hk, n_first, n_count;
+    if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
 
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);

@@ -64,12 +64,8 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int b = blockIdx.z, h = blockIdx.y;
     const SeqInfo si(p, b);
-    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int i0 = m_block * BM;
-    if (i0 >= si.len_q) return;
-    const int hk = h / p.group;
-    int n_first, n_count;
-    key_blocks<BN>(p, si, i0, BM, n_first, n_count);
+    int i0, hk, n_first, n_count;
+    if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
 
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);

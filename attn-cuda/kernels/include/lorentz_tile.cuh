@@ -9,6 +9,7 @@
 // rounded values, so the epilogue's difference Σ w k − (Σ w k0) q/q0 (which cancels when k/k0 ≈ q/q0,
 // i.e. for close points far from the origin) carries f32 rounding only, never the storage type's.
 #pragma once
+#include <type_traits>
 #include "mask.h"
 #include "mma.h"
 #include "online_softmax.h"
@@ -20,6 +21,25 @@ namespace attn {
 template <typename T>
 __device__ __forceinline__ float round_to(float x) {
     return to_f32(from_f32<T>(x));
+}
+
+// Calls f(kMid, kRecip) (std::integral_constant<bool, ..>) with the tile variant of this call:
+// kMid for the Einstein midpoint; kRecip for the geodesic at β/√c = 1 (hyp_c exactly −1) on a fast
+// tile, whose weight is the reciprocal 1/w (no LG2/EX2 per element).
+template <class Score, class F>
+__device__ __forceinline__ void lorentz_variant(const AttnParams& p, bool fast, F&& f) {
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (Score::kGeodesic && fast && p.hyp_c == -1.f) {
+        if (p.midpoint)
+            f(Yes{}, Yes{});
+        else
+            f(No{}, Yes{});
+    } else if (p.midpoint) {
+        f(Yes{}, No{});
+    } else {
+        f(No{}, No{});
+    }
 }
 
 // Forward scores of one key block of BN = 8·NT keys starting at j0 for MT 16-row tiles: raw products

@@ -112,14 +112,21 @@ struct SeqInfo {
     }
 };
 
-// The blocks of BN keys that query rows [i0, min(i0 + bm, len_q)) can see: the first one and how many
-// (0 when every row's key range is empty). Since both ends of the key range are non-decreasing, the
-// first row's lower end and the last row's upper end bound them.
-template <int BN>
-__device__ __forceinline__ void key_blocks(const AttnParams& p, const SeqInfo& si, int i0, int bm, int& n_first,
-                                           int& n_count) {
-    const int i_last = min(i0 + bm, si.len_q) - 1;
+// The query tile of this block in the forward and dQ kernels: rows i0.. of BM (causal grids run the
+// last tiles first: they have the most keys), the kv head hk of query head h, and the key blocks
+// [n_first, n_first + n_count) of BN keys it visits (0 when every row's key range is empty; both ends
+// of the key range are non-decreasing, so the first row's lower end and the last row's upper end bound
+// them). False when the tile starts past this sequence: the block has nothing to do.
+template <int BM, int BN>
+__device__ __forceinline__ bool query_tile(const AttnParams& p, const SeqInfo& si, int h, int& i0, int& hk,
+                                           int& n_first, int& n_count) {
+    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    i0 = m_block * BM;
+    if (i0 >= si.len_q) return false;
+    hk = h / p.group;
+    const int i_last = min(i0 + BM, si.len_q) - 1;
     const int j_begin = si.key_lo(p, i0), j_end = si.key_hi(p, i_last);
     n_first = j_begin / BN;
     n_count = j_end > j_begin ? (j_end - 1) / BN - n_first + 1 : 0;
+    return true;
 }
