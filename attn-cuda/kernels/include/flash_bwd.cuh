@@ -106,9 +106,9 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
                                             const float* sRk, const float* sK0, const float* sLg, int t4) {
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     if constexpr (Score::kLorentz) {
-        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip) {
-            lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value>(
-                p, si, h, j0, fast, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
+        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
+            lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value, decltype(fc)::value>(
+                p, si, h, j0, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
         });
     } else if (fast) {
 #pragma unroll
@@ -158,9 +158,9 @@ __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInf
                                                const float* sLse, const float* sDelta, int t4) {
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     if constexpr (Score::kLorentz) {
-        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip) {
-            lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value>(
-                p, si, h, i0, fast, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta, t4);
+        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
+            lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value, decltype(fc)::value>(
+                p, si, h, i0, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta, t4);
         });
     } else if (fast) {
         const float c0 = p.scale * kLog2e;

@@ -88,9 +88,9 @@ __device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqI
     float c[MT][2];
     if constexpr (Score::kLorentz) {
         bool recip = false;  // the geodesic at β/√c = 1: the scores are already the weights 1/w
-        lorentz_variant<Score>(p, fast, [&](auto mid, auto rc) {
-            lorentz_scores<Score, decltype(mid)::value, T, MT, NT, decltype(rc)::value>(p, si, h, j0, fast, full, s, c,
-                                                                                       rq, row, lo, hi, k0, lg, t4);
+        lorentz_variant<Score>(p, fast, [&](auto mid, auto rc, auto fc) {
+            lorentz_scores<Score, decltype(mid)::value, T, MT, NT, decltype(rc)::value, decltype(fc)::value>(
+                p, si, h, j0, full, s, c, rq, row, lo, hi, k0, lg, t4);
             recip = decltype(rc)::value;
         });
         if (recip) {

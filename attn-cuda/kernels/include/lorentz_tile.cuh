@@ -23,23 +23,32 @@ __device__ __forceinline__ float round_to(float x) {
     return to_f32(from_f32<T>(x));
 }
 
-// Calls f(kMid, kRecip) (std::integral_constant<bool, ..>) with the tile variant of this call:
-// kMid for the Einstein midpoint; kRecip for the geodesic at β/√c = 1 (hyp_c exactly −1) on a fast
-// tile, whose weight is the reciprocal 1/w (no LG2/EX2 per element).
+// Calls f(kMid, kRecip, kFast) (std::integral_constant<bool, ..>) with the tile variant of this call:
+// kFast for a tile with no mask and no bias (decided per tile at run time, but a compile-time branch
+// inside the tiles: a per-element test of it costs more than the score itself); kMid for the
+// Einstein midpoint; kRecip for the geodesic at β/√c = 1 (hyp_c exactly −1) on a fast tile, whose
+// weight is the reciprocal 1/w (no LG2/EX2 per element).
 template <class Score, class F>
 __device__ __forceinline__ void lorentz_variant(const AttnParams& p, bool fast, F&& f) {
     using Yes = std::true_type;
     using No = std::false_type;
-    if (Score::kGeodesic && fast && p.hyp_c == -1.f) {
+    auto with_mid = [&](auto recip, auto fastc) {
         if (p.midpoint)
-            f(Yes{}, Yes{});
+            f(Yes{}, recip, fastc);
         else
-            f(No{}, Yes{});
-    } else if (p.midpoint) {
-        f(Yes{}, No{});
-    } else {
-        f(No{}, No{});
+            f(No{}, recip, fastc);
+    };
+    if (!fast) {
+        with_mid(No{}, No{});
+        return;
     }
+    if constexpr (Score::kGeodesic) {
+        if (p.hyp_c == -1.f) {
+            with_mid(Yes{}, Yes{});
+            return;
+        }
+    }
+    with_mid(No{}, Yes{});
 }
 
 // Forward scores of one key block of BN = 8·NT keys starting at j0 for MT 16-row tiles: raw products
@@ -47,11 +56,12 @@ __device__ __forceinline__ void lorentz_variant(const AttnParams& p, bool fast, 
 // q0: this thread's rows' time coordinates; sK0, sLg: the block's k0 and log γ_j in shared memory.
 // kRecip (geodesic, hyp_c = −β/√c = −1, fast path): the weight 2^(c·y) = 1/w (times γ_j) itself, for
 // softmax_rows<.., kLinear>: RSQ and RCP per element instead of RSQ, LG2 and EX2.
-template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip = false>
-__device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInfo& si, int h, int j0, bool fast, bool full,
+template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip, bool kFast>
+__device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
                                                float (&s)[MT][NT][4], float (&c)[MT][2], const float (&q0)[MT][2],
                                                const int (&row)[MT][2], const int (&lo)[MT][2], const int (&hi)[MT][2],
                                                const float* sK0, const float* sLg, int t4) {
+    static_assert(kFast || !kRecip, "the reciprocal weight is a fast-tile variant");
     const Lorentz L(p);
     const float lg_fast = kLog2e / L.fast;  // log γ (natural) → the fast path's units
 #pragma unroll
@@ -66,13 +76,13 @@ __device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInf
                 const int r = e / 2;
                 const float k0j = (e & 1) ? k0.y : k0.x, lgj = (e & 1) ? lg.y : lg.x;
                 float psi;
-                if (kRecip && fast) {
+                if constexpr (kRecip) {
                     const float w = lorentz_value<Score, false, true>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
                     s[mt][nt][e] = kMid ? rcp_fast(w) * exp2_fast(lgj * kLog2e) : rcp_fast(w);
                     continue;
                 }
                 const float y = lorentz_value<Score, false>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
-                if (fast) {
+                if constexpr (kFast) {
                     s[mt][nt][e] = kMid ? fmaf(lgj, lg_fast, y) : y;
                 } else {
                     const int col = j0 + cl + (e & 1);
@@ -85,20 +95,21 @@ __device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInf
             }
     }
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) c[mt][0] = c[mt][1] = fast ? L.fast : 1.f;
+    for (int mt = 0; mt < MT; ++mt) c[mt][0] = c[mt][1] = kFast ? L.fast : 1.f;
 }
 
 // dQ kernel, one key block: s holds S = QKᵀ, dp holds dP = dO Vᵀ. On return s holds w = dS·ψ rounded
 // to T, and a[mt][r] (thread-partial) has gained Σ_j w_ij k0_j. lse2: LSE_i in log2 units less the
 // score's constant (+∞ for rows that must get P = 0). With a bias, dS goes to the bias scratch.
 // kRecip (geodesic, hyp_c = −1, fast tiles only): P = (1/w)·γ_j·2^(−lse2_i), no LG2 or EX2 per element.
-template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip = false>
-__device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqInfo& si, int h, int j0, bool fast,
-                                                bool full, float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
+template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip, bool kFast>
+__device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
+                                                float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
                                                 float (&a)[MT][2], const float (&q0)[MT][2], const float (&lse2)[MT][2],
                                                 const float (&delta)[MT][2], const int (&row)[MT][2],
                                                 const int (&lo)[MT][2], const int (&hi)[MT][2], const float* sK0,
                                                 const float* sLg, int t4) {
+    static_assert(kFast || !kRecip, "the reciprocal weight is a fast-tile variant");
     const Lorentz L(p);
     const float lg_fast = kLog2e / L.fast;
     float er[MT][2];  // kRecip: 2^(−lse2) per row (0 for rows that must get P = 0)
@@ -126,14 +137,13 @@ __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqIn
                 float psi;
                 float y = lorentz_value<Score, true, kRecip>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
                 float ds;
-                if (kRecip && fast) {  // y is w
+                if constexpr (kRecip) {  // y is w
                     const float pr = rcp_fast(y) * ((e & 1) ? gam.y : gam.x) * er[mt][r];
                     ds = pr * (dp[mt][nt][e] - delta[mt][r]);
-                } else if (fast) {
+                } else if constexpr (kFast) {
                     const float pr = exp2_fast(fmaf(kMid ? fmaf(lgj, lg_fast, y) : y, L.fast, -lse2[mt][r]));
                     ds = pr * (dp[mt][nt][e] - delta[mt][r]);
                 } else {
-                    if (kRecip) y = lg2_fast(y);
                     const int col = j0 + cl + (e & 1);
                     const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
                     float x = fmaf(L.fast, y, kMid ? lgj * kLog2e : 0.f);
@@ -156,12 +166,13 @@ __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqIn
 // keys' time coordinates and log γ_j; sQ0, sLse, sDelta: the query block's q0, LSE (log2 units, less
 // the score's constant) and δ.
 // kRecip: as for lorentz_dq_tile, with 2^(−LSE) per query column and γ_j per key row.
-template <class Score, bool kMid, typename T, int MT, int QT, bool kRecip = false>
-__device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const SeqInfo& si, int h, int i0, bool fast,
-                                                  bool full, float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
+template <class Score, bool kMid, typename T, int MT, int QT, bool kRecip, bool kFast>
+__device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const SeqInfo& si, int h, int i0, bool full,
+                                                  float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
                                                   float (&bsum)[MT][2], float (&csum)[MT][2], const float (&k0)[MT][2],
                                                   const float (&lg)[MT][2], const int (&key)[MT][2],
                                                   const float* sQ0, const float* sLse, const float* sDelta, int t4) {
+    static_assert(kFast || !kRecip, "the reciprocal weight is a fast-tile variant");
     const Lorentz L(p);
     const float lg_fast = kLog2e / L.fast;
     float gam[MT][2];  // kRecip with the midpoint: γ_j of this thread's keys
@@ -187,12 +198,11 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
                 float psi;
                 float y = lorentz_value<Score, true, kRecip>(st[mt][qt][e], q0i, k0[mt][r], L, psi);
                 float pr;
-                if (kRecip && fast) {  // y is w
+                if constexpr (kRecip) {  // y is w
                     pr = rcp_fast(y) * gam[mt][r] * ((e & 1) ? eq.y : eq.x);
-                } else if (fast) {
+                } else if constexpr (kFast) {
                     pr = exp2_fast(fmaf(kMid ? fmaf(lg[mt][r], lg_fast, y) : y, L.fast, -lsei));
                 } else {
-                    if (kRecip) y = lg2_fast(y);
                     const int i = i0 + cl + (e & 1);
                     const int j = key[mt][r];
                     const bool allowed =
