@@ -7,12 +7,16 @@
 //       sm_90a only; flash_fwd_wg.cuh)
 //   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_{dq,dkdv}_wg_{f16,bf16}_d{64,128}: the Hopper backward
 //       (flash_bwd_wg.cuh)
+//   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_wg_{f16,bf16}_d128: the fused Hopper backward (dK,
+//       dV, and dQ with its row sums reduced into f32 scratch), finished by attn_hyp_dq_store_{dt}
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
 //   attn_hyp_rows_{q,k}_{f32,f16,bf16}: the per-row scalars every kernel above reads, one warp per
 //       row, sums in f64 and rounded once to f32:
 //       q rows: q0 = √(1/c + ‖q‖²) and ‖q‖ (stats_index);
 //       k rows: k0 and ‖k‖, and for the Einstein midpoint γ_j = 1/√(1 − min(c‖v_j‖², KLEIN_MAX_NORM2)):
 //       log γ_j and its gradient factor c γ_j² (0 where the clamp is active), at key_index.
+//   attn_hyp_dq_store_{f16,bf16}: dq_i = hyp_grad·(dq_acc_i − (a_i/q0_i)·q_i) after the fused backward,
+//       one warp per row (the dQ kernel's epilogue, lorentz_dq_epilogue, from the f32 sums).
 #include "include/flash_bwd.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
@@ -68,7 +72,28 @@ __device__ __forceinline__ void hyp_rows(const AttnParams& p) {
     }
 }
 
+template <typename T>
+__device__ __forceinline__ void hyp_dq_store(const AttnParams& p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
+    const SeqInfo si(p, b);
+    if (i >= si.len_q) return;
+    const long long at = si.stats_index(p, h, i), off = si.dq_off(p, i, h);
+    const float ratio = p.dq_rowsum[at] / p.x0q[at];
+    const T* q = static_cast<const T*>(p.q) + si.q_off(p, i, h);
+    for (int d = lane; d < p.head_dim; d += 32)
+        static_cast<T*>(p.dq)[off + d] = from_f32<T>(p.hyp_grad * fmaf(-ratio, to_f32(q[d]), p.dq_acc[off + d]));
+}
+
 }  // namespace attn
+
+#define ATTN_HYP_DQ_STORE(DT, T)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) attn_hyp_dq_store_##DT(const __grid_constant__ AttnParams p) { \
+        attn::hyp_dq_store<T>(p);                                                                                  \
+    }
+
+ATTN_HYP_DQ_STORE(f16, __half)
+ATTN_HYP_DQ_STORE(bf16, __nv_bfloat16)
 
 #define ATTN_HYP_ROWS(DT, T)                                                                                       \
     extern "C" __global__ void __launch_bounds__(128) attn_hyp_rows_q_##DT(const __grid_constant__ AttnParams p) {  \
@@ -111,10 +136,10 @@ ATTN_HYP_DIMS(sq_lorentz, attn::SqLorentzScore)
 ATTN_HYP_DIMS(geodesic, attn::GeodesicScore)
 
 #define ATTN_HYP_WG(NAME, SCORE, DT, T, D)                                                                         \
-    extern "C" __global__ void __launch_bounds__(attn::LorentzWgFwdTile<D>::BM * 2,                               \
-                                                 attn::LorentzWgFwdTile<D>::MIN_BLOCKS)                             \
+    extern "C" __global__ void __launch_bounds__(attn::WgFwdTile<D>::BM * 2,                               \
+                                                 attn::WgFwdTile<D>::MIN_BLOCKS)                             \
         attn_hyperbolic_##NAME##_fwd_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                         \
-        attn::flash_fwd_wg<T, D, SCORE, attn::LorentzWgFwdTile<D>::BM, attn::LorentzWgFwdTile<D>::BN>(p);         \
+        attn::flash_fwd_wg<T, D, SCORE, attn::WgFwdTile<D>::BM, attn::WgFwdTile<D>::BN>(p);         \
     }
 
 #define ATTN_HYP_WG_ALL(NAME, SCORE)                       \
@@ -127,6 +152,8 @@ ATTN_HYP_WG_ALL(sq_lorentz, attn::SqLorentzScore)
 ATTN_HYP_WG_ALL(geodesic, attn::GeodesicScore)
 ATTN_FLASH_BWD_WG_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_WG_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
+ATTN_FLASH_BWD_FUSED_WG_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
+ATTN_FLASH_BWD_FUSED_WG_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 
 #define ATTN_HYP_SIMT(NAME, SCORE)                                                                                 \
     extern "C" __global__ void __launch_bounds__(128)                                                              \

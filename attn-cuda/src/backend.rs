@@ -10,7 +10,8 @@
 //! 4. dK, dV (flash kernel over key tiles, looping over the GQA group: no atomics);
 //!    on the Hopper backward without a bias or `deterministic`, 3 and 4 are one fused kernel
 //!    (`dispatch::fused_backward`) that adds each key tile's dQ into a zeroed f32 scratch with
-//!    atomics, and a row kernel stores dq from it (cosine-sim: step 5 does);
+//!    atomics, and a row kernel stores dq from it (cosine-sim: step 5 does; hyperbolic: dQ's row sums
+//!    Σ_j w_ij k0_j are reduced the same way and the row kernel subtracts their term);
 //! 5. cosine-sim with l2-norm: the l2-norm's Jacobian on dq̂, dk̂ (row kernels);
 //! 6. with a bias: dbias = dS summed over its broadcast dims (deterministic reduction).
 //!
@@ -21,8 +22,8 @@ use crate::error::{CudaAttnError, Result};
 use crate::params::AttnParams;
 use crate::runtime::{self, Kernels};
 use attn_core::{
-    Aggregation, AttnBackend, AttnError, AttnSpec, BackwardIo, DType, Element, FamilySpec, ForwardIo, Op,
-    Pass, SeqLengths,
+    Aggregation, AttnBackend, AttnError, AttnSpec, BackwardIo, DType, Element, FamilyKind, FamilySpec,
+    ForwardIo, Op, Pass, SeqLengths,
 };
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
@@ -571,11 +572,20 @@ impl CudaAttn {
         }
 
         let hyperbolic = self.hyperbolic_rows(spec, &kernels, &mut p, op)?;
+        let hyperbolic_fused = fused && spec.family_kind() == FamilyKind::Hyperbolic;
+        if hyperbolic_fused {
+            // Zeroed: the fused kernel adds every key block's share of dQ's row sums into it.
+            let rowsum = s.alloc_zeros::<f32>(spec.stats_len().max(1))?;
+            p.dq_rowsum = rowsum.device_ptr(s).0;
+            scratch.push(rowsum);
+        }
         let launch = |k: dispatch::Kernel| kernels.launch(s, &k, &p, op);
         launch(dispatch::row_kernel(spec, RowKernel::Delta))?;
         if fused {
             launch(dispatch::flash_kernel(spec, Stage::BwdFused, kernels.hopper)?)?;
-            if !norms {
+            if hyperbolic_fused {
+                launch(dispatch::row_kernel(spec, RowKernel::HypDqStore))?;
+            } else if !norms {
                 launch(dispatch::row_kernel(spec, RowKernel::DqStore))?;
             }
         } else {

@@ -180,8 +180,8 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
 
 /// Whether the backward of `spec` runs as one fused Hopper kernel (dK, dV, and dQ reduced into f32
 /// with atomics, then stored by a row kernel) instead of the deterministic dQ and dK/dV kernels: on
-/// the Hopper backward, f16/bf16 softmax and cosine-sim at D = 128 (at D = 64 it was no faster on the
-/// H100: kernels/NOTES.md, version 6), unless the call
+/// the Hopper backward, f16/bf16 softmax, cosine-sim and hyperbolic at D = 128 (at D = 64 it was no
+/// faster on the H100: kernels/NOTES.md, version 6), unless the call
 /// asks for a deterministic backward or has a bias (whose gradient the dQ kernel gathers), or
 /// `ATTN_CUDA_WG_FUSED=0`.
 pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
@@ -191,7 +191,10 @@ pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
         && !spec.deterministic()
         && spec.bias().is_none()
         && spec.dtype() != DType::F32
-        && matches!(spec.family_kind(), FamilyKind::Softmax | FamilyKind::CosineSim)
+        && matches!(
+            spec.family_kind(),
+            FamilyKind::Softmax | FamilyKind::CosineSim | FamilyKind::Hyperbolic
+        )
         && spec.head_dim() == 128
 }
 
@@ -238,11 +241,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
     let elem = spec.dtype().size();
     let missing = || unsupported(spec, pass, format!("{family} head dim {d}"));
     let lorentz = module == Module::Hyperbolic;
-    let wg_tile = if lorentz {
-        heuristics::lorentz_wg_fwd_tile(d)
-    } else {
-        heuristics::wg_fwd_tile(d)
-    };
+    let wg_tile = heuristics::wg_fwd_tile(d);
     if let (Stage::Forward, true, Some(mut tile)) = (stage, hopper.on, wg_tile) {
         let mut variant = String::new();
         if let Some((bm, bn)) = hopper.tile {
@@ -358,6 +357,8 @@ pub(crate) enum RowKernel {
     HypRowsK,
     /// dq from the f32 dQ of the fused backward.
     DqStore,
+    /// Hyperbolic: dq from the f32 dQ and its row sums of the fused backward.
+    HypDqStore,
 }
 
 pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
@@ -366,7 +367,7 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
     let over_q = (heuristics::blocks(spec.seq_q(), rows), hq, b);
     let over_k = (heuristics::blocks(spec.seq_k(), rows), hkv, b);
     let module = match which {
-        RowKernel::HypRowsQ | RowKernel::HypRowsK => Module::Hyperbolic,
+        RowKernel::HypRowsQ | RowKernel::HypRowsK | RowKernel::HypDqStore => Module::Hyperbolic,
         _ => Module::Common,
     };
     let (stem, grid) = match which {
@@ -378,6 +379,7 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
         RowKernel::L2normBwdQ => ("l2norm_bwd_q", over_q),
         RowKernel::L2normBwdK => ("l2norm_bwd_k", over_k),
         RowKernel::DqStore => ("dq_store", over_q),
+        RowKernel::HypDqStore => ("hyp_dq_store", over_q),
         // A grid-stride loop: enough blocks to fill the GPU, never more than the elements need.
         RowKernel::DbiasReduce => (
             "dbias_reduce",
@@ -525,7 +527,7 @@ mod tests {
                 // 100 queries → one block of 128; the Einstein midpoint's log γ rides along.
                 assert_eq!(k.grid, (1, 4, 2));
                 let hyp = matches!(family, Family::Hyperbolic(_));
-                let bn = if d == 64 && !hyp { 64 } else { 128 };
+                let bn = if d == 64 { 64 } else { 128 };
                 let lorentz = if hyp { 2 * bn * 4 } else { 0 };
                 assert_eq!(
                     k.smem,
@@ -567,7 +569,9 @@ mod tests {
             (Family::softmax(), DType::BF16, 64, false),
             (Family::softmax(), DType::BF16, 96, false),
             (Family::softmax(), DType::F32, 64, false),
-            (hyp, DType::BF16, 128, false),
+            (hyp, DType::BF16, 128, true),
+            (hyp, DType::BF16, 64, false),
+            (hyp, DType::F32, 128, false),
         ] {
             let s = spec(family, dtype, d);
             assert_eq!(fused_backward(&s, ON), fused, "{family:?} {dtype:?} {d}");

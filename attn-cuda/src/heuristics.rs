@@ -160,19 +160,6 @@ pub(crate) fn wg_fwd_tile(d: usize) -> Option<Tile> {
     }
 }
 
-/// `LorentzWgFwdTile<D>`: the hyperbolic scores' Hopper forward, 128 keys per block at D = 64 too
-/// (one block per SM: two would spill), else [`wg_fwd_tile`].
-pub(crate) fn lorentz_wg_fwd_tile(d: usize) -> Option<Tile> {
-    match d {
-        64 => Some(Tile {
-            bm: 128,
-            bn: 128,
-            da: d,
-        }),
-        _ => wg_fwd_tile(d),
-    }
-}
-
 /// `WgDqTile<D>`: the Hopper (wgmma) dQ kernel, 128 resident queries (64 per warpgroup: `bm · 2`
 /// threads) and 64 keys per streamed block, at D = 64 and 128, every score.
 pub(crate) fn wg_dq_tile(d: usize) -> Option<Tile> {
@@ -321,10 +308,7 @@ mod tests {
 
     #[test]
     fn hopper_forward_fits_the_sm90_opt_in_limit() {
-        for (d, t) in [64, 128]
-            .into_iter()
-            .flat_map(|d| [(d, wg_fwd_tile(d)), (d, lorentz_wg_fwd_tile(d))])
-        {
+        for (d, t) in [64, 128].into_iter().map(|d| (d, wg_fwd_tile(d))) {
             let t = t.expect("Hopper tile");
             let bytes = wg_fwd_smem(t, d, 2) + lorentz_extra_smem(t);
             assert!(bytes <= 227 * 1024, "D = {d}: {bytes} bytes");
@@ -430,20 +414,13 @@ mod tests {
     fn host_hopper_tiles_mirror_the_kernel_specialisations() {
         let tiles = kernel_tiles("WgFwdTile");
         assert_eq!(tiles.len(), 2, "WgFwdTile: D = 64 and 128");
-        let lorentz = kernel_tiles("LorentzWgFwdTile");
-        assert_eq!(lorentz.len(), 1, "LorentzWgFwdTile: D = 64");
-        for (name, host, tiles) in [
-            ("WgFwdTile", wg_fwd_tile as fn(usize) -> Option<Tile>, tiles),
-            ("LorentzWgFwdTile", lorentz_wg_fwd_tile, lorentz),
-        ] {
-            for (d, fields) in tiles {
-                let expect = Tile {
-                    bm: field(&fields, "BM", 0),
-                    bn: field(&fields, "BN", 0),
-                    da: d,
-                };
-                assert_eq!(host(d), Some(expect), "{name}<{d}>");
-            }
+        for (d, fields) in tiles {
+            let expect = Tile {
+                bm: field(&fields, "BM", 0),
+                bn: field(&fields, "BN", 0),
+                da: d,
+            };
+            assert_eq!(wg_fwd_tile(d), Some(expect), "WgFwdTile<{d}>");
         }
         for (name, host) in [
             ("WgDqTile", wg_dq_tile as fn(usize) -> Option<Tile>),

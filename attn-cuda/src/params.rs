@@ -92,6 +92,9 @@ pub(crate) struct AttnParams {
     pub hyp_lse: f32,
     /// Gradient scale: `2β`, or `β/√c` for the geodesic.
     pub hyp_grad: f32,
+    /// Fused hyperbolic backward: the row sums `a_i = Σ_j w_ij k0_j` of dQ (f32, statistics layout,
+    /// zeroed before the kernel adds into it).
+    pub dq_rowsum: u64,
 }
 
 // SAFETY: `AttnParams` is `#[repr(C)]`, made only of integers and floats, and its field order and
@@ -236,11 +239,12 @@ mod tests {
     #[test]
     fn params_are_eight_byte_aligned_without_tail_padding() {
         // 20 pointers + 21 strides (8 bytes) + 16 ints + 4 floats (4 bytes) = 408 bytes, then the
-        // hyperbolic block: 6 pointers + 1 int + 5 floats = 72 bytes.
+        // hyperbolic block: 6 pointers + 1 int + 5 floats + 1 pointer = 80 bytes.
         assert_eq!(
             std::mem::size_of::<AttnParams>(),
-            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4
+            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4 + 8
         );
+        assert_eq!(std::mem::offset_of!(AttnParams, dq_rowsum), 408 + 72);
         assert_eq!(std::mem::offset_of!(AttnParams, x0q), 408);
         assert_eq!(std::mem::align_of::<AttnParams>(), 8);
     }

@@ -163,7 +163,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     // deferring them under the next block's Sᵀ and dPᵀ (three Q/dO buffers, two dS'ᵀ tiles) was
     // slower on the H100 (more registers live across the products), and at D = 64 (each warpgroup
     // all of D over its own keys) the fused kernel was no faster than the two kernels (NOTES.md).
-    static_assert(!kDq || (BM == 64 && BN == 128 && D == 128 && !Score::kLorentz), "fused dQ: D = 128 tiles");
+    // Hyperbolic scores: dQ's row sum a_i = Σ_j w_ij k0_j is reduced the same way into p.dq_rowsum
+    // (from the stored dS'ᵀ tile, while the dQ product runs), and the row kernel hyp_dq_store
+    // finishes dq_i = hyp_grad·(Σ_j w_ij k_j − (a_i/q0_i)·q_i).
+    static_assert(!kDq || (BM == 64 && BN == 128 && D == 128), "fused dQ: D = 128 tiles");
     constexpr int kBufs = 2;
 
     extern __shared__ __align__(1024) unsigned char smem_wg[];
@@ -177,6 +180,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     float* sDelta = sLse + kBufs * BM;                                   // [kBufs][BM]
     float* sRq = sDelta + kBufs * BM;                                    // [kBufs][BM] (hyperbolic: q0)
     float* sNq = sRq + kBufs * BM;  // kDq, cosine-sim: [kBufs][BM] max(‖q‖, eps) = 1 / sRq
+    float* sKey0 = sNq;             // kDq, hyperbolic: [BN] k0 of the tile's keys (BN = kBufs·BM)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int b = blockIdx.z, hk = blockIdx.y;
@@ -197,6 +201,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
     load_tile_sw128<T, BN, D, kWgThreads>(sK, k, p.k_seq, j0, si.len_k, tid);
     load_tile_sw128<T, BN, D, kWgThreads>(sV, v, p.v_seq, j0, si.len_k, tid);
+    if (kDq && Score::kLorentz && tid < BN) {  // read after the loop's first barrier
+        const int j = j0 + tid;
+        sKey0[tid] = j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f;
+    }
     auto load_q = [&](int it) {
         const int buf = it % kBufs, h = head_of(it), i0 = row0_of(it);
         load_tile_sw128<T, BM, D, kWgThreads>(sQ + buf * BM * D, static_cast<const T*>(p.q) + si.q_off(p, 0, h),
@@ -238,8 +246,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     auto b_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
     auto n_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + kk * 2048, BM * 128, 1024); };
 
-    // kDq: dQ of a block (64 queries × these 64 columns) into dq_acc, scaled, by f32 atomics.
+    // kDq: dQ of a block (64 queries × these 64 columns) into dq_acc, scaled (hyperbolic: by the row
+    // kernel), by f32 atomics.
     const int c0 = wg * 64;
+    const float dq_mul = Score::kLorentz ? 1.f : p.scale;
     auto reduce_dq = [&](const float (&acc_q)[8][4], int h, int i0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -247,7 +257,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
             if (i >= si.len_q) continue;
             float* dst = p.dq_acc + si.dq_off(p, i, h) + c0 + 2 * t4;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, acc_q[j][2 * r] * p.scale, acc_q[j][2 * r + 1] * p.scale);
+            for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, acc_q[j][2 * r] * dq_mul, acc_q[j][2 * r + 1] * dq_mul);
         }
     };
 
@@ -317,6 +327,22 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
                 Wgmma<T, 64>::ss_tt(acc_q, sw128_desc(ds_addr + kk * 2048, BN * 128, 1024),
                                     sw128_desc(kb_addr + kk * 2048, BN * 128, 1024), kk > 0);
             wg_commit();
+            if constexpr (Score::kLorentz) {
+                // a_i += Σ_j w_ij k0_j over the tile's keys, w as stored (rounded to T, as the dQ
+                // product takes it): warp w sums keys 16w.. for the query pair 2·lane, 2·lane + 1.
+                const unsigned char* dst = reinterpret_cast<const unsigned char*>(sdS);
+                float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+                for (int jj = 0; jj < 16; ++jj) {
+                    const int j = warp * 16 + jj;
+                    const T* w = reinterpret_cast<const T*>(dst + sw128_offset<BN>(j, 2 * lane));
+                    a0 = fmaf(to_f32(w[0]), sKey0[j], a0);
+                    a1 = fmaf(to_f32(w[1]), sKey0[j], a1);
+                }
+                const int i = i0 + 2 * lane;
+                if (i < si.len_q) atomicAdd(p.dq_rowsum + si.stats_index(p, h, i), a0);
+                if (i + 1 < si.len_q) atomicAdd(p.dq_rowsum + si.stats_index(p, h, i + 1), a1);
+            }
             wg_wait<0>();
             fence_regs<8>(acc_q);
             reduce_dq(acc_q, h, i0);
@@ -364,8 +390,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     ATTN_FLASH_BWD_WG(NAME, SCORE, f16, __half, 128)        \
     ATTN_FLASH_BWD_WG(NAME, SCORE, bf16, __nv_bfloat16, 128)
 
-// The fused Hopper backward of a score without per-row sums in its dQ (softmax, cosine-sim): one
-// kernel writes dK and dV and reduces dQ into f32 (NAME_bwd_fused_wg_{f16,bf16}_d128).
+// The fused Hopper backward of a score: one kernel writes dK and dV and reduces dQ (and, for the
+// hyperbolic scores, dQ's row sums) into f32 (NAME_bwd_fused_wg_{f16,bf16}_d128).
 #define ATTN_FLASH_BWD_FUSED_WG(NAME, SCORE, DT, T, D)                                                             \
     extern "C" __global__ void __launch_bounds__(attn::WgDkvTile<D>::BN * 2, 1)                                    \
         NAME##_bwd_fused_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                     \

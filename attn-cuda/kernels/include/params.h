@@ -63,4 +63,5 @@ struct AttnParams {
     float hyp_c;           // fast-path multiplier, log2 units: 2β·log2 e, or −β/√c (geodesic)
     float hyp_lse;         // the constant part of s, added to LSE: 2β/c, or −(β/√c)·ln c (geodesic)
     float hyp_grad;        // gradient scale: 2β, or β/√c (geodesic)
+    float* dq_rowsum;      // fused backward: a_i = Σ_j w_ij k0_j per query row (statistics layout), zeroed
 };

@@ -54,13 +54,11 @@ template <> struct LorentzDkvTile<64> { static constexpr int MT = 1, BN = 64, BM
 // keys per streamed K/V block, MIN_BLOCKS blocks per SM (the launch bound), at the head dims with
 // wgmma-sized O accumulators.
 // D = 64: two blocks per SM (128 registers per thread), whose softmax and MMAs overlap each other's
-// (measured on the H100: +20% over one block of BN = 128); D = 128: one block (255 registers).
+// (measured on the H100: +20% over one block of BN = 128 for softmax, +13–17% for the hyperbolic
+// scores, which spill 60–110 bytes at 128 registers); D = 128: one block (255 registers). Every score.
 template <int D> struct WgFwdTile;
 template <> struct WgFwdTile<64> { static constexpr int BM = 128, BN = 64, MIN_BLOCKS = 2; };
 template <> struct WgFwdTile<128> { static constexpr int BM = 128, BN = 128, MIN_BLOCKS = 1; };
-// Hyperbolic scores would spill in 128 registers: one block of BN = 128 at D = 64.
-template <int D> struct LorentzWgFwdTile : WgFwdTile<D> {};
-template <> struct LorentzWgFwdTile<64> { static constexpr int BM = 128, BN = 128, MIN_BLOCKS = 1; };
 
 // Hopper backward (flash_bwd_wg.cuh, sm_90a), one block per SM (ptxas: 206–255 registers; two blocks
 // would spill hundreds of bytes). dQ: BM resident queries (64 per warpgroup), BN keys per streamed
@@ -76,7 +74,5 @@ template <> struct WgDkvTile<128> { static constexpr int BN = 128, BM = 64; };
 template <class Score, int D> using FwdTileOf = std::conditional_t<Score::kLorentz, LorentzFwdTile<D>, FwdTile<D>>;
 template <class Score, int D> using DqTileOf = std::conditional_t<Score::kLorentz, LorentzDqTile<D>, DqTile<D>>;
 template <class Score, int D> using DkvTileOf = std::conditional_t<Score::kLorentz, LorentzDkvTile<D>, DkvTile<D>>;
-template <class Score, int D>
-using WgFwdTileOf = std::conditional_t<Score::kLorentz, LorentzWgFwdTile<D>, WgFwdTile<D>>;
 
 }  // namespace attn
