@@ -514,7 +514,19 @@ pub fn identical_runs(spec: &AttnSpec, case: &Case) -> Result<(), String> {
 pub struct Cases {
     name: String,
     count: usize,
+    skipped: usize,
     failures: Vec<String>,
+}
+
+/// The cases [`check_dims`] runs: every head dim and dtype, unless `ATTN_TEST_DIMS` (e.g. `64` or
+/// `16,128`) or `ATTN_TEST_DTYPES` (e.g. `bf16`) narrow them, for runs under compute-sanitizer
+/// racecheck, which is too slow for the whole list. Each skipped case is counted and reported.
+pub fn case_selected(d: usize, dtype: DType) -> bool {
+    let listed = |var: &str, item: String| match std::env::var(var) {
+        Ok(list) if !list.trim().is_empty() => list.split(',').any(|x| x.trim().eq_ignore_ascii_case(&item)),
+        _ => true,
+    };
+    listed("ATTN_TEST_DIMS", d.to_string()) && listed("ATTN_TEST_DTYPES", dtype.to_string())
 }
 
 impl Cases {
@@ -522,8 +534,14 @@ impl Cases {
         Cases {
             name: name.to_string(),
             count: 0,
+            skipped: 0,
             failures: Vec::new(),
         }
+    }
+
+    /// Count one case left out by `ATTN_TEST_DIMS` / `ATTN_TEST_DTYPES` ([`case_selected`]).
+    pub fn skip(&mut self) {
+        self.skipped += 1;
     }
 
     /// Count one case; keep its error as `label: error`.
@@ -537,7 +555,15 @@ impl Cases {
     /// Print how many cases ran and failed; fail with every failure.
     pub fn finish(self) {
         let (name, cases, failures) = (self.name, self.count, self.failures);
-        println!("{name}: {cases} cases, {} failed", failures.len());
+        if self.skipped > 0 {
+            println!(
+                "{name}: {cases} cases, {} failed, {} SKIPPED by ATTN_TEST_DIMS / ATTN_TEST_DTYPES",
+                failures.len(),
+                self.skipped
+            );
+        } else {
+            println!("{name}: {cases} cases, {} failed", failures.len());
+        }
         assert!(
             failures.is_empty(),
             "{name}: {} of {cases} cases failed:\n{}",
@@ -562,6 +588,10 @@ pub fn check_dims(
     for (n, &d) in dims.iter().enumerate() {
         let seed = seed(n);
         for dtype in DType::ALL {
+            if !case_selected(d, dtype) {
+                cases.skip();
+                continue;
+            }
             let spec = make(family, dtype, d, &mut Shapes::new(seed, lengths))
                 .validate()
                 .expect("valid test problem");
