@@ -504,7 +504,9 @@ const BUNDLE_LIMIT: u64 = 64 << 20;
 const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # Runs the GPU tests of this bundle (attn-cuda's, and attn-candle's when bundled).
 # Usage: run.sh [extra test-harness arguments]
-# SANITIZE=memcheck|racecheck runs each binary under compute-sanitizer.
+# SANITIZE=memcheck|racecheck runs each binary under compute-sanitizer. ATTN_TEST_DIMS=64 and
+# ATTN_TEST_DTYPES=bf16 (comma lists) narrow the head dims and dtypes of the tests' case lists (each
+# skipped case is reported): racecheck is too slow for gpu_taylor's whole list.
 # Not test harnesses, run by hand: bin/gpu_bench --bench and bin/gpu_bench_taylor --bench (kernel
 # stopwatches), bin/overhead (per-call overhead of the candle op over attn-cuda), profile.sh (ncu
 # per-kernel table of the Taylor sweeps).
