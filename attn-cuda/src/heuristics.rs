@@ -174,10 +174,15 @@ pub(crate) fn wg_dq_tile(d: usize) -> Option<Tile> {
 }
 
 /// `WgDkvTile<D>`: the Hopper (wgmma) dK/dV kernel, 128 resident keys (64 per warpgroup: `bn · 2`
-/// threads) and 64 queries per streamed block, at D = 64 and 128, every score; no column split.
+/// threads) and 128 (D = 64) or 64 (D = 128) queries per streamed block, every score; no column split.
 pub(crate) fn wg_dkdv_tile(d: usize) -> Option<Tile> {
     match d {
-        64 | 128 => Some(Tile {
+        64 => Some(Tile {
+            bm: 128,
+            bn: 128,
+            da: d,
+        }),
+        128 => Some(Tile {
             bm: 64,
             bn: 128,
             da: d,
