@@ -542,11 +542,12 @@ mod tests {
             assert_eq!(dq.name.contains("_bwd_dq_wg_"), wg, "{dq:?}");
             assert_eq!(dkdv.name.contains("_bwd_dkdv_wg_"), wg, "{dkdv:?}");
             if wg {
+                // dQ: 128 keys per streamed block at D = 64, 64 at D = 128; dK/dV: 128 queries per
+                // streamed block at D = 64, 64 at D = 128.
+                let (bn, bm) = if d == 64 { (128, 128) } else { (64, 64) };
                 assert_eq!((dq.grid, dq.threads, dq.hopper), ((1, 4, 2), 256, true));
-                assert_eq!(dq.smem, 1024 + (2 * 128 + 5 * 64) * d * 2 + 6 * 64 * 4);
+                assert_eq!(dq.smem, 1024 + (2 * 128 + 5 * bn) * d * 2 + 6 * bn * 4);
                 assert_eq!((dkdv.grid, dkdv.threads), ((2, 2, 2), 256));
-                // dK/dV: 128 queries per streamed block at D = 64, 64 at D = 128.
-                let bm = if d == 64 { 128 } else { 64 };
                 assert_eq!(dkdv.smem, 1024 + (2 * 128 + 4 * bm) * d * 2 + 6 * bm * 4);
             }
             let fwd_only = Hopper { bwd: false, ..ON };

@@ -161,10 +161,15 @@ pub(crate) fn wg_fwd_tile(d: usize) -> Option<Tile> {
 }
 
 /// `WgDqTile<D>`: the Hopper (wgmma) dQ kernel, 128 resident queries (64 per warpgroup: `bm · 2`
-/// threads) and 64 keys per streamed block, at D = 64 and 128, every score.
+/// threads) and 128 (D = 64) or 64 (D = 128) keys per streamed block, every score.
 pub(crate) fn wg_dq_tile(d: usize) -> Option<Tile> {
     match d {
-        64 | 128 => Some(Tile {
+        64 => Some(Tile {
+            bm: 128,
+            bn: 128,
+            da: d,
+        }),
+        128 => Some(Tile {
             bm: 128,
             bn: 64,
             da: d,

@@ -62,11 +62,12 @@ template <> struct WgFwdTile<128> { static constexpr int BM = 128, BN = 128, MIN
 
 // Hopper backward (flash_bwd_wg.cuh, sm_90a), one block per SM (ptxas: 206–255 registers; two blocks
 // would spill hundreds of bytes). dQ: BM resident queries (64 per warpgroup), BN keys per streamed
-// block. dK/dV: BN resident keys (64 per warpgroup), BM queries per streamed block: 128 at D = 64
-// (H100: +6–15% softmax forward+backward over 64; 255 registers, no spills except cosine-sim's 60 B),
-// 64 at D = 128 (the fused kernel's shape). Every score.
+// block: 128 at D = 64 (H100: +3–4% softmax forward+backward over 64, though ptxas spills 48 B, 80 B
+// for the geodesic), 64 at D = 128. dK/dV: BN resident keys (64 per warpgroup), BM queries per
+// streamed block: 128 at D = 64 (+6–15% over 64; 255 registers, no spills except cosine-sim's
+// 60 B), 64 at D = 128 (the fused kernel's shape). Every score.
 template <int D> struct WgDqTile;
-template <> struct WgDqTile<64> { static constexpr int BM = 128, BN = 64; };
+template <> struct WgDqTile<64> { static constexpr int BM = 128, BN = 128; };
 template <> struct WgDqTile<128> { static constexpr int BM = 128, BN = 64; };
 template <int D> struct WgDkvTile;
 template <> struct WgDkvTile<64> { static constexpr int BN = 128, BM = 128; };
