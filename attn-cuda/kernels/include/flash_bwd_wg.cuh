@@ -138,6 +138,9 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
         fence_regs<BN / 16>(ads);
     }
     cp_async_wait<0>();
+    // The hyperbolic epilogue reads the resident tile, which other threads loaded: without a key
+    // block (n_count = 0) no barrier of the loop has made their copies visible yet.
+    if constexpr (Score::kLorentz) __syncthreads();
 
     if constexpr (Score::kLorentz)
         lorentz_dq_epilogue<T, MT, DT>(
@@ -356,6 +359,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
         __syncthreads();  // every warp is done with this block's Q, dO (and dS'ᵀ): the next load may refill them
     }
     cp_async_wait<0>();
+    // The hyperbolic epilogue reads the resident K and V tiles, which other threads loaded: without a
+    // query block (iters = 0: padded keys, a window or causal mask that leaves the tile no query) no
+    // barrier of the loop has made their copies visible yet.
+    if constexpr (Score::kLorentz) __syncthreads();
 
     if constexpr (Score::kLorentz)
         lorentz_dkdv_epilogue<T, MT, AT>(
