@@ -78,16 +78,6 @@ __device__ __forceinline__ void l2norm_bwd_rows(const AttnParams& p) {
 }
 
 template <typename T>
-__device__ __forceinline__ void dq_store_rows(const AttnParams& p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
-    const SeqInfo si(p, b);
-    if (i >= si.len_q) return;
-    const long long off = si.dq_off(p, i, h);
-    for (int d = lane; d < p.head_dim; d += 32) static_cast<T*>(p.dq)[off + d] = from_f32<T>(p.dq_acc[off + d]);
-}
-
-template <typename T>
 __device__ __forceinline__ void dbias_reduce(const AttnParams& p) {
     const long long nq = p.seq_q, nk = p.seq_k;
     const long long total = (long long)p.bias_batch * p.bias_heads * nq * nk;
@@ -131,7 +121,7 @@ __device__ __forceinline__ void dbias_reduce(const AttnParams& p) {
         attn::dbias_reduce<T>(p);                                                                                  \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128) attn_dq_store_##DT(const __grid_constant__ AttnParams p) {    \
-        attn::dq_store_rows<T>(p);                                                                                 \
+        attn::dq_acc_store_rows<T, false>(p);                                                                               \
     }
 
 ATTN_COMMON(f32, float)

@@ -72,24 +72,11 @@ __device__ __forceinline__ void hyp_rows(const AttnParams& p) {
     }
 }
 
-template <typename T>
-__device__ __forceinline__ void hyp_dq_store(const AttnParams& p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
-    const SeqInfo si(p, b);
-    if (i >= si.len_q) return;
-    const long long at = si.stats_index(p, h, i), off = si.dq_off(p, i, h);
-    const float ratio = p.dq_rowsum[at] / p.x0q[at];
-    const T* q = static_cast<const T*>(p.q) + si.q_off(p, i, h);
-    for (int d = lane; d < p.head_dim; d += 32)
-        static_cast<T*>(p.dq)[off + d] = from_f32<T>(p.hyp_grad * fmaf(-ratio, to_f32(q[d]), p.dq_acc[off + d]));
-}
-
 }  // namespace attn
 
 #define ATTN_HYP_DQ_STORE(DT, T)                                                                                   \
     extern "C" __global__ void __launch_bounds__(128) attn_hyp_dq_store_##DT(const __grid_constant__ AttnParams p) { \
-        attn::hyp_dq_store<T>(p);                                                                                  \
+        attn::dq_acc_store_rows<T, true>(p);                                                                                \
     }
 
 ATTN_HYP_DQ_STORE(f16, __half)

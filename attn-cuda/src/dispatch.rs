@@ -317,9 +317,14 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         (Stage::BwdDq, true) => (heuristics::lorentz_dq_tile, heuristics::dq_smem),
         (Stage::BwdDkdv, false) => (heuristics::dkdv_tile, heuristics::dkdv_smem),
         (Stage::BwdDkdv, true) => (heuristics::lorentz_dkdv_tile, heuristics::dkdv_smem),
-        // Invariant: the fused stage returned above (it has no mma.sync kernel); `Stage` is internal,
-        // chosen by the backend, never user input.
-        (Stage::BwdFused, _) => unreachable!("returned above"),
+        // The fused stage returned above; it has no mma.sync kernel.
+        (Stage::BwdFused, _) => {
+            return Err(unsupported(
+                spec,
+                pass,
+                format!("a fused {family} backward without the Hopper kernels"),
+            ))
+        }
     };
     let tile = tile_of(d).ok_or_else(missing)?;
     let mut smem = smem_of(tile, d, elem);

@@ -387,9 +387,6 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
         __syncthreads();
     }
     cp_async_wait<0>();
-    // The hyperbolic epilogue reads the resident Q tile, which other threads loaded: without a key
-    // block no barrier of the loop has made their copies visible yet.
-    if constexpr (kHyp) __syncthreads();
 
     if constexpr (kHyp)
         lorentz_dq_epilogue<T, MT, DT>(p, si, h, acc_dq, a, rq, row, [&](int r, int c) { return to_f32(sQ[r * ld + c]); },
@@ -543,9 +540,6 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
         __syncthreads();
     }
     cp_async_wait<0>();
-    // The hyperbolic epilogue reads the resident K and V tiles, which other threads loaded: without a
-    // query block no barrier of the loop has made their copies visible yet.
-    if constexpr (kHyp) __syncthreads();
 
     if constexpr (kHyp)
         lorentz_dkdv_epilogue<T, MT, AT>(

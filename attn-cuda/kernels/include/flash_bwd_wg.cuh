@@ -138,9 +138,6 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
         fence_regs<BN / 16>(ads);
     }
     cp_async_wait<0>();
-    // The hyperbolic epilogue reads the resident tile, which other threads loaded: without a key
-    // block (n_count = 0) no barrier of the loop has made their copies visible yet.
-    if constexpr (Score::kLorentz) __syncthreads();
 
     if constexpr (Score::kLorentz)
         lorentz_dq_epilogue<T, MT, DT>(
@@ -167,7 +164,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     // slower on the H100 (more registers live across the products), and at D = 64 (each warpgroup
     // all of D over its own keys) the fused kernel was no faster than the two kernels (NOTES.md).
     // Hyperbolic scores: dQ's row sum a_i = Σ_j w_ij k0_j is reduced the same way into p.dq_rowsum
-    // (from the stored dS'ᵀ tile, while the dQ product runs), and the row kernel hyp_dq_store
+    // (from the stored dS'ᵀ tile, while the dQ product runs), and the row kernel attn_hyp_dq_store
     // finishes dq_i = hyp_grad·(Σ_j w_ij k_j − (a_i/q0_i)·q_i).
     static_assert(!kDq || (BM == 64 && BN == 128 && D == 128), "fused dQ: D = 128 tiles");
     constexpr int kBufs = 2;
@@ -359,10 +356,6 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
         __syncthreads();  // every warp is done with this block's Q, dO (and dS'ᵀ): the next load may refill them
     }
     cp_async_wait<0>();
-    // The hyperbolic epilogue reads the resident K and V tiles, which other threads loaded: without a
-    // query block (iters = 0: padded keys, a window or causal mask that leaves the tile no query) no
-    // barrier of the loop has made their copies visible yet.
-    if constexpr (Score::kLorentz) __syncthreads();
 
     if constexpr (Score::kLorentz)
         lorentz_dkdv_epilogue<T, MT, AT>(

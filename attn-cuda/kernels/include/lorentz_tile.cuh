@@ -223,7 +223,9 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
 }
 
 // dQ epilogue: dq_i = hyp_grad·(acc_i − (a_i/q0_i)·q_i), q_i read from the resident Q tile: q_at(r, c)
-// is element c of the tile's row r as f32 (the tile's layout is the kernel's).
+// is element c of the tile's row r as f32 (the tile's layout is the kernel's). Every thread of the
+// block calls it after its own cp.async copies completed; it starts with a barrier, since the tile's
+// rows were copied by other threads and a query tile without a key block ran no barrier of the loop.
 template <typename T, int MT, int DT, class QAt>
 __device__ __forceinline__ void lorentz_dq_epilogue(const AttnParams& p, const SeqInfo& si, int h,
                                                     const float (&acc)[MT][DT][4], const float (&a)[MT][2],
@@ -231,6 +233,7 @@ __device__ __forceinline__ void lorentz_dq_epilogue(const AttnParams& p, const S
                                                     int wrow, int lane) {
     using V2 = typename Vec2<T>::type;
     const int g = lane / 4, t4 = lane % 4;
+    __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -254,7 +257,9 @@ __device__ __forceinline__ void lorentz_dq_epilogue(const AttnParams& p, const S
 // dK/dV epilogue for columns [d0, d0 + 8·AT): dk_j = hyp_grad·(acc_dk − (b_j/k0_j)·k_j) and
 // dv_j = acc_dv + (Σ_i dS_ij)·c γ_j²·v_j (Einstein midpoint), k_j and v_j read from the resident tiles
 // through k_at(r, c) and v_at(r, c) (row r, column c of the tile, as f32). Padded keys (j ≥ len_k, rows
-// dk and dv still hold) get zeros.
+// dk and dv still hold) get zeros. Called by every thread of the block after its own cp.async copies
+// completed; it starts with a barrier, since other threads copied the tiles and a key tile without a
+// query block (padded keys, a window or causal mask) ran no barrier of the loop.
 template <typename T, int MT, int AT, class KAt, class VAt>
 __device__ __forceinline__ void lorentz_dkdv_epilogue(const AttnParams& p, const SeqInfo& si, int hk, int d0,
                                                       const float (&acc_dk)[MT][AT][4],
@@ -264,6 +269,7 @@ __device__ __forceinline__ void lorentz_dkdv_epilogue(const AttnParams& p, const
                                                       int wrow, int lane, bool midpoint) {
     using V2 = typename Vec2<T>::type;
     const int g = lane / 4, t4 = lane % 4;
+    __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -21,6 +21,30 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+// Row kernel after the fused Hopper backward, one warp per query row: dq_i from the f32 dQ scratch
+// p.dq_acc. kLorentz (hyperbolic scores): dq_i = hyp_grad·(dq_acc_i − (a_i/q0_i)·q_i) with the row
+// sums a_i of p.dq_rowsum, the dQ kernel's epilogue (lorentz_dq_epilogue) on the f32 sums.
+template <typename T, bool kLorentz>
+__device__ __forceinline__ void dq_acc_store_rows(const AttnParams& p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
+    const SeqInfo si(p, b);
+    if (i >= si.len_q) return;
+    const long long off = si.dq_off(p, i, h);
+    float ratio = 0.f;
+    const T* q = nullptr;
+    if constexpr (kLorentz) {
+        const long long at = si.stats_index(p, h, i);
+        ratio = p.dq_rowsum[at] / p.x0q[at];
+        q = static_cast<const T*>(p.q) + si.q_off(p, i, h);
+    }
+    for (int d = lane; d < p.head_dim; d += 32) {
+        const float acc = p.dq_acc[off + d];
+        static_cast<T*>(p.dq)[off + d] =
+            from_f32<T>(kLorentz ? p.hyp_grad * fmaf(-ratio, to_f32(q[d]), acc) : acc);
+    }
+}
+
 __device__ __forceinline__ void load_row(float (&x)[kSimtChunks], const float* row, int D, int lane) {
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) {

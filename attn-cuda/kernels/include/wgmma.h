@@ -99,19 +99,20 @@ template <typename T, int N> struct Wgmma;
 // descriptors and the A registers follow them as %NA, %NA+1, ...
 #define ATTN_WGMMA(T, TAG, N, NA, A1, A2, A3, A4, A5)                                                              \
     template <> struct Wgmma<T, N> {                                                                               \
-        static __device__ __forceinline__ void ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {  \
+        /* kTrans: both operands MN-major (the transpose flags of A and B, an immediate). */                     \
+        template <int kTrans>                                                                                      \
+        static __device__ __forceinline__ void ss_t(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {\
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                                        \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TAG "." TAG " " ATTN_WG_R##N           \
-                         ", %" #NA ", %" #A1 ", p, 1, 1, 0, 0;\n}\n"                                              \
+                         ", %" #NA ", %" #A1 ", p, 1, 1, %" #A3 ", %" #A3 ";\n}\n"                                \
                          : ATTN_WG_D##N                                                                         \
-                         : "l"(a), "l"(b), "r"(accumulate));                                                    \
+                         : "l"(a), "l"(b), "r"(accumulate), "n"(kTrans));                                       \
+        }                                                                                                          \
+        static __device__ __forceinline__ void ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {  \
+            ss_t<0>(d, a, b, accumulate);                                                                          \
         }                                                                                                          \
         static __device__ __forceinline__ void ss_tt(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {\
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                                        \
-                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TAG "." TAG " " ATTN_WG_R##N           \
-                         ", %" #NA ", %" #A1 ", p, 1, 1, 1, 1;\n}\n"                                              \
-                         : ATTN_WG_D##N                                                                         \
-                         : "l"(a), "l"(b), "r"(accumulate));                                                    \
+            ss_t<1>(d, a, b, accumulate);                                                                          \
         }                                                                                                          \
         static __device__ __forceinline__ void rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b,        \
                                                   int accumulate) {                                                \
