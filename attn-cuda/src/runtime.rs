@@ -134,6 +134,25 @@ pub(crate) fn launch_config(
     })
 }
 
+/// Whether every launch waits for its kernel to finish and reports the kernel's own failure under its
+/// name: `ATTN_CUDA_CHECK_LAUNCHES=1`, for finding which kernel faults (an asynchronous fault otherwise
+/// surfaces at a later, unrelated call). Slow; for debugging only.
+fn check_launches() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ATTN_CUDA_CHECK_LAUNCHES").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// After a launch of `name` with `cfg` was enqueued: under `ATTN_CUDA_CHECK_LAUNCHES=1`, wait for it and
+/// name it in the error if it failed.
+pub(crate) fn after_launch(stream: &CudaStream, op: Op, name: &str, cfg: &LaunchConfig) -> Result<()> {
+    if check_launches() {
+        stream
+            .synchronize()
+            .map_err(|source| launch_error(op, name, cfg, source))?;
+    }
+    Ok(())
+}
+
 /// A failed launch of kernel `name` with `cfg`, as an error that names both (built only on failure).
 pub(crate) fn launch_error(op: Op, name: &str, cfg: &LaunchConfig, source: DriverError) -> CudaAttnError {
     CudaAttnError::Launch {
@@ -225,7 +244,7 @@ impl Kernels {
         // caller until after the launch is enqueued). Grid and shared memory match the kernel's
         // tile configuration (dispatch + heuristics mirror tiles.h).
         unsafe { builder.launch(cfg) }.map_err(|source| launch_error(op, &kernel.name, &cfg, source))?;
-        Ok(())
+        after_launch(stream, op, &kernel.name, &cfg)
     }
 }
 

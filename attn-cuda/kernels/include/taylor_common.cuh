@@ -281,21 +281,36 @@ __device__ __forceinline__ TaylorRowRef TaylorSweep::query_ref(const TaylorParam
 // Elements per thread whose global loads a tile loader issues before it stores any of them.
 constexpr int kTaylorLoadBatch = 8;
 
-// For every element idx < N of a tile, `store(idx, load(idx))`, thread tid taking idx ≡ tid (mod the block
-// size) as a plain strided loop would, but kTaylorLoadBatch of its loads at a time into registers before
-// the stores: each batch waits for one global-load latency instead of one per element (the loads were the
-// chunk loop's critical path; NOTES_taylor.md, "H100 run of 10252c0"). The same elements, values and
-// stores as the strided loop, only in a different order across elements. The loaders read the call's
-// inputs, which no kernel writes, through the read-only path (__ldg).
-template <int N, class Load, class Store>
-__device__ __forceinline__ void taylor_batched(int tid, Load load, Store store) {
+// A stand-in address for the loads a loader does not need (zero, in global memory, never written).
+__device__ __align__(16) unsigned int taylor_zero_words[4];
+
+// *p through the read-only path where `pred`, else zero, without a branch: the load always issues (from
+// the stand-in when !pred) and a select picks the value. With a C++ `pred ? __ldg(p) : 0` ptxas put each
+// load and its conversion inside a branch and waited for the load there, so the loads of a batch ran one
+// after another (the fold's SASS at D = 64: 72 serial global-load latencies per chunk; NOTES_taylor.md,
+// "Session 7").
+template <typename T> __device__ __forceinline__ T ldg_or_zero(const T* p, bool pred) {
+    const T* a = pred ? p : reinterpret_cast<const T*>(taylor_zero_words);
+    return __ldg(a);  // the stand-in reads as zero
+}
+
+// For every element idx < N of a tile, `store(idx, v)` with v = *addr(idx) (zero where addr gives null),
+// thread tid taking idx ≡ tid (mod the block size) as a plain strided loop would, but kTaylorLoadBatch
+// of its loads at a time into registers before the stores: each batch waits for one global-load latency
+// instead of one per element (the loads were the chunk loop's critical path; NOTES_taylor.md, "H100 run
+// of 10252c0" and "Session 7"). The same elements, values and stores as the strided loop, only in a
+// different order across elements. The loaders read the call's inputs, which no kernel writes, through
+// the read-only path.
+template <typename T, int N, class Addr, class Store>
+__device__ __forceinline__ void taylor_batched(int tid, Addr addr, Store store) {
     constexpr int kStep = kTaylorThreads * kTaylorLoadBatch;
     for (int base = 0; base < N; base += kStep) {
-        decltype(load(0)) v[kTaylorLoadBatch];
+        T v[kTaylorLoadBatch];
 #pragma unroll
         for (int i = 0; i < kTaylorLoadBatch; ++i) {
             const int idx = base + i * kTaylorThreads + tid;
-            if (idx < N) v[i] = load(idx);
+            const T* a = addr(min(idx, N - 1));  // in range: the element itself, or a stand-in never loaded
+            v[i] = ldg_or_zero(a, idx < N && a != nullptr);
         }
 #pragma unroll
         for (int i = 0; i < kTaylorLoadBatch; ++i) {
@@ -329,14 +344,15 @@ __device__ __forceinline__ void taylor_tile_refs(TaylorRowRef* refs, int valid, 
 template <typename T, typename XT, int ROWS, int D, int LD, bool SCALE = true>
 __device__ __forceinline__ void taylor_load_x(const TaylorParams& tp, XT* dst, TaylorRowRef* refs, int tid) {
     const bool l2 = tp.base.l2norm != 0;
-    taylor_batched<ROWS * D>(
+    taylor_batched<T, ROWS * D>(
         tid,
         [&](int idx) {
-            const TaylorRowRef& ref = refs[idx / D];
-            return ref.x != nullptr ? to_f32(__ldg(static_cast<const T*>(ref.x) + idx % D)) : 0.f;
+            const T* x = static_cast<const T*>(refs[idx / D].x);
+            return x != nullptr ? x + idx % D : nullptr;
         },
-        [&](int idx, float raw) {
+        [&](int idx, T x) {
             const int r = idx / D, d = idx % D;
+            const float raw = to_f32(x);
             dst[r * LD + d] = from_f32<XT>(l2 || !SCALE ? raw : raw * refs[r].rx);  // raw: exact in XT (an input)
         });
     if (!l2) return;
@@ -364,11 +380,11 @@ __device__ __forceinline__ void taylor_load_x(const TaylorParams& tp, XT* dst, T
 // refs are left as they are.
 template <typename T, int ROWS, int D, int LD>
 __device__ __forceinline__ void taylor_load_raw(T* dst, const TaylorRowRef* refs, int tid) {
-    taylor_batched<ROWS * D>(
+    taylor_batched<T, ROWS * D>(
         tid,
         [&](int idx) {
-            const TaylorRowRef& ref = refs[idx / D];
-            return ref.x != nullptr ? __ldg(static_cast<const T*>(ref.x) + idx % D) : from_f32<T>(0.f);
+            const T* x = static_cast<const T*>(refs[idx / D].x);
+            return x != nullptr ? x + idx % D : nullptr;
         },
         [&](int idx, T x) { dst[(idx / D) * LD + idx % D] = x; });
 }
@@ -377,19 +393,24 @@ __device__ __forceinline__ void taylor_load_raw(T* dst, const TaylorRowRef* refs
 // for rows without a ref).
 template <typename T, int ROWS, int DV, int COLS, int LD>
 __device__ __forceinline__ void taylor_load_y(T* dst, const TaylorRowRef* refs, int tid) {
-    taylor_batched<ROWS * COLS>(
+    taylor_batched<T, ROWS * COLS>(
         tid,
         [&](int idx) {
+            const int c = idx % COLS;
+            const TaylorRowRef& ref = refs[idx / COLS];
+            const T* y = static_cast<const T*>(ref.y);
+            return ref.x != nullptr && y != nullptr && c < DV ? y + c : nullptr;
+        },
+        [&](int idx, T y) {
             const int r = idx / COLS, c = idx % COLS;
             const TaylorRowRef& ref = refs[r];
             float v = 0.f;
             if (ref.x != nullptr) {
-                if (c < DV) v = ref.y != nullptr ? to_f32(__ldg(static_cast<const T*>(ref.y) + c)) * ref.ry : 0.f;
+                if (c < DV) v = ref.y != nullptr ? to_f32(y) * ref.ry : 0.f;
                 else if (c == DV) v = ref.y_last;
             }
-            return v;
-        },
-        [&](int idx, float v) { dst[(idx / COLS) * LD + idx % COLS] = from_f32<T>(v); });
+            dst[r * LD + c] = from_f32<T>(v);
+        });
 }
 
 // Eight f32 values stored as T at a 16-byte aligned address.

@@ -258,7 +258,7 @@ template <typename T, int D, bool GRAD> struct TaylorReadSmem {
     static constexpr int LDZ = D + 4;                             // Z, f32   [BP][LDZ]
     static constexpr int LDW = MP + kPad;                         // W, T     [BP][LDW]   (grad)
     static constexpr int LDF = KF + kPad;                         // Ψ, T     [BP][LDF]   (value)
-    static constexpr int LDT = KF + 4;                            // T, f32   [BP][LDT]   (grad)
+    static constexpr int LDT = KF + 1;                            // T, f32   [BP][LDT]   (grad)
     static constexpr int LDC = KF + kPad;                         // S tiles, T [BUFS][COPIES][ROWS][LDC]
     static constexpr int kTile = ROWS * LDC;                      // elements of one S tile
     static constexpr int kZ = 0;
@@ -268,8 +268,11 @@ template <typename T, int D, bool GRAD> struct TaylorReadSmem {
     // The sums of a state's read, one entry per (p, d) (grad) or, f32 value, per (p, v), each entry
     // owned by one thread: f32 next to mma, f64 for f32 inputs; the mma value sums live in registers.
     static constexpr int kAccBytes = kMma ? 4 : 8;
+    // Row stride of the grad sums G [BP][LDA]: one thread per probe row, every thread of a warp at the
+    // same column d, so an odd stride keeps the 32 rows in distinct banks.
+    static constexpr int LDA = D + 1;
     static constexpr int kAcc = kC + BUFS * COPIES * kTile * (int)sizeof(T);
-    static constexpr int kBytes = kAcc + (GRAD ? BP * D * kAccBytes : (kMma ? 0 : BP * M * kAccBytes));
+    static constexpr int kBytes = kAcc + (GRAD ? BP * LDA * kAccBytes : (kMma ? 0 : BP * M * kAccBytes));
     static_assert(kW % 16 == 0 && kFeat % 16 == 0 && kC % 16 == 0 && kAcc % 16 == 0 && (kTile * sizeof(T)) % 16 == 0,
                   "16-byte aligned regions");
     static_assert(KF % 8 == 0, "whole 16-byte copies per S row");
@@ -292,7 +295,7 @@ __device__ __forceinline__ void taylor_read(const TaylorParams& tp) {
     T* sF = reinterpret_cast<T*>(smem_raw + L::kFeat);         // Ψ (value)
     float* sT = reinterpret_cast<float*>(smem_raw + L::kFeat); // T = W·S (grad)
     T* sC = reinterpret_cast<T*>(smem_raw + L::kC);            // S tiles: [buffer][copy] (2^−e S: hi, lo)
-    Acc* sAcc = reinterpret_cast<Acc*>(smem_raw + L::kAcc);    // G [BP][D] (grad), O [BP][M] (f32 value)
+    Acc* sAcc = reinterpret_cast<Acc*>(smem_raw + L::kAcc);    // G [BP][LDA] (grad), O [BP][M] (f32 value)
     __shared__ FeatureTile sDesc[KT];
     __shared__ int sIdx[BP];                                   // κ of each probe (−1 past the end)
     __shared__ TaylorRowRef sRef[BP];                          // the probes' rows
@@ -324,10 +327,10 @@ __device__ __forceinline__ void taylor_read(const TaylorParams& tp) {
     __syncthreads();  // Z and W are read from the first step on
 
     // Per thread: value (mma) RT·16 rows × MP columns of its warp, in registers; value (f32) the entries
-    // (p, v) = tid + 128 j of sAcc; grad the entries (p, d) = tid + 128 j of sAcc.
+    // (p, v) = tid + 128 j of sAcc; grad the row p = tid < BP of sAcc (zeroed and written back by all).
     constexpr int NV = L::kMma && !GRAD ? MP / 8 : 1;  // n8 tiles of O
-    constexpr int NACC = GRAD ? BP * D : (L::kMma ? 0 : BP * M);
-    static_assert(BP * D % kTaylorThreads == 0, "whole (p, d) pairs per thread");
+    constexpr int NACC = GRAD ? BP * L::LDA : (L::kMma ? 0 : BP * M);
+    static_assert(!GRAD || BP <= kTaylorThreads, "one thread per probe row of G");
     const int n_steps = tp.f_pad / KF;
     const long long per = (long long)M * tp.f_pad;
 
@@ -459,15 +462,32 @@ __device__ __forceinline__ void taylor_read(const TaylorParams& tp) {
                     }
                 }
                 __syncthreads();
-                // G_pd += Σ_f ∂ψ_f(z_p)/∂z_d T_pf over the step's tiles
-                for (int idx = tid; idx < NACC; idx += kTaylorThreads) {
-                    const int pr = idx / D, d = idx % D;
-                    const float* z = sZ + pr * L::LDZ;
-                    const float* tr = sT + pr * L::LDT;
-                    float s = 0.f;
+                // G_p += Σ_f ∇ψ_f(z_p) T_pf over the step's tiles, one thread per probe row (it owns the
+                // row's G, so no two threads add to one entry): a linear tile adds a1·T_e to G_{b0+e}; a
+                // quad tile (a, b0) adds a2·c_ab z_a T_e to G_b and a2 Σ_e c_ab z_b T_e to G_a.
+                if (tid < BP) {
+                    const float* z = sZ + tid * L::LDZ;
+                    const float* tr = sT + tid * L::LDT;
+                    Acc* G = sAcc + tid * L::LDA;
 #pragma unroll
-                    for (int t = 0; t < KT; ++t) s += probe_feature_grad(sDesc[t], d, z, tr + 8 * t, tp.a1, tp.a2);
-                    sAcc[idx] += s;
+                    for (int t = 0; t < KT; ++t) {
+                        const FeatureTile ft = sDesc[t];
+                        if (ft.kind == kTileLinear) {
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) G[ft.b0 + e] += tp.a1 * tr[8 * t + e];
+                        } else if (ft.kind == kTileQuad) {
+                            const float za = tp.a2 * z[ft.a];
+                            float sa = 0.f;
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) {
+                                const int b = ft.b0 + e;
+                                const float te = quad_weight(ft.a, b) * tr[8 * t + e];
+                                sa += z[b] * te;
+                                G[b] += za * te;
+                            }
+                            G[ft.a] += tp.a2 * sa;
+                        }
+                    }
                 }
             }
             __syncthreads();  // the next step overwrites the other buffer, Ψ or T, and sDesc
@@ -495,12 +515,13 @@ __device__ __forceinline__ void taylor_read(const TaylorParams& tp) {
                 }
             }
         } else {
-            for (int idx = tid; idx < NACC; idx += kTaylorThreads) {
+            for (int idx = tid; idx < BP * D; idx += kTaylorThreads) {
                 const int pr = idx / D, d = idx % D;
                 if (sIdx[pr] != k) continue;
                 float* o = tp.out_grad + sw.probe_row(p0 + pr) * D + d;
-                *o = (float)((Acc)*o + sAcc[idx]);
+                *o = (float)((Acc)*o + sAcc[pr * L::LDA + d]);
             }
+            __syncthreads();  // the next state's zeroing of sAcc is by other threads than these reads
         }
     }
 }

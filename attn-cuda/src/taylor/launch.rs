@@ -4,7 +4,7 @@
 //! looked up once and configured for their dynamic shared memory.
 
 use crate::error::{CudaAttnError, Result};
-use crate::runtime::{launch_config, launch_error, FunctionCache};
+use crate::runtime::{after_launch, launch_config, launch_error, FunctionCache};
 use crate::taylor::heuristics::THREADS;
 use crate::taylor::params::TaylorParams;
 use attn_core::Op;
@@ -85,6 +85,6 @@ impl Kernels {
         // shared memory come from `taylor::heuristics`, the mirror of the kernels' tiles; a kernel given
         // less shared memory than its layout traps rather than writing past it.
         unsafe { builder.launch(cfg) }.map_err(|source| launch_error(op, &launch.name, &cfg, source))?;
-        Ok(())
+        after_launch(stream, op, &launch.name, &cfg)
     }
 }
