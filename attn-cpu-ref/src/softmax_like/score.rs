@@ -100,6 +100,7 @@ impl Score {
                 beta: beta as f64,
             },
             FamilySpec::Taylor { .. } => {
+                // Internal invariant: no user input reaches here with a Taylor family.
                 unreachable!("lib.rs routes only softmax-like families (is_softmax_like) here")
             }
         }

@@ -135,21 +135,27 @@ __device__ __forceinline__ void probe_features(float (&out)[8], FeatureTile ft, 
     }
 }
 
-// ∂/∂z_d of Σ_e ψ_e(z) T_e over one tile (T: the tile's 8 entries of S·w).
-__device__ __forceinline__ float probe_feature_grad(FeatureTile ft, int d, const float* z, const float* T, float a1,
+// G += ∇_z Σ_e ψ_e(z) T_e over one tile (T: the tile's 8 entries of S·w; G: one probe's D sums, owned by
+// the caller's thread): a linear tile adds a1·T_e to G_{b0+e}; a quad tile (a, b0) adds a2·c_ab z_a T_e to
+// G_b and a2 Σ_e c_ab z_b T_e to G_a.
+template <typename Acc>
+__device__ __forceinline__ void add_probe_tile_grad(Acc* G, FeatureTile ft, const float* z, const float* T, float a1,
                                                     float a2) {
-    float g = 0.f;
     if (ft.kind == kTileLinear) {
-        if (d >= ft.b0 && d < ft.b0 + 8) g = a1 * T[d - ft.b0];
-    } else if (ft.kind == kTileQuad) {
-        if (d == ft.a) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) g += quad_weight(ft.a, ft.b0 + e) * z[ft.b0 + e] * T[e];
+        for (int e = 0; e < 8; ++e) G[ft.b0 + e] += a1 * T[e];
+    } else if (ft.kind == kTileQuad) {
+        const float za = a2 * z[ft.a];
+        float sa = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int b = ft.b0 + e;
+            const float te = quad_weight(ft.a, b) * T[e];
+            sa += z[b] * te;
+            G[b] += za * te;
         }
-        if (d >= ft.b0 && d < ft.b0 + 8) g += quad_weight(ft.a, d) * z[ft.a] * T[d - ft.b0];
-        g *= a2;
+        G[ft.a] += a2 * sa;
     }
-    return g;
 }
 
 __device__ __forceinline__ float taylor_f(const TaylorParams& tp, float s) { return tp.a0 + s * (tp.a1 + tp.a2 * s); }
@@ -309,7 +315,7 @@ __device__ __forceinline__ void taylor_batched(int tid, Addr addr, Store store) 
 #pragma unroll
         for (int i = 0; i < kTaylorLoadBatch; ++i) {
             const int idx = base + i * kTaylorThreads + tid;
-            const T* a = addr(min(idx, N - 1));  // in range: the element itself, or a stand-in never loaded
+            const T* a = addr(min(idx, N - 1));  // clamped to a real element; past N the stand-in is loaded
             v[i] = ldg_or_zero(a, idx < N && a != nullptr);
         }
 #pragma unroll

@@ -463,31 +463,12 @@ __device__ __forceinline__ void taylor_read(const TaylorParams& tp) {
                 }
                 __syncthreads();
                 // G_p += Σ_f ∇ψ_f(z_p) T_pf over the step's tiles, one thread per probe row (it owns the
-                // row's G, so no two threads add to one entry): a linear tile adds a1·T_e to G_{b0+e}; a
-                // quad tile (a, b0) adds a2·c_ab z_a T_e to G_b and a2 Σ_e c_ab z_b T_e to G_a.
+                // row's G, so no two threads add to one entry).
                 if (tid < BP) {
-                    const float* z = sZ + tid * L::LDZ;
-                    const float* tr = sT + tid * L::LDT;
-                    Acc* G = sAcc + tid * L::LDA;
 #pragma unroll
-                    for (int t = 0; t < KT; ++t) {
-                        const FeatureTile ft = sDesc[t];
-                        if (ft.kind == kTileLinear) {
-#pragma unroll
-                            for (int e = 0; e < 8; ++e) G[ft.b0 + e] += tp.a1 * tr[8 * t + e];
-                        } else if (ft.kind == kTileQuad) {
-                            const float za = tp.a2 * z[ft.a];
-                            float sa = 0.f;
-#pragma unroll
-                            for (int e = 0; e < 8; ++e) {
-                                const int b = ft.b0 + e;
-                                const float te = quad_weight(ft.a, b) * tr[8 * t + e];
-                                sa += z[b] * te;
-                                G[b] += za * te;
-                            }
-                            G[ft.a] += tp.a2 * sa;
-                        }
-                    }
+                    for (int t = 0; t < KT; ++t)
+                        add_probe_tile_grad(sAcc + tid * L::LDA, sDesc[t], sZ + tid * L::LDZ,
+                                            sT + tid * L::LDT + 8 * t, tp.a1, tp.a2);
                 }
             }
             __syncthreads();  // the next step overwrites the other buffer, Ψ or T, and sDesc
