@@ -9,12 +9,16 @@
 //             → dense_value, dense_grad, fold, prefix, read_value, read_grad (reverse roles: dṽ, dk̂)
 //             → finalize_dq, finalize_dkdv
 //   decode:   decode_prefill (after a forward); decode_step → decode_reduce → finalize_fwd
+// Order 1, f16/bf16, rows 16-byte aligned: order1_fold replaces fold in every sweep, and a non-causal
+// forward is order1_fold, prefix → order1_forward (taylor_order1.cuh).
 // Names: attn_taylor_{prep_grads,finalize_fwd,finalize_dq,finalize_dkdv}_{dt},
 //        attn_taylor_{dense,read}_{value,grad}_{dt}_d{D}, attn_taylor_fold_{dt}_d{D}, attn_taylor_prefix_{dt},
 //        attn_taylor_forward_{f16,bf16}_d{D},
-//        attn_taylor_decode_{step,prefill}_{dt}_d{D}, attn_taylor_decode_reduce.
+//        attn_taylor_decode_{step,prefill}_{dt}_d{D}, attn_taylor_decode_reduce,
+//        attn_taylor_order1_{fold,forward}_{f16,bf16}_d{D}.
 #include "include/taylor_decode.cuh"
 #include "include/taylor_dense.cuh"
+#include "include/taylor_order1.cuh"
 #include "include/taylor_rows.cuh"
 #include "include/taylor_state.cuh"
 
@@ -83,6 +87,14 @@ ATTN_TAYLOR_ROWS(bf16, __nv_bfloat16)
     extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
         attn_taylor_forward_##DT##_d##D(const __grid_constant__ TaylorParams p) {                             \
         attn::taylor_forward_tile<T, D>(p);                                                                  \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_order1_fold_##DT##_d##D(const __grid_constant__ TaylorParams p) {                         \
+        attn::taylor1_fold<T, D>(p);                                                                         \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_order1_forward_##DT##_d##D(const __grid_constant__ TaylorParams p) {                      \
+        attn::taylor1_forward<T, D>(p);                                                                      \
     }
 
 #define ATTN_TAYLOR_DIM(D)                                                                                     \

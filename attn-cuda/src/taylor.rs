@@ -42,11 +42,11 @@ pub use decode::{DecodeShape, TaylorDecodeState};
 use crate::backend::{CudaAttn, DeviceElem};
 use crate::dispatch::BACKEND;
 use crate::error::Result;
-use attn_core::{AttnError, AttnSpec, Causal, DType, FamilySpec, Op, Pass, SeqLengths};
+use attn_core::{AttnError, AttnSpec, Causal, DType, FamilySpec, Op, Pass, SeqLengths, Strides};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use launch::{Kernels, Launch};
 use params::TaylorParams;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 type In<'a, T> = &'a dyn DevicePtr<T>;
 type Out<'a, T> = &'a mut dyn DevicePtrMut<T>;
@@ -234,6 +234,18 @@ fn dtype_tag(dtype: DType) -> &'static str {
     }
 }
 
+/// Whether the order-1 kernels may run (`ATTN_CUDA_TAYLOR1=0` keeps the general ones, for comparison).
+fn order1_kernels_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1").map_or(true, |v| v.trim() != "0"))
+}
+
+/// A tensor whose every row starts 16 bytes aligned (base address and strides), as the order-1 kernels'
+/// 16-byte copies need; `ptr` 0 (no tensor) qualifies.
+fn rows_aligned(ptr: u64, s: Strides) -> bool {
+    ptr % 16 == 0 && s.batch % 8 == 0 && s.seq % 8 == 0 && s.head % 8 == 0
+}
+
 impl<'s> Call<'s> {
     fn new(attn: &'s CudaAttn, spec: &'s AttnSpec, pass: Pass) -> Result<Self> {
         let stream = attn.stream();
@@ -245,6 +257,28 @@ impl<'s> Call<'s> {
             kernels,
             op,
         })
+    }
+
+    /// The order-1 fold for a sweep (`reverse`: its sources are q and dO, else k and v): order 1,
+    /// f16/bf16, the sources' rows 16-byte aligned.
+    fn order1_fold(&self, p: &TaylorParams, reverse: bool) -> bool {
+        let s = self.spec;
+        let sources = if reverse {
+            rows_aligned(p.base.q, s.q_strides()) && rows_aligned(p.base.d_o, s.o_strides())
+        } else {
+            rows_aligned(p.base.k, s.k_strides()) && rows_aligned(p.base.v, s.v_strides())
+        };
+        p.order == 1 && s.dtype().size() == 2 && order1_kernels_on() && sources
+    }
+
+    /// The order-1 forward tile: the order-1 fold of the forward sweep, no causal mask, q and o rows
+    /// 16-byte aligned.
+    fn order1_forward(&self, p: &TaylorParams) -> bool {
+        let s = self.spec;
+        self.order1_fold(p, false)
+            && s.causal() == Causal::None
+            && rows_aligned(p.base.q, s.q_strides())
+            && rows_aligned(p.base.o, s.o_strides())
     }
 
     fn checker(&self, pass: Pass) -> Checker<'s> {
@@ -368,14 +402,24 @@ impl<'s> Call<'s> {
         };
         let slabs = heuristics::fold_slabs(d, p.order as u8).ok_or_else(missing)?;
         p.n_slabs = slabs as i32;
-        self.run(
+        let fold = if self.order1_fold(p, p.reverse != 0) {
+            Launch {
+                name: format!("attn_taylor_order1_fold_{dt}_d{d}"),
+                grid: (
+                    heuristics::order1_fold_split(d) * p.n_seg as usize,
+                    s.heads_kv(),
+                    s.batch(),
+                ),
+                smem: heuristics::order1_fold_smem(d),
+            }
+        } else {
             Launch {
                 name: format!("attn_taylor_fold_{dt}_d{d}"),
                 grid: (slabs * p.n_seg as usize, s.heads_kv(), s.batch()),
                 smem: heuristics::fold_smem(d, elem).ok_or_else(missing)?,
-            },
-            p,
-        )?;
+            }
+        };
+        self.run(fold, p)?;
         let per_state = heuristics::width(d) * p.f_pad as usize;
         self.run(
             Launch {
@@ -459,6 +503,20 @@ impl<'s> Call<'s> {
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
         let (max_probes, entries) = self.geometry(p, false)?;
         let _states = self.states(p, entries, 1)?;
+        if self.order1_forward(p) {
+            return self.run(
+                Launch {
+                    name: format!("attn_taylor_order1_forward_{}_d{d}", dtype_tag(s.dtype())),
+                    grid: (
+                        heuristics::blocks(max_probes, heuristics::order1_probes(d)),
+                        s.heads_kv(),
+                        s.batch(),
+                    ),
+                    smem: heuristics::order1_forward_smem(d),
+                },
+                p,
+            );
+        }
         self.run(
             Launch {
                 name: format!("attn_taylor_forward_{}_d{d}", dtype_tag(s.dtype())),

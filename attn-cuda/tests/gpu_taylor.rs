@@ -268,6 +268,15 @@ const ORDERS: [Family; 2] = [
     }),
 ];
 
+/// Order 1 without the l2-norm and with other coefficients: the order-1 kernels' path where the keys
+/// need no scaling (f16/bf16 with 16-byte aligned rows; NOTES_taylor.md, "Session 8").
+const ORDER1_PLAIN: Family = Family::Taylor(TaylorParams {
+    order: 1,
+    a: [0.6, 1.1, 0.0],
+    scale: None,
+    qk_l2norm: false,
+});
+
 macro_rules! gpu_tests {
     ($($name:ident: $families:expr, $make:expr, $offset:expr;)*) => {$(
         #[test]
@@ -292,6 +301,11 @@ gpu_tests! {
     taylor_custom_coefficients_with_l2norm_match_reference: [custom_order2()], causal_top_left_q_shorter, 0;
     taylor_long_causal_split_states_match_reference: ORDERS, long_causal, 0;
     taylor_long_dense_split_states_match_reference: ORDERS, long_dense, 0;
+    taylor_order1_plain_dense_gqa_matches_reference: [ORDER1_PLAIN], dense_gqa, 0;
+    taylor_order1_plain_key_padding_matches_reference: [ORDER1_PLAIN], key_padding_dense, 0;
+    taylor_order1_plain_varlen_causal_matches_reference: [ORDER1_PLAIN], varlen_causal, 0;
+    // Rows not 16-byte aligned (inputs 3 elements into their buffers): the general kernels.
+    taylor_unaligned_rows_match_reference: ORDERS, dense_gqa, 3;
 }
 
 /// No atomics on the sums: a forward and backward run twice on the same inputs gives the same bits,

@@ -69,6 +69,13 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                  : "r"(smem_addr(p)));
 }
 
+// Two 8×8 b16 matrices, transposed; lanes 0–15 supply the row addresses (lane l: row l % 8 of matrix l / 8).
+__device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_addr(p)));
+}
+
 // A fragment of rows [r0, r0+16) × cols [c0, c0+16) of a row-major smem tile with row stride ld.
 template <typename T>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int ld, int r0, int c0, int lane) {

@@ -220,6 +220,50 @@ pub(crate) fn forward_smem(d: usize) -> Option<usize> {
     Some(z + dense + bp * (kf + 8) * 2 + 2 * mp * (kf + 8) * 2)
 }
 
+/// Sources per chunk and chunks in flight of the order-1 fold (`Taylor1Fold::C`, `STAGES`).
+const ORDER1_CHUNK: usize = 64;
+const ORDER1_STAGES: usize = 3;
+
+/// Blocks per segment of the order-1 fold (`Taylor1Fold::VSPLIT`): each takes a share of the m16 tiles
+/// of the columns v, so that a thread's sums stay at 60 registers or fewer.
+pub(crate) fn order1_fold_split(d: usize) -> usize {
+    if d == 128 {
+        3
+    } else {
+        1
+    }
+}
+
+/// Dynamic shared memory of the order-1 fold (`Taylor1Fold::kBytes`): per stage the x and y tiles
+/// `[64][D + 8]` in the storage type.
+///
+/// ```text
+/// D = 64: 3·2·64·72·2 = 55 296
+/// ```
+pub(crate) fn order1_fold_smem(d: usize) -> usize {
+    ORDER1_STAGES * 2 * ORDER1_CHUNK * (d + 8) * 2
+}
+
+/// Probes per block of the order-1 forward (`Taylor1Forward::BP`): 4 warps × 16 rows × 2 row tiles at
+/// D ≤ 64, 1 at D = 128.
+pub(crate) fn order1_probes(d: usize) -> usize {
+    if d <= 64 {
+        128
+    } else {
+        64
+    }
+}
+
+/// Dynamic shared memory of the order-1 forward (`Taylor1Forward::kBytes`): q `[BP][D + 8]` and the
+/// state's linear rows `[MP][D + 8]`, in the storage type.
+///
+/// ```text
+/// D = 64: (128 + 80)·72·2 = 29 952
+/// ```
+pub(crate) fn order1_forward_smem(d: usize) -> usize {
+    (order1_probes(d) + width_padded(d)) * (d + 8) * 2
+}
+
 /// Bytes of one state entry: the f32 sum, and for f16/bf16 its storage-type copies (hi and lo).
 fn state_entry_bytes(elem: usize) -> usize {
     if elem == 4 {
@@ -271,6 +315,8 @@ mod tests {
         assert_eq!(forward_smem(64), Some(65_024));
         assert_eq!(forward_smem(128), Some(97_792));
         assert_eq!(read_probes(128, 2, false), 64);
+        assert_eq!(order1_fold_smem(64), 55_296);
+        assert_eq!(order1_forward_smem(64), 29_952);
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
         assert_eq!(seg_len(64, 2, 1 << 20, 8, 2, true), Some(2048));
@@ -315,6 +361,12 @@ mod tests {
                 assert!(slabs * t.nt * 8 >= f_pad(d, order) && (slabs - 1) * t.nt * 8 < f_pad(d, order));
             }
             assert!(decode_step_smem(d, 64) <= 163 * 1024);
+            assert!(order1_fold_smem(d) <= 163 * 1024 && order1_forward_smem(d) <= 163 * 1024);
+            // The order-1 fold splits the m16 tiles of the columns (the last one opens at v = D) evenly.
+            assert_eq!((width_padded(d) / 16) % order1_fold_split(d), 0, "D = {d}");
+            assert_eq!(width_padded(d), d + 16, "D = {d}");
+            // Its features (const and linear tiles) fit a state row.
+            assert!(8 * (1 + d / 8) <= f_pad(d, 1), "D = {d}");
         }
         assert_eq!(state_tile(48), None);
         assert_eq!(fold_slabs(96, 2), None);

@@ -1,0 +1,379 @@
+// Order 1 (f(s) = a0 + a1 s), f16/bf16: a fold and a non-causal forward built for the order-1 state,
+// which is small: the const feature and the D linear ones, times the M = D + 1 columns of ṽ (65 × 65 at
+// D = 64). Order 1 is bound by memory (NOTES_taylor.md, "The floor"): these kernels stream their tiles
+// with cp.async in 16-byte copies (the call's rows 16-byte aligned: the host checks it and otherwise runs
+// the general kernels), and nothing else goes through DRAM but q, k, v, o and the small states.
+//
+//   taylor1_fold     the same segment sums as taylor_fold (st[k], [M][f_pad] f32, the same feature
+//                    layout: f = 0 the const feature, f = 8 + d the linear ones, zero elsewhere; and
+//                    st_max), so the prefix and every read take them as they are. Any sweep (forward
+//                    or reversed: the row factors rx, ry and y_last of TaylorRowRef are applied in
+//                    shared memory when they are not 1). Sᵀ = Yᵀ [1, X] chunk by chunk: the const
+//                    feature is a constant B fragment (1 in column 0), the den column of Y (y_last) a
+//                    constant A fragment built from the per-row scalars, so neither takes shared memory.
+//   taylor1_forward  a non-causal probe tile: every probe reads the whole sum st[n_seg − 1] (the
+//                    prefix's storage-type copy): num, den = up·(a1 r_z (q_raw · S_lin) + a0 S_const),
+//                    r_z = scale (/‖q‖), up = 2^e of the copy. The state is read from L2 once per block;
+//                    o is staged in shared memory and stored in 16-byte rows.
+#pragma once
+#include "loads.h"
+#include "taylor_state.cuh"
+
+namespace attn {
+
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t u);
+template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+
+// Rows r < ROWS of a shared tile [ROWS][LD] (D columns) scaled in place, x ← T(f_r·x) with f_r = factor(r),
+// times 1/max(‖x_r‖, eps) when `l2` (as the general loaders scale, in f32, rounded once). Each thread
+// takes 8 elements (16 bytes) of a row at a time; the D/8 threads of a row are adjacent lanes, which sum
+// the row's squares by shuffles, so there is no barrier inside. Every thread makes the same number of
+// passes (the shuffles need the whole warp).
+template <typename T, int ROWS, int D, class Factor>
+__device__ __forceinline__ void taylor1_scale_rows(T* tile, bool l2, float eps, Factor factor, int tid) {
+    constexpr int LD = SmemRow<D>::ld, CPR = D / 8, RPP = kTaylorThreads / CPR;
+    static_assert(32 % CPR == 0 && ROWS % RPP == 0, "a row's threads in one warp; whole passes");
+    const int ch = tid % CPR;
+    for (int r = tid / CPR; r < ROWS; r += RPP) {
+        uint4 u = *reinterpret_cast<const uint4*>(tile + r * LD + 8 * ch);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 f = unpack2<T>(w[e]);
+            v[2 * e] = f.x;
+            v[2 * e + 1] = f.y;
+        }
+        float f = factor(r);
+        if (l2) {
+            float ss = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
+#pragma unroll
+            for (int o = CPR / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            f *= 1.f / fmaxf(sqrtf(ss), eps);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] *= f;
+        store8<T>(tile + r * LD + 8 * ch, v);
+    }
+}
+
+// The fold's tiles. Mirrored by taylor::heuristics::{order1_fold_smem, order1_fold_split}.
+template <typename T, int D> struct Taylor1Fold {
+    static constexpr int C = 64;       // sources per chunk
+    static constexpr int STAGES = 3;   // chunks in flight (cp.async groups)
+    static constexpr int M = TaylorDims<D>::M, MP = TaylorDims<D>::MP;
+    static constexpr int MT = MP / 16;                   // m16 tiles of the columns v; the last holds den (v = D)
+    static constexpr int VSPLIT = D == 128 ? 3 : 1;      // blocks per segment, each MT / VSPLIT of those tiles
+    static constexpr int MTB = MT / VSPLIT;
+    static constexpr int NT = 1 + D / 8;                 // n8 feature tiles: const, then the linear ones
+    static constexpr int NPW = (NT + kTaylorWarps - 1) / kTaylorWarps;  // n-tiles per warp (warp w: w, w + 4, …)
+    static constexpr int LD = SmemRow<D>::ld;            // X and Y rows in shared memory, T
+    static constexpr int CPR = D * 2 / 16;               // 16-byte copies per row
+    static constexpr int kStage = 2 * C * LD * 2;        // X [C][LD], then Y [C][LD]
+    static constexpr int kBytes = STAGES * kStage;
+    static_assert(MT % VSPLIT == 0 && D % 16 == 0 && MT * 16 == D + 16, "the den column opens the last m-tile");
+};
+
+// Grid (n_seg · VSPLIT, Hkv, B); block x = k · VSPLIT + part.
+template <typename T, int D>
+__device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
+    using L = Taylor1Fold<T, D>;
+    constexpr int C = L::C, S = L::STAGES, LD = L::LD, CPR = L::CPR, MTB = L::MTB, NPW = L::NPW;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __shared__ float sRy[S][C], sYl[S][C];  // per stage: the rows' ry (reversed sweeps) and y_last
+    if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
+
+    const AttnParams& P = tp.base;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const TaylorSweep sw(tp, blockIdx.z, blockIdx.y);
+    const int part = blockIdx.x % L::VSPLIT, seg = blockIdx.x / L::VSPLIT;
+    if (seg >= sw.n_seg) return;
+    const int s_lo = seg * sw.seg, s_hi = min(s_lo + sw.seg, sw.n_s);
+    const int n_chunks = (s_hi - s_lo + C - 1) / C;
+    const bool l2 = P.l2norm != 0;
+    const T* stand_in = static_cast<const T*>(P.k);  // a valid address for the zero-filled copies
+    auto stage_x = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kStage); };
+    auto stage_y = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kStage) + C * LD; };
+
+    // The sources' rows (TaylorSweep::source) as affine functions of the source index: key j at
+    // x0 + j·xs, y0 + j·ys (rx = ry = y_last = 1); reversed, query row q = i·G + g (q = n_s − 1 − s) at
+    // x0 + i·xs + g·xg, y0 + i·ys + g·yg, rx = scale, ry and y_last from rg, nd at scratch row row0 + q.
+    const T* x0;
+    const T* y0;
+    long long xs, ys, xg = 0, yg = 0, row0 = 0;
+    if (!sw.rev) {
+        x0 = static_cast<const T*>(P.k) + sw.si.k_off(P, 0, sw.hk);
+        y0 = static_cast<const T*>(P.v) + sw.si.v_off(P, 0, sw.hk);
+        xs = P.k_seq;
+        ys = P.v_seq;
+    } else {
+        const int h0 = sw.hk * sw.group;
+        x0 = static_cast<const T*>(P.q) + sw.si.q_off(P, 0, h0);
+        y0 = P.d_o != nullptr ? static_cast<const T*>(P.d_o) + sw.si.o_off(P, 0, h0) : nullptr;
+        xs = P.q_seq;
+        xg = P.q_head;
+        ys = P.o_seq;
+        yg = P.o_head;
+        row0 = taylor_query_row(P, sw.si, sw.hk, 0, 0);
+    }
+    const float rx = sw.rev ? P.scale : 1.f;
+
+    // The copies of chunk c into stage c % S (rows past the segment zero-filled, their y_last 0), then
+    // one commit (also past the last chunk, so that every iteration waits for the same group count).
+    // Thread tid copies the 16 bytes tid % CPR of the rows tid / CPR + k·RPP.
+    constexpr int RPP = kTaylorThreads / CPR;
+    auto issue = [&](int c) {
+        if (c < n_chunks) {
+            const int st = c % S, s0 = s_lo + c * C, ch = tid % CPR;
+            T* x = stage_x(st);
+            T* y = stage_y(st);
+            for (int r = tid / CPR; r < C; r += RPP) {
+                const int s = s0 + r;
+                const bool valid = s < s_hi;
+                const T* xp = stand_in;
+                const T* yp = stand_in;
+                bool has_y = false;
+                int q = 0;
+                if (valid && !sw.rev) {
+                    xp = x0 + s * xs + 8 * ch;
+                    yp = y0 + s * ys + 8 * ch;
+                    has_y = true;
+                } else if (valid) {
+                    q = sw.n_s - 1 - s;
+                    const int i = q / sw.group, gg = q - i * sw.group;
+                    xp = x0 + i * xs + gg * xg + 8 * ch;
+                    has_y = y0 != nullptr;
+                    if (has_y) yp = y0 + i * ys + gg * yg + 8 * ch;
+                }
+                cp_async_16(x + r * LD + 8 * ch, xp, valid);
+                cp_async_16(y + r * LD + 8 * ch, yp, has_y);
+                if (ch == 0) {
+                    if (!sw.rev) {
+                        sYl[st][r] = valid ? 1.f : 0.f;
+                    } else {
+                        const float* fs = reinterpret_cast<const float*>(stand_in);
+                        cp_async_4(&sRy[st][r], valid && tp.rg != nullptr ? tp.rg + row0 + q : fs, valid && tp.rg != nullptr);
+                        cp_async_4(&sYl[st][r], valid && tp.nd != nullptr ? tp.nd + row0 + q : fs, valid && tp.nd != nullptr);
+                    }
+                }
+            }
+        }
+        cp_async_commit();
+    };
+
+    float acc[NPW][MTB][4];
+#pragma unroll
+    for (int j = 0; j < NPW; ++j)
+#pragma unroll
+        for (int m = 0; m < MTB; ++m)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][m][e] = 0.f;
+    const uint32_t one2 = g == 0 ? pack2<T>(1.f, 1.f) : 0u;  // B of the const feature: 1 in column 0
+
+#pragma unroll
+    for (int c = 0; c < S - 1; ++c) issue(c);
+    for (int c = 0; c < n_chunks; ++c) {
+        cp_async_wait<S - 2>();
+        __syncthreads();  // chunk c has landed for every thread; chunk c − 1's stage is no longer read
+        issue(c + S - 1);
+        const int st = c % S;
+        T* x = stage_x(st);
+        T* y = stage_y(st);
+        // x = rx·x_raw (·1/max(‖x_raw‖, eps) under qk_l2norm), y = ry·y_raw, as the general loaders
+        // scale them; a key without the l2-norm needs neither.
+        if (l2 || sw.rev) {
+            taylor1_scale_rows<T, C, D>(x, l2, P.eps, [&](int) { return rx; }, tid);
+            if (sw.rev) taylor1_scale_rows<T, C, D>(y, false, P.eps, [&](int r) { return sRy[st][r]; }, tid);
+            __syncthreads();
+        }
+        // Sᵀ[v][f] += Σ_s y_s[v] φ_f(x_s): A = Yᵀ (m = v), B = [1, X] (n = f), k = the chunk's sources.
+#pragma unroll
+        for (int k0 = 0; k0 < C; k0 += 16) {
+            uint32_t a[MTB][4];
+#pragma unroll
+            for (int m = 0; m < MTB; ++m) {
+                const int mt = part * MTB + m;
+                if (16 * mt < D) {
+                    load_a_trans(a[m], y, LD, k0, 16 * mt, lane);
+                } else {  // the den row v = D (row g = 0 of this tile), y_last per source; rows past it zero
+                    const float* yl = sYl[st] + k0 + 2 * t4;
+                    a[m][0] = g == 0 ? pack2<T>(yl[0], yl[1]) : 0u;
+                    a[m][1] = 0u;
+                    a[m][2] = g == 0 ? pack2<T>(yl[8], yl[9]) : 0u;
+                    a[m][3] = 0u;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NPW; ++j) {
+                const int n = warp + kTaylorWarps * j;
+                if (n >= L::NT) continue;  // warp-uniform
+                uint32_t b[2] = {one2, one2};
+                if (n > 0) ldsm_x2_trans(b, x + (k0 + (lane & 15)) * LD + 8 * (n - 1));
+#pragma unroll
+                for (int m = 0; m < MTB; ++m) mma16816<T>(acc[j][m], a[m], b[0], b[1]);
+            }
+        }
+    }
+    cp_async_wait<0>();  // (only empty groups can be left)
+
+    // st[seg] ← the segment's sums for this block's rows v; the features past the tiles are zero.
+    float* out = taylor_state_at(tp, blockIdx.z, blockIdx.y, seg);
+    float mx = 0.f;  // the largest |sum| this thread stores
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) {
+        const int n = warp + kTaylorWarps * j;
+        if (n >= L::NT) continue;
+#pragma unroll
+        for (int m = 0; m < MTB; ++m)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int v = 16 * (part * MTB + m) + g + 8 * r;
+                if (v >= L::M) continue;
+                const float a = acc[j][m][2 * r], c = acc[j][m][2 * r + 1];
+                *reinterpret_cast<float2*>(out + (long long)v * tp.f_pad + 8 * n + 2 * t4) = make_float2(a, c);
+                if (isfinite(a)) mx = fmaxf(mx, fabsf(a));
+                if (isfinite(c)) mx = fmaxf(mx, fabsf(c));
+            }
+    }
+    const int v_lo = 16 * part * MTB, v_hi = min(L::M, 16 * (part + 1) * MTB);
+    const int f_zero = 8 * L::NT, n_zero = tp.f_pad - f_zero;
+    for (int idx = tid; idx < (v_hi - v_lo) * n_zero; idx += kTaylorThreads)
+        out[(long long)(v_lo + idx / n_zero) * tp.f_pad + f_zero + idx % n_zero] = 0.f;
+    // st_max[seg] ≥ every |sum| of the segment: non-negative floats order like their bits as ints.
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0 && mx > 0.f) atomicMax(taylor_state_max_at(tp, blockIdx.z, blockIdx.y, seg), __float_as_int(mx));
+}
+
+// The forward tile. Mirrored by taylor::heuristics::{order1_probes, order1_forward_smem}.
+template <typename T, int D> struct Taylor1Forward {
+    static constexpr int RT = D <= 64 ? 2 : 1;           // m16 row tiles per warp
+    static constexpr int BP = 16 * RT * kTaylorWarps;    // probes per block
+    static constexpr int M = TaylorDims<D>::M, MP = TaylorDims<D>::MP;
+    static constexpr int NO = MP / 8;                    // n8 tiles of the columns v
+    static constexpr int LD = SmemRow<D>::ld;
+    static constexpr int CPR = D * 2 / 16;
+    static constexpr int kQ = 0;                         // Q [BP][LD] T (then o, each warp its own rows)
+    static constexpr int kS = kQ + BP * LD * 2;          // S_lin [MP][LD] T: S_lin[v][d] = state[v][8 + d]
+    static constexpr int kBytes = kS + MP * LD * 2;
+};
+
+// Grid (⌈G·len_q / BP⌉, Hkv, B): BP probes (query rows of the GQA group) of a non-causal forward sweep.
+template <typename T, int D>
+__device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
+    using L = Taylor1Forward<T, D>;
+    constexpr int BP = L::BP, RT = L::RT, M = L::M, MP = L::MP, NO = L::NO, LD = L::LD, CPR = L::CPR;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw + L::kQ);
+    T* sS = reinterpret_cast<T*>(smem_raw + L::kS);
+    __shared__ float sConst[MP], sInv[BP];
+    __shared__ long long sQo[BP], sOo[BP], sStat[BP];  // each probe row's q and o offsets, statistics index
+    if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
+
+    const AttnParams& P = tp.base;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const TaylorSweep sw(tp, blockIdx.z, blockIdx.y);
+    const int p0 = blockIdx.x * BP;
+    if (p0 >= sw.n_p) return;
+    const int np = min(BP, sw.n_p - p0);
+    const bool has = sw.n_s > 0;  // no key at all: o = 0, den = 0
+    constexpr int RPP = kTaylorThreads / CPR;
+
+    for (int r = tid; r < np; r += kTaylorThreads) {  // probe p = i·G + g of query head hk·G + g
+        const int p = p0 + r, i = p / sw.group, h = sw.hk * sw.group + (p - i * sw.group);
+        sQo[r] = sw.si.q_off(P, i, h);
+        sOo[r] = sw.si.o_off(P, i, h);
+        sStat[r] = sw.si.stats_index(P, h, i);
+    }
+    const T* Sc = has ? taylor_copy_at<T>(tp, blockIdx.z, blockIdx.y, sw.n_seg - 1, 0) : nullptr;
+    for (int v = tid; v < MP; v += kTaylorThreads) sConst[v] = has && v < M ? to_f32(Sc[(long long)v * tp.f_pad]) : 0.f;
+    const float up = has ? ldexpf(1.f, taylor_state_exponent(tp, blockIdx.z, blockIdx.y, sw.n_seg - 1)) : 0.f;
+    {
+        const int ch = tid % CPR;
+        for (int v = tid / CPR; v < MP; v += RPP) {
+            const bool valid = has && v < M;
+            cp_async_16(sS + v * LD + 8 * ch, valid ? Sc + (long long)v * tp.f_pad + 8 + 8 * ch : static_cast<const T*>(P.q),
+                        valid);
+        }
+        __syncthreads();  // the row offsets
+        for (int r = tid / CPR; r < BP; r += RPP) {
+            const bool valid = r < np;
+            cp_async_16(sQ + r * LD + 8 * ch, static_cast<const T*>(P.q) + (valid ? sQo[r] + 8 * ch : 0), valid);
+        }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    const bool l2 = P.l2norm != 0;
+    if (l2) {
+        tile_inv_norms<T, BP, D, kTaylorThreads>(sInv, sQ, P.eps, tid);
+        __syncthreads();
+    }
+
+    // acc = Q_raw S_linᵀ   [16·RT rows of this warp, MP]
+    float acc[RT][NO][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[rt][n][e] = 0.f;
+    const int wrow = warp * 16 * RT;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[RT][4];
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) load_a(a[rt], sQ, LD, wrow + 16 * rt, kk * 16, lane);
+#pragma unroll
+        for (int nn = 0; nn < MP / 16; ++nn) {
+            uint32_t b[4];
+            load_b_nk(b, sS, LD, nn * 16, kk * 16, lane);
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt) {
+                mma16816<T>(acc[rt][2 * nn], a[rt], b[0], b[1]);
+                mma16816<T>(acc[rt][2 * nn + 1], a[rt], b[2], b[3]);
+            }
+        }
+    }
+    __syncwarp();  // this warp's Q rows are read (no other warp reads them): o goes in their place
+
+    // [num, den] = up·(a1 r_z acc + a0 S_const); o = num / den staged as T, den to the statistics.
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = wrow + 16 * rt + g + 8 * r;
+            const float cz = tp.a1 * P.scale * (l2 ? sInv[row] : 1.f);
+            // den is column D: n-tile D/8, element 2r of the quad's lane t4 = 0.
+            const float den_acc = __shfl_sync(0xffffffffu, acc[rt][D / 8][2 * r], lane & ~3);
+            const float den = has ? up * (cz * den_acc + tp.a0 * sConst[D]) : 0.f;
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                const int v = n * 8 + 2 * t4;
+                float o[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    o[e] = has ? up * (cz * acc[rt][n][2 * r + e] + tp.a0 * sConst[v + e]) / den : 0.f;
+                *reinterpret_cast<uint32_t*>(sQ + row * LD + v) = pack2<T>(o[0], o[1]);
+            }
+            if (t4 == 0 && row < np) P.lse[sStat[row]] = den;
+        }
+    __syncwarp();
+    for (int idx = lane; idx < 16 * RT * CPR; idx += 32) {
+        const int row = wrow + idx / CPR, ch = idx % CPR;
+        if (row < np)
+            *reinterpret_cast<uint4*>(static_cast<T*>(P.o) + sOo[row] + 8 * ch) =
+                *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
+    }
+}
+
+}  // namespace attn
