@@ -11,10 +11,11 @@
 //                    shared memory when they are not 1). Sᵀ = Yᵀ [1, X] chunk by chunk: the const
 //                    feature is a constant B fragment (1 in column 0), the den column of Y (y_last) a
 //                    constant A fragment built from the per-row scalars, so neither takes shared memory.
-//   taylor1_forward  a non-causal probe tile: every probe reads the whole sum st[n_seg − 1] (the
+//   taylor1_forward  non-causal probe tiles: every probe reads the whole sum st[n_seg − 1] (the
 //                    prefix's storage-type copy): num, den = up·(a1 r_z (q_raw · S_lin) + a0 S_const),
-//                    r_z = scale (/‖q‖), up = 2^e of the copy. The state is read from L2 once per block;
-//                    o is staged in shared memory and stored in 16-byte rows.
+//                    o = num·(1/den), r_z = scale (/‖q‖), up = 2^e of the copy. A block reads the state once and streams
+//                    several probe tiles, two in flight; o is staged in shared memory and stored in
+//                    16-byte rows.
 #pragma once
 #include "loads.h"
 #include "taylor_state.cuh"
@@ -27,6 +28,12 @@ template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
 }
 template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+
+// 1/max(‖x‖, eps) from ‖x‖² = ss: rsqrt (within 2 ulp of f32, far below the storage type's rounding
+// that follows) instead of an IEEE square root and division.
+__device__ __forceinline__ float taylor1_inv_norm(float ss, float eps) {
+    return ss > eps * eps ? rsqrtf(ss) : 1.f / eps;
 }
 
 // Rows r < ROWS of a shared tile [ROWS][LD] (D columns) scaled in place, x ← T(f_r·x) with f_r = factor(r),
@@ -56,7 +63,7 @@ __device__ __forceinline__ void taylor1_scale_rows(T* tile, bool l2, float eps, 
             for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
 #pragma unroll
             for (int o = CPR / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            f *= 1.f / fmaxf(sqrtf(ss), eps);
+            f *= taylor1_inv_norm(ss, eps);
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] *= f;
@@ -67,7 +74,7 @@ __device__ __forceinline__ void taylor1_scale_rows(T* tile, bool l2, float eps, 
 // The fold's tiles. Mirrored by taylor::heuristics::{order1_fold_smem, order1_fold_split}.
 template <typename T, int D> struct Taylor1Fold {
     static constexpr int C = 64;       // sources per chunk
-    static constexpr int STAGES = 3;   // chunks in flight (cp.async groups)
+    static constexpr int STAGES = 2;   // chunks in flight (cp.async groups): 4 blocks per SM
     static constexpr int M = TaylorDims<D>::M, MP = TaylorDims<D>::MP;
     static constexpr int MT = MP / 16;                   // m16 tiles of the columns v; the last holds den (v = D)
     static constexpr int VSPLIT = D == 128 ? 3 : 1;      // blocks per segment, each MT / VSPLIT of those tiles
@@ -253,127 +260,166 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
     if (lane == 0 && mx > 0.f) atomicMax(taylor_state_max_at(tp, blockIdx.z, blockIdx.y, seg), __float_as_int(mx));
 }
 
-// The forward tile. Mirrored by taylor::heuristics::{order1_probes, order1_forward_smem}.
+// The forward's tiles. Mirrored by taylor::heuristics::{order1_probes, order1_forward_smem}.
 template <typename T, int D> struct Taylor1Forward {
     static constexpr int RT = D <= 64 ? 2 : 1;           // m16 row tiles per warp
-    static constexpr int BP = 16 * RT * kTaylorWarps;    // probes per block
+    static constexpr int BP = 16 * RT * kTaylorWarps;    // probes per tile
     static constexpr int M = TaylorDims<D>::M, MP = TaylorDims<D>::MP;
     static constexpr int NO = MP / 8;                    // n8 tiles of the columns v
     static constexpr int LD = SmemRow<D>::ld;
-    static constexpr int CPR = D * 2 / 16;
-    static constexpr int kQ = 0;                         // Q [BP][LD] T (then o, each warp its own rows)
-    static constexpr int kS = kQ + BP * LD * 2;          // S_lin [MP][LD] T: S_lin[v][d] = state[v][8 + d]
+    static constexpr int CPR = D * 2 / 16;               // 16-byte copies per row
+    static constexpr int kQ = 0;                         // Q [2][BP][LD] T: two tiles in flight (then o)
+    static constexpr int kS = kQ + 2 * BP * LD * 2;      // S_lin [MP][LD] T: S_lin[v][d] = state[v][8 + d]
     static constexpr int kBytes = kS + MP * LD * 2;
 };
 
-// Grid (⌈G·len_q / BP⌉, Hkv, B): BP probes (query rows of the GQA group) of a non-causal forward sweep.
+// Grid (blocks per head, Hkv, B): block x takes the probe tiles x, x + gridDim.x, … (BP probes each: query
+// rows of the GQA group) of a non-causal forward sweep. It reads the state once, then streams its tiles
+// with the next tile's copy in flight during this one's products and stores.
 template <typename T, int D>
 __device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
     using L = Taylor1Forward<T, D>;
     constexpr int BP = L::BP, RT = L::RT, M = L::M, MP = L::MP, NO = L::NO, LD = L::LD, CPR = L::CPR;
+    constexpr int RPP = kTaylorThreads / CPR;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* sQ = reinterpret_cast<T*>(smem_raw + L::kQ);
     T* sS = reinterpret_cast<T*>(smem_raw + L::kS);
-    __shared__ float sConst[MP], sInv[BP];
-    __shared__ long long sQo[BP], sOo[BP], sStat[BP];  // each probe row's q and o offsets, statistics index
+    __shared__ __align__(8) float sConst[MP];  // up·a0·S_const
+    __shared__ float sInv[BP];
+    __shared__ long long sOo[2][BP], sStat[2][BP];  // per tile in flight: each probe row's o offset, statistics index
     if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
 
     const AttnParams& P = tp.base;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
     const TaylorSweep sw(tp, blockIdx.z, blockIdx.y);
-    const int p0 = blockIdx.x * BP;
-    if (p0 >= sw.n_p) return;
-    const int np = min(BP, sw.n_p - p0);
+    const int n_tiles = (sw.n_p + BP - 1) / BP;
+    if ((int)blockIdx.x >= n_tiles) return;
     const bool has = sw.n_s > 0;  // no key at all: o = 0, den = 0
-    constexpr int RPP = kTaylorThreads / CPR;
-
-    for (int r = tid; r < np; r += kTaylorThreads) {  // probe p = i·G + g of query head hk·G + g
-        const int p = p0 + r, i = p / sw.group, h = sw.hk * sw.group + (p - i * sw.group);
-        sQo[r] = sw.si.q_off(P, i, h);
-        sOo[r] = sw.si.o_off(P, i, h);
-        sStat[r] = sw.si.stats_index(P, h, i);
-    }
-    const T* Sc = has ? taylor_copy_at<T>(tp, blockIdx.z, blockIdx.y, sw.n_seg - 1, 0) : nullptr;
-    for (int v = tid; v < MP; v += kTaylorThreads) sConst[v] = has && v < M ? to_f32(Sc[(long long)v * tp.f_pad]) : 0.f;
-    const float up = has ? ldexpf(1.f, taylor_state_exponent(tp, blockIdx.z, blockIdx.y, sw.n_seg - 1)) : 0.f;
-    {
-        const int ch = tid % CPR;
-        for (int v = tid / CPR; v < MP; v += RPP) {
-            const bool valid = has && v < M;
-            cp_async_16(sS + v * LD + 8 * ch, valid ? Sc + (long long)v * tp.f_pad + 8 + 8 * ch : static_cast<const T*>(P.q),
-                        valid);
-        }
-        __syncthreads();  // the row offsets
-        for (int r = tid / CPR; r < BP; r += RPP) {
-            const bool valid = r < np;
-            cp_async_16(sQ + r * LD + 8 * ch, static_cast<const T*>(P.q) + (valid ? sQo[r] + 8 * ch : 0), valid);
-        }
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
     const bool l2 = P.l2norm != 0;
-    if (l2) {
-        tile_inv_norms<T, BP, D, kTaylorThreads>(sInv, sQ, P.eps, tid);
-        __syncthreads();
+    auto stage_q = [&](int st) { return reinterpret_cast<T*>(smem_raw + L::kQ) + st * BP * LD; };
+
+    // The state: the linear rows by cp.async (their first group is the first tile's), the const column
+    // and the copy's power of two directly.
+    const T* Sc = has ? taylor_copy_at<T>(tp, blockIdx.z, blockIdx.y, sw.n_seg - 1, 0) : nullptr;
+    for (int v = tid / CPR; v < MP; v += RPP) {
+        const int ch = tid % CPR;
+        const bool valid = has && v < M;
+        cp_async_16(sS + v * LD + 8 * ch, valid ? Sc + (long long)v * tp.f_pad + 8 + 8 * ch : static_cast<const T*>(P.q),
+                    valid);
     }
 
-    // acc = Q_raw S_linᵀ   [16·RT rows of this warp, MP]
-    float acc[RT][NO][4];
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-        for (int n = 0; n < NO; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[rt][n][e] = 0.f;
+    // Tile t into stage st: thread tid copies the 16 bytes tid % CPR of the rows tid / CPR + k·RPP (zero
+    // past the probes) and, for ch = 0, records the row's o offset and statistics index. One commit, also
+    // past the last tile (every iteration waits for the same group count).
+    auto issue = [&](int t, int st) {
+        if (t < n_tiles) {
+            const int p0 = t * BP, ch = tid % CPR;
+            T* q = stage_q(st);
+            for (int r = tid / CPR; r < BP; r += RPP) {
+                const int p = p0 + r;
+                const bool valid = p < sw.n_p;
+                long long q_off = 0;
+                if (valid) {  // probe p = i·G + g of query head hk·G + g
+                    const int i = sw.group == 1 ? p : p / sw.group, h = sw.hk * sw.group + (p - i * sw.group);
+                    q_off = sw.si.q_off(P, i, h) + 8 * ch;
+                    if (ch == 0) {
+                        sOo[st][r] = sw.si.o_off(P, i, h);
+                        sStat[st][r] = sw.si.stats_index(P, h, i);
+                    }
+                }
+                cp_async_16(q + r * LD + 8 * ch, static_cast<const T*>(P.q) + q_off, valid);
+            }
+        }
+        cp_async_commit();
+    };
+
+    issue(blockIdx.x, 0);
+    const float up = has ? ldexpf(1.f, taylor_state_exponent(tp, blockIdx.z, blockIdx.y, sw.n_seg - 1)) : 0.f;
+    for (int v = tid; v < MP; v += kTaylorThreads)  // up·a0·S_const (up is a power of two: exact)
+        sConst[v] = has && v < M ? up * tp.a0 * to_f32(Sc[(long long)v * tp.f_pad]) : 0.f;
     const int wrow = warp * 16 * RT;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[RT][4];
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt) load_a(a[rt], sQ, LD, wrow + 16 * rt, kk * 16, lane);
-#pragma unroll
-        for (int nn = 0; nn < MP / 16; ++nn) {
-            uint32_t b[4];
-            load_b_nk(b, sS, LD, nn * 16, kk * 16, lane);
-#pragma unroll
-            for (int rt = 0; rt < RT; ++rt) {
-                mma16816<T>(acc[rt][2 * nn], a[rt], b[0], b[1]);
-                mma16816<T>(acc[rt][2 * nn + 1], a[rt], b[2], b[3]);
-            }
-        }
-    }
-    __syncwarp();  // this warp's Q rows are read (no other warp reads them): o goes in their place
 
-    // [num, den] = up·(a1 r_z acc + a0 S_const); o = num / den staged as T, den to the statistics.
+    for (int t = blockIdx.x, n = 0; t < n_tiles; t += gridDim.x, ++n) {
+        const int st = n & 1;
+        T* sQ = stage_q(st);
+        __syncthreads();  // the other stage (the previous tile's o, offsets) is no longer read
+        issue(t + gridDim.x, st ^ 1);
+        cp_async_wait<1>();
+        __syncthreads();  // this tile (and, the first time, the state) has landed for every thread
+        // r_z = scale (/‖q‖) of this warp's rows: lane l sums row wrow + l (16-byte reads, no barrier).
+        if (l2) {
+            for (int row = wrow + lane; row < wrow + 16 * RT; row += 32) {
+                float ss = 0.f;
 #pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
+                for (int ch = 0; ch < CPR; ++ch) {
+                    const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
+                    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = wrow + 16 * rt + g + 8 * r;
-            const float cz = tp.a1 * P.scale * (l2 ? sInv[row] : 1.f);
-            // den is column D: n-tile D/8, element 2r of the quad's lane t4 = 0.
-            const float den_acc = __shfl_sync(0xffffffffu, acc[rt][D / 8][2 * r], lane & ~3);
-            const float den = has ? up * (cz * den_acc + tp.a0 * sConst[D]) : 0.f;
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                const int v = n * 8 + 2 * t4;
-                float o[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    o[e] = has ? up * (cz * acc[rt][n][2 * r + e] + tp.a0 * sConst[v + e]) / den : 0.f;
-                *reinterpret_cast<uint32_t*>(sQ + row * LD + v) = pack2<T>(o[0], o[1]);
+                    for (int e = 0; e < 4; ++e) {
+                        const float2 f = unpack2<T>(w[e]);
+                        ss += f.x * f.x + f.y * f.y;
+                    }
+                }
+                sInv[row] = taylor1_inv_norm(ss, P.eps);
             }
-            if (t4 == 0 && row < np) P.lse[sStat[row]] = den;
         }
-    __syncwarp();
-    for (int idx = lane; idx < 16 * RT * CPR; idx += 32) {
-        const int row = wrow + idx / CPR, ch = idx % CPR;
-        if (row < np)
-            *reinterpret_cast<uint4*>(static_cast<T*>(P.o) + sOo[row] + 8 * ch) =
-                *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
+
+        // acc = Q_raw S_linᵀ   [16·RT rows of this warp, MP]
+        float acc[RT][NO][4];
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int nn = 0; nn < NO; ++nn)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[rt][nn][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t a[RT][4];
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt) load_a(a[rt], sQ, LD, wrow + 16 * rt, kk * 16, lane);
+#pragma unroll
+            for (int nn = 0; nn < MP / 16; ++nn) {
+                uint32_t b[4];
+                load_b_nk(b, sS, LD, nn * 16, kk * 16, lane);
+#pragma unroll
+                for (int rt = 0; rt < RT; ++rt) {
+                    mma16816<T>(acc[rt][2 * nn], a[rt], b[0], b[1]);
+                    mma16816<T>(acc[rt][2 * nn + 1], a[rt], b[2], b[3]);
+                }
+            }
+        }
+        __syncwarp();  // this warp's Q rows (and norms) are read; no other warp reads them: o goes in their place
+
+        // [num, den] = up·(a1 r_z acc + a0 S_const); o = num·(1/den) staged as T, den to the statistics.
+        const int np = min(BP, sw.n_p - t * BP);
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = wrow + 16 * rt + g + 8 * r;
+                const float cz = up * tp.a1 * P.scale * (l2 ? sInv[row] : 1.f);
+                // den is column D: n-tile D/8, element 2r of the quad's lane t4 = 0.
+                const float den_acc = __shfl_sync(0xffffffffu, acc[rt][D / 8][2 * r], lane & ~3);
+                const float den = has ? cz * den_acc + sConst[D] : 0.f;
+                const float inv = has ? 1.f / den : 0.f;  // o = num·(1/den): one division per row
+#pragma unroll
+                for (int nn = 0; nn < D / 8; ++nn) {
+                    const int v = nn * 8 + 2 * t4;
+                    const float2 c = *reinterpret_cast<const float2*>(sConst + v);
+                    *reinterpret_cast<uint32_t*>(sQ + row * LD + v) =
+                        pack2<T>((cz * acc[rt][nn][2 * r] + c.x) * inv, (cz * acc[rt][nn][2 * r + 1] + c.y) * inv);
+                }
+                if (t4 == 0 && row < np) P.lse[sStat[st][row]] = den;
+            }
+        __syncwarp();
+        for (int idx = lane; idx < 16 * RT * CPR; idx += 32) {
+            const int row = wrow + idx / CPR, ch = idx % CPR;
+            if (row < np)
+                *reinterpret_cast<uint4*>(static_cast<T*>(P.o) + sOo[st][row] + 8 * ch) =
+                    *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
+        }
     }
+    cp_async_wait<0>();  // (only an empty group can be left)
 }
 
 }  // namespace attn

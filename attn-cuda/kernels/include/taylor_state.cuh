@@ -219,7 +219,8 @@ __device__ __forceinline__ T* taylor_copy_at(const TaylorParams& tp, int b, int 
 // run = st[0][e] + … + st[k][e], in the order k = 0, 1, …, is the entry of the state st[k]:
 //   f32: written back in place;
 //   f16/bf16: written as the storage-type copy hi = T(2^−e_k run) and, when tp.copies = 2, lo = T(2^−e_k
-//   run − hi) (st itself is left as the fold wrote it).
+//   run − hi) (st itself is left as the fold wrote it); a sweep without a causal mask writes only the last
+//   state's copies (TaylorSweep::state_index: its probes read nothing else).
 template <typename T>
 __device__ __forceinline__ void taylor_prefix(const TaylorParams& tp) {
     const int b = blockIdx.z, hk = blockIdx.y;
@@ -236,6 +237,7 @@ __device__ __forceinline__ void taylor_prefix(const TaylorParams& tp) {
             x[k * per] = run;
         } else {
             bound += __int_as_float(seg_max[k]);  // as taylor_state_exponent
+            if (!sw.causal && k + 1 < sw.n_seg) continue;  // not causal: only the whole sum is read
             const float xs = run * ldexpf(1.f, -taylor_copy_exponent(bound));
             const T hi = from_f32<T>(xs);
             taylor_copy_at<T>(tp, b, hk, k, 0)[e] = hi;

@@ -77,7 +77,8 @@ pub(crate) fn fold_slabs(d: usize, order: u8) -> Option<usize> {
     Some((f_pad(d, order) / 8).div_ceil(state_tile(d)?.nt))
 }
 
-/// Fold blocks to aim for when the segments only serve parallelism: two per SM of an H100.
+/// Fold blocks to aim for when the segments only serve parallelism: two per SM of an H100 (order 1:
+/// `ORDER1_BLOCKS_PER_SM`, the order-1 fold's residency).
 const FOLD_BLOCKS: usize = 264;
 
 /// Segment length `L` of the state sweep over `n_s` sources (a multiple of the fold chunk `C`), for
@@ -88,7 +89,8 @@ const FOLD_BLOCKS: usize = 264;
 /// 8 bytes). Causal: probes past a segment boundary take up to L sources densely, so L doubles from C
 /// while there are more than 16 segments, up to 256 (order 1, whose state read costs little) or 1024
 /// (order 2; 2048 at D = 128, whose state is 9.1 MB). Not causal: no probe reads an intermediate state,
-/// so the segments only give the fold enough blocks (`FOLD_BLOCKS` over slabs × heads, at most 16).
+/// so the segments only give the fold enough blocks (`FOLD_BLOCKS`, or 4 per SM for order 1, over slabs ×
+/// heads, at most 16).
 /// Either way L grows further only while the states would exceed 8 GiB.
 ///
 /// ```text
@@ -96,7 +98,7 @@ const FOLD_BLOCKS: usize = 264;
 /// seg_len(64, 2, 16384, 32, 2, true)     = 1024    // 16 segments × 32 heads × 1.25 MB = 640 MB
 /// seg_len(64, 2, 1 << 20, 8, 2, true)    = 2048    // 1024 segments would take 10 GB
 /// seg_len(64, 1, 16384, 32, 2, true)     = 256
-/// seg_len(64, 1, 16384, 32, 2, false)    = 1856    // 9 segments: 288 fold blocks
+/// seg_len(64, 1, 16384, 32, 2, false)    = 1024    // 16 segments: 512 fold blocks
 /// seg_len(64, 2, 16384, 32, 2, false)    = 16384   // 19 slabs × 32 heads = 608 blocks already
 /// ```
 pub(crate) fn seg_len(
@@ -121,7 +123,8 @@ pub(crate) fn seg_len(
         l
     } else {
         let blocks = fold_slabs(d, order)? * heads.max(1);
-        let segments = FOLD_BLOCKS.div_ceil(blocks).clamp(1, 16);
+        let target = if order == 1 { 2 * FOLD_BLOCKS } else { FOLD_BLOCKS };
+        let segments = target.div_ceil(blocks).clamp(1, 16);
         n_s.div_ceil(segments).div_ceil(c).max(1) * c
     };
     let state = width(d) * f_pad(d, order) * state_entry_bytes(elem);
@@ -222,7 +225,7 @@ pub(crate) fn forward_smem(d: usize) -> Option<usize> {
 
 /// Sources per chunk and chunks in flight of the order-1 fold (`Taylor1Fold::C`, `STAGES`).
 const ORDER1_CHUNK: usize = 64;
-const ORDER1_STAGES: usize = 3;
+const ORDER1_STAGES: usize = 2;
 
 /// Blocks per segment of the order-1 fold (`Taylor1Fold::VSPLIT`): each takes a share of the m16 tiles
 /// of the columns v, so that a thread's sums stay at 60 registers or fewer.
@@ -238,7 +241,7 @@ pub(crate) fn order1_fold_split(d: usize) -> usize {
 /// `[64][D + 8]` in the storage type.
 ///
 /// ```text
-/// D = 64: 3·2·64·72·2 = 55 296
+/// D = 64: 2·2·64·72·2 = 36 864
 /// ```
 pub(crate) fn order1_fold_smem(d: usize) -> usize {
     ORDER1_STAGES * 2 * ORDER1_CHUNK * (d + 8) * 2
@@ -254,14 +257,31 @@ pub(crate) fn order1_probes(d: usize) -> usize {
     }
 }
 
-/// Dynamic shared memory of the order-1 forward (`Taylor1Forward::kBytes`): q `[BP][D + 8]` and the
-/// state's linear rows `[MP][D + 8]`, in the storage type.
+/// Dynamic shared memory of the order-1 forward (`Taylor1Forward::kBytes`): two probe tiles q
+/// `[BP][D + 8]` and the state's linear rows `[MP][D + 8]`, in the storage type.
 ///
 /// ```text
-/// D = 64: (128 + 80)·72·2 = 29 952
+/// D = 64: (2·128 + 80)·72·2 = 48 384
 /// ```
 pub(crate) fn order1_forward_smem(d: usize) -> usize {
-    (order1_probes(d) + width_padded(d)) * (d + 8) * 2
+    (2 * order1_probes(d) + width_padded(d)) * (d + 8) * 2
+}
+
+/// Resident blocks per SM that the order-1 fold's grid aims for (4 fit: ≤ 128 registers, 38 KB).
+const ORDER1_BLOCKS_PER_SM: usize = 4;
+
+/// Blocks per (batch entry, kv head) of the order-1 forward, which loop over the probe tiles: at most
+/// one wave (the blocks that fit an SM: 4 at D ≤ 64, 2 at D = 128 for their shared memory) over
+/// `heads`, rounded down so that no block waits for a second wave, at most one per tile.
+///
+/// ```text
+/// order1_forward_blocks(16_384, 64, 32, 132) = 16   // 128 tiles of 128 probes: 8 each
+/// order1_forward_blocks(1024, 64, 512, 132)  = 1
+/// ```
+pub(crate) fn order1_forward_blocks(probes: usize, d: usize, heads: usize, sms: usize) -> usize {
+    let tiles = probes.div_ceil(order1_probes(d)).max(1);
+    let per_sm = if d <= 64 { ORDER1_BLOCKS_PER_SM } else { 2 };
+    (per_sm * sms / heads.max(1)).clamp(1, tiles)
 }
 
 /// Bytes of one state entry: the f32 sum, and for f16/bf16 its storage-type copies (hi and lo).
@@ -315,13 +335,16 @@ mod tests {
         assert_eq!(forward_smem(64), Some(65_024));
         assert_eq!(forward_smem(128), Some(97_792));
         assert_eq!(read_probes(128, 2, false), 64);
-        assert_eq!(order1_fold_smem(64), 55_296);
-        assert_eq!(order1_forward_smem(64), 29_952);
+        assert_eq!(order1_fold_smem(64), 36_864);
+        assert_eq!(order1_forward_smem(64), 48_384);
+        assert_eq!(order1_forward_blocks(16_384, 64, 32, 132), 16);
+        assert_eq!(order1_forward_blocks(1024, 64, 512, 132), 1);
+        assert_eq!(order1_forward_blocks(0, 64, 4, 132), 1);
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
         assert_eq!(seg_len(64, 2, 1 << 20, 8, 2, true), Some(2048));
         assert_eq!(seg_len(64, 1, 16_384, 32, 2, true), Some(256));
-        assert_eq!(seg_len(64, 1, 16_384, 32, 2, false), Some(1856));
+        assert_eq!(seg_len(64, 1, 16_384, 32, 2, false), Some(1024));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, false), Some(16_384));
         assert_eq!(seg_len(128, 2, 110, 4, 4, true), Some(32));
         assert_eq!(seg_len(48, 2, 100, 1, 2, true), None);
