@@ -22,6 +22,11 @@
 //! The f16/bf16 forward runs 2–4 as one kernel per probe tile after the fold and the prefix (the state
 //! read and the dense part into the same mma accumulators, then o = num/den): no [rows][M] scratch.
 //!
+//! Order 1 with f16/bf16 and 16-byte aligned rows has its own kernels (`kernels/include/taylor_order1.cuh`;
+//! `ATTN_CUDA_TAYLOR1=0` keeps the general ones): a fold that writes the same segment sums in the same
+//! layout (every sweep: forward, dQ, dV and dK), and a forward for calls without a causal mask that reads
+//! the whole state once per block and streams its probe tiles (the order-1 forward is bound by memory).
+//!
 //! Causal masks (top-left, bottom-right, `Nq ≠ Nk`), key padding, packed varlen and GQA/MQA are the
 //! prefix length `hi` of each probe: keys before `key_range(b, i).end` for a query, and for dK, dV the
 //! suffix of queries that see a key, swept in reverse. Head dims 16, 32, 64, 128 with `Dv = D`; f16 and
