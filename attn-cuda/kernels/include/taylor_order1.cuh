@@ -9,13 +9,13 @@
 //                    st_max), so the prefix and every read take them as they are. Any sweep (forward
 //                    or reversed: the row factors rx, ry and y_last of TaylorRowRef are applied in
 //                    shared memory when they are not 1). Sᵀ = Yᵀ [1, X] chunk by chunk: the const
-//                    feature is a constant B fragment (1 in column 0), the den column of Y (y_last) a
-//                    constant A fragment built from the per-row scalars, so neither takes shared memory.
+//                    feature is a constant B fragment (1 in column 0), the den column of Y (y_last) an
+//                    A fragment built in registers from the per-row scalars: neither is a tile.
 //   taylor1_forward  non-causal probe tiles: every probe reads the whole sum st[n_seg − 1] (the
 //                    prefix's storage-type copy): num, den = up·(a1 r_z (q_raw · S_lin) + a0 S_const),
-//                    o = num·(1/den), r_z = scale (/‖q‖), up = 2^e of the copy. A block reads the state once and streams
-//                    several probe tiles, two in flight; o is staged in shared memory and stored in
-//                    16-byte rows.
+//                    o = num·(1/den), r_z = scale (/‖q‖), up = 2^e of the copy. A block reads the
+//                    state once and streams several probe tiles, two in flight; o is staged in shared
+//                    memory and stored in 16-byte rows.
 #pragma once
 #include "loads.h"
 #include "taylor_state.cuh"
@@ -167,8 +167,9 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
                         sYl[st][r] = valid ? 1.f : 0.f;
                     } else {
                         const float* fs = reinterpret_cast<const float*>(stand_in);
-                        cp_async_4(&sRy[st][r], valid && tp.rg != nullptr ? tp.rg + row0 + q : fs, valid && tp.rg != nullptr);
-                        cp_async_4(&sYl[st][r], valid && tp.nd != nullptr ? tp.nd + row0 + q : fs, valid && tp.nd != nullptr);
+                        const bool has_rg = valid && tp.rg != nullptr, has_nd = valid && tp.nd != nullptr;
+                        cp_async_4(&sRy[st][r], has_rg ? tp.rg + row0 + q : fs, has_rg);
+                        cp_async_4(&sYl[st][r], has_nd ? tp.nd + row0 + q : fs, has_nd);
                     }
                 }
             }
@@ -304,8 +305,8 @@ __device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
     for (int v = tid / CPR; v < MP; v += RPP) {
         const int ch = tid % CPR;
         const bool valid = has && v < M;
-        cp_async_16(sS + v * LD + 8 * ch, valid ? Sc + (long long)v * tp.f_pad + 8 + 8 * ch : static_cast<const T*>(P.q),
-                    valid);
+        const T* src = valid ? Sc + (long long)v * tp.f_pad + 8 + 8 * ch : static_cast<const T*>(P.q);
+        cp_async_16(sS + v * LD + 8 * ch, src, valid);
     }
 
     // Tile t into stage st: thread tid copies the 16 bytes tid % CPR of the rows tid / CPR + k·RPP (zero
