@@ -131,7 +131,8 @@ fn slot(c: &mut Case, t: Tensor, xi: usize) -> &mut f64 {
         Tensor::Q => &mut c.q[xi],
         Tensor::K => &mut c.k[xi],
         Tensor::V => &mut c.v[xi],
-        // A dbias (and so this tensor) exists only when the spec, and so the case, has a bias.
+        // Internal invariant: a dbias (and so this tensor) exists only when the spec, and so the case,
+        // has a bias.
         Tensor::Bias => &mut c.bias.as_mut().expect("dbias implies a bias")[xi],
     }
 }

@@ -509,15 +509,12 @@ impl<'s> Call<'s> {
         let (max_probes, entries) = self.geometry(p, false)?;
         let _states = self.states(p, entries, 1)?;
         if self.order1_forward(p) {
-            let sms = self.stream.context().attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )?;
             let heads = s.batch() * s.heads_kv();
             return self.run(
                 Launch {
                     name: format!("attn_taylor_order1_forward_{}_d{d}", dtype_tag(s.dtype())),
                     grid: (
-                        heuristics::order1_forward_blocks(max_probes, d, heads, sms.max(1) as usize),
+                        heuristics::order1_forward_blocks(max_probes, d, heads, self.kernels.sms),
                         s.heads_kv(),
                         s.batch(),
                     ),

@@ -29,6 +29,17 @@ template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
 template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
 }
+// The 8 elements of a 16-byte shared-memory group as f32.
+template <typename T> __device__ __forceinline__ void load8_f32(float (&v)[8], const T* p) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float2 f = unpack2<T>(w[e]);
+        v[2 * e] = f.x;
+        v[2 * e + 1] = f.y;
+    }
+}
 
 // 1/max(‖x‖, eps) from ‖x‖² = ss: rsqrt (within 2 ulp of f32, far below the storage type's rounding
 // that follows) instead of an IEEE square root and division.
@@ -47,15 +58,8 @@ __device__ __forceinline__ void taylor1_scale_rows(T* tile, bool l2, float eps, 
     static_assert(32 % CPR == 0 && ROWS % RPP == 0, "a row's threads in one warp; whole passes");
     const int ch = tid % CPR;
     for (int r = tid / CPR; r < ROWS; r += RPP) {
-        uint4 u = *reinterpret_cast<const uint4*>(tile + r * LD + 8 * ch);
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
         float v[8];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float2 f = unpack2<T>(w[e]);
-            v[2 * e] = f.x;
-            v[2 * e + 1] = f.y;
-        }
+        load8_f32<T>(v, tile + r * LD + 8 * ch);
         float f = factor(r);
         if (l2) {
             float ss = 0.f;
@@ -353,13 +357,10 @@ __device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
                 float ss = 0.f;
 #pragma unroll
                 for (int ch = 0; ch < CPR; ++ch) {
-                    const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
-                    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+                    float v[8];
+                    load8_f32<T>(v, sQ + row * LD + 8 * ch);
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float2 f = unpack2<T>(w[e]);
-                        ss += f.x * f.x + f.y * f.y;
-                    }
+                    for (int e = 0; e < 8; e += 2) ss += v[e] * v[e] + v[e + 1] * v[e + 1];
                 }
                 sInv[row] = taylor1_inv_norm(ss, P.eps);
             }

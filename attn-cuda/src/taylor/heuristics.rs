@@ -77,9 +77,13 @@ pub(crate) fn fold_slabs(d: usize, order: u8) -> Option<usize> {
     Some((f_pad(d, order) / 8).div_ceil(state_tile(d)?.nt))
 }
 
+/// SMs of the H100 the segment heuristic is tuned for (the segments also size the states, so they do not
+/// depend on the device a call runs on).
+const H100_SMS: usize = 132;
+
 /// Fold blocks to aim for when the segments only serve parallelism: two per SM of an H100 (order 1:
 /// `ORDER1_BLOCKS_PER_SM`, the order-1 fold's residency).
-const FOLD_BLOCKS: usize = 264;
+const FOLD_BLOCKS: usize = 2 * H100_SMS;
 
 /// Segment length `L` of the state sweep over `n_s` sources (a multiple of the fold chunk `C`), for
 /// `heads` (batch entry, kv head) pairs, storage size `elem`, and whether the probes read the states
@@ -123,7 +127,11 @@ pub(crate) fn seg_len(
         l
     } else {
         let blocks = fold_slabs(d, order)? * heads.max(1);
-        let target = if order == 1 { 2 * FOLD_BLOCKS } else { FOLD_BLOCKS };
+        let target = if order == 1 {
+            ORDER1_BLOCKS_PER_SM * H100_SMS
+        } else {
+            FOLD_BLOCKS
+        };
         let segments = target.div_ceil(blocks).clamp(1, 16);
         n_s.div_ceil(segments).div_ceil(c).max(1) * c
     };

@@ -8,6 +8,7 @@ use crate::runtime::{after_launch, launch_config, launch_error, FunctionCache};
 use crate::taylor::heuristics::THREADS;
 use crate::taylor::params::TaylorParams;
 use attn_core::Op;
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -27,10 +28,12 @@ pub(crate) struct Launch {
     pub smem: usize,
 }
 
-/// The loaded module of one context and the functions looked up so far.
+/// The loaded module of one context, the functions looked up so far, and the device's SM count (for the
+/// grids of kernels that loop over their work: read once, not per call).
 pub(crate) struct Kernels {
     module: Arc<CudaModule>,
     functions: FunctionCache,
+    pub sms: usize,
 }
 
 type Cache = Mutex<Vec<(usize, Arc<Kernels>)>>;
@@ -52,9 +55,11 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
     if let Some((_, k)) = entries.iter().find(|(c, _)| *c == key) {
         return Ok(k.clone());
     }
+    let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     let kernels = Arc::new(Kernels {
         module: ctx.load_module(Ptx::from_binary(bytes.to_vec()))?,
         functions: FunctionCache::default(),
+        sms: usize::try_from(sms).unwrap_or(1).max(1),
     });
     entries.push((key, kernels.clone()));
     Ok(kernels)
