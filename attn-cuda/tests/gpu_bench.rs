@@ -11,6 +11,9 @@
 //! also prints its throughput as a ratio to softmax's at the same point (issue 7's bars: squared
 //! Lorentz ≥ 0.9, geodesic ≥ 0.5). Median of CUDA-event timings after warm-up. Plus one
 //! long-sequence row (B = 1, H = 8, N = 131072, D = 128).
+//!
+//! Filters for profiling runs: `--families 0,1` (0 softmax, 1 cosine-sim, 2 squared Lorentz,
+//! 3 geodesic), `--dims 64`, `--ns 16384`, `--no-long` (skips the long row).
 
 mod common;
 
@@ -30,7 +33,10 @@ fn main() {
     );
     // Softmax's TFLOP/s per (D, N, causal, pass), for the ratios of the rows after it.
     let mut softmax_tf: HashMap<(usize, usize, bool, &str), f64> = HashMap::new();
-    for (fname, family) in [
+    let families = args.list("--families", &[0, 1, 2, 3]);
+    let dims = args.list("--dims", &[64, 128]);
+    let ns = args.list("--ns", &[4096, 16384]);
+    for (fi, (fname, family)) in [
         ("softmax", Family::softmax()),
         ("cosine_sim", Family::cosine_sim()),
         (
@@ -41,9 +47,15 @@ fn main() {
             "hyperbolic_geodesic",
             Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean),
         ),
-    ] {
-        for d in [64, 128] {
-            for n in [4096, 16384] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if !families.contains(&fi) {
+            continue;
+        }
+        for &d in &dims {
+            for &n in &ns {
                 for causal in [false, true] {
                     let (b, h) = (16384 / n, 2048 / d);
                     let mut p = AttnProblem::new(family, DType::BF16, b, h, h, n, n, d);
@@ -73,6 +85,10 @@ fn main() {
                 }
             }
         }
+    }
+    if args.flag("--no-long") {
+        args.write_csv(&rows);
+        return;
     }
     // Long sequence: O(N) memory (naive attention would need B·H·N² scores).
     let spec = AttnProblem::new(Family::softmax(), DType::BF16, 1, 8, 8, 131_072, 131_072, 128)

@@ -146,6 +146,47 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
     }
 }
 
+// The fast path of a dK/dV block (softmax, cosine-sim): no mask element inside the tile, no bias, no
+// softcap. Its two halves are separate so that the Hopper kernel can form Pᵀ while dPᵀ is still on the
+// tensor cores, and dS'ᵀ while dV's product runs.
+template <class Score>
+__device__ __forceinline__ bool dkdv_fast(const AttnParams& p, bool full) {
+    return full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+}
+
+// st: Sᵀ → Pᵀ = exp2(s·scale·log2 e (cosine: ·rq_i·rk_j) − LSE_i).
+template <int MT, int QT>
+__device__ __forceinline__ void dkdv_fast_p(const AttnParams& p, bool norms, float (&st)[MT][QT][4],
+                                            const float (&rk)[MT][2], const float* sRq, const float* sLse, int t4) {
+    const float c0 = p.scale * kLog2e;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int qt = 0; qt < QT; ++qt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int cl = qt * 8 + 2 * t4 + (e & 1);
+                const float f = norms ? c0 * sRq[cl] * rk[mt][e / 2] : c0;
+                st[mt][qt][e] = exp2_fast(fmaf(st[mt][qt][e], f, -sLse[cl]));
+            }
+}
+
+// dpt: dPᵀ → dS'ᵀ = Pᵀ ∘ (dPᵀ − δ_i) (cosine: ·rq_i), with st holding Pᵀ.
+template <int MT, int QT>
+__device__ __forceinline__ void dkdv_fast_ds(bool norms, const float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
+                                             const float* sRq, const float* sDelta, int t4) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int qt = 0; qt < QT; ++qt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int cl = qt * 8 + 2 * t4 + (e & 1);
+                const float ds = st[mt][qt][e] * (dpt[mt][qt][e] - sDelta[cl]);
+                dpt[mt][qt][e] = norms ? ds * sRq[cl] : ds;
+            }
+}
+
 // dK/dV kernels, one streamed query block of 8·QT queries at i0 (query head h): st holds Sᵀ = K Qᵀ,
 // dpt holds dPᵀ = V dOᵀ (rows: this thread's keys); on return st holds Pᵀ and dpt holds dS'ᵀ.
 // Hyperbolic scores: lorentz_dkdv_tile. sRq, sLse, sDelta: the query block's 1/‖q‖ (hyperbolic: q0),
@@ -156,28 +197,15 @@ __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInf
                                                float (&bsum)[MT][2], float (&csum)[MT][2], const float (&rk)[MT][2],
                                                const float (&lg)[MT][2], const int (&key)[MT][2], const float* sRq,
                                                const float* sLse, const float* sDelta, int t4) {
-    const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+    const bool fast = dkdv_fast<Score>(p, full);
     if constexpr (Score::kLorentz) {
         lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
             lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value, decltype(fc)::value>(
                 p, si, h, i0, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta, t4);
         });
     } else if (fast) {
-        const float c0 = p.scale * kLog2e;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int qt = 0; qt < QT; ++qt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int cl = qt * 8 + 2 * t4 + (e & 1);
-                    const float rqi = sRq[cl];
-                    const float f = norms ? c0 * rqi * rk[mt][e / 2] : c0;
-                    const float pr = exp2_fast(fmaf(st[mt][qt][e], f, -sLse[cl]));
-                    const float ds = pr * (dpt[mt][qt][e] - sDelta[cl]);
-                    st[mt][qt][e] = pr;
-                    dpt[mt][qt][e] = norms ? ds * rqi : ds;
-                }
+        dkdv_fast_p<MT, QT>(p, norms, st, rk, sRq, sLse, t4);
+        dkdv_fast_ds<MT, QT>(norms, st, dpt, sRq, sDelta, t4);
     } else {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)

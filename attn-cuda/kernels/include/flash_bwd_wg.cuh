@@ -3,20 +3,26 @@
 // per-element code (dq_block_ds, dkdv_block_pds), same epilogues; only the products and the shared
 // tiles differ (the sw128 layout of wgmma.h, loaded by cp.async).
 //
+// Both kernels take one barrier per streamed block, at its top (its tiles have landed, and every warp
+// is done with the previous block's products), and issue the next block's cp.async right after their
+// first products, so the copies' address work runs under the tensor cores (NOTES.md, version 7).
+//
 // dQ: one block = BM / 64 warpgroups = one (batch b, query head h, query tile of BM rows); Q and dO
 // stay in shared memory, K and V blocks of BN keys stream. Per key block j:
-//   issue S_j = Q K_jᵀ and dP_j = dO V_jᵀ (both operands from shared memory), then
+//   barrier; issue S_j = Q K_jᵀ and dP_j = dO V_jᵀ (both operands from shared memory), then
 //   dQ += dS'_{j−1} K_{j−1} (dS' from registers, K MN-major: the descriptor transposes it);
+//   cp.async K_{j+1}, V_{j+1} (into the buffers of K_{j−2}, V_{j−1});
 //   wait for S_j, dP_j; dS'_j in registers (overlaps the dQ product on the tensor cores);
-//   wait for the dQ product; dS'_j → A fragments; barrier; cp.async K_{j+2}, V_{j+2}.
+//   wait for the dQ product; dS'_j → A fragments.
 // K_{j−1} is still read while K_{j+1} lands, so K takes three buffers, V two. Load groups: 0 = {Q,
-// dO, K_0, V_0}, 1 = {K_1, V_1}, j + 2 = {K_{j+2}, V_{j+2}} (committed at the end of block j), so at
-// the top of block j every group up to j has landed after cp.async.wait_group 1.
+// dO, K_0, V_0}, j + 1 = {K_{j+1}, V_{j+1}} (committed in block j), all landed at the top of j + 1.
 //
 // dK/dV: one block = BN / 64 warpgroups = one (batch b, kv head, key tile of BN keys); K and V stay,
 // blocks of BM queries (every query head of the GQA group, every query tile that sees these keys)
-// stream through two buffers. Per query block: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared × shared), Pᵀ and
-// dS'ᵀ in registers, then dV += Pᵀ dO and dK += dS'ᵀ Q (registers × shared, dO and Q MN-major).
+// stream through two buffers. Per query block: barrier; issue Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared ×
+// shared) as two groups; cp.async the next block; on fast tiles Pᵀ once Sᵀ is done (dPᵀ still runs),
+// issue dV += Pᵀ dO, dS'ᵀ once dPᵀ is done (dV still runs), issue dK += dS'ᵀ Q (registers × shared,
+// dO and Q MN-major); other tiles form Pᵀ and dS'ᵀ together once both products are done.
 #pragma once
 #include "flash_bwd.cuh"
 #include "flash_fwd_wg.cuh"
@@ -68,8 +74,6 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
     load_tile_sw128<T, BM, D, kWgThreads>(sdO, d_o, p.o_seq, i0, si.len_q, tid);
     if (n_count > 0) load_kv(0);
     cp_async_commit();
-    if (n_count > 1) load_kv(1);
-    cp_async_commit();
 
     const int g = lane / 4, t4 = lane % 4;
     const int wrow = warp * 16;
@@ -92,9 +96,9 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
     uint32_t ads[BN / 16][4];  // dS' of the previous key block as A fragments
     for (int it = 0; it < n_count; ++it) {
         const int n = n_first + it, kb = it % 3, vb = it & 1;
-        cp_async_wait<1>();
+        cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads();
+        __syncthreads();  // K_j, V_j have landed; every warp is done with block j − 1's products
 
         float s[MT][NT][4], dp[MT][NT][4];
         wg_fence();
@@ -107,11 +111,13 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
         if (it > 0) {
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_dq[0], ads[kk], kn_desc((it + 2) % 3, kk), 1);
-            wg_commit();
-            wg_wait<1>();
-        } else {
-            wg_wait<0>();
         }
+        wg_commit();  // empty in block 0
+        // K_{j+1}, V_{j+1} into the buffers of K_{j−2} and V_{j−1} (their products were waited for in
+        // block j − 1), while the products run.
+        if (it + 1 < n_count) load_kv(it + 1);
+        cp_async_commit();
+        wg_wait<1>();
         fence_regs<NT>(s[0]);
         fence_regs<NT>(dp[0]);
 
@@ -123,10 +129,6 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
         fence_regs<BN / 16>(ads);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(ads[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-
-        __syncthreads();  // every warp is done with K_{j−1} and V_j: refill their buffers
-        if (it + 2 < n_count) load_kv(it + 2);
-        cp_async_commit();
     }
     if (n_count > 0) {  // the last block's dQ product
         wg_fence();
@@ -264,34 +266,51 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     for (int it = 0; it < iters; ++it) {
         const int buf = it % kBufs;
         const int h = head_of(it), i0 = row0_of(it);
-        if (it + 1 < iters) load_q(it + 1);
-        cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads();
+        __syncthreads();  // Q_it, dO_it have landed; every warp is done with block it − 1 (its buffers, dS'ᵀ)
 
+        // Sᵀ and dPᵀ as two groups, so that Pᵀ is formed while dPᵀ is still on the tensor cores.
         float st[MT][QT][4], dpt[MT][QT][4];
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
             Wgmma<T, BM>::ss(st[0], a_desc(k_addr, kk), b_desc(q_addr + buf * kTile, kk), kk > 0);
+        wg_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
             Wgmma<T, BM>::ss(dpt[0], a_desc(v_addr, kk), b_desc(do_addr + buf * kTile, kk), kk > 0);
         wg_commit();
-        wg_wait<0>();
+        // The next block into the buffers of block it − 1, while the products run.
+        if (it + 1 < iters) load_q(it + 1);
+        cp_async_commit();
+
+        // Fast tiles (softmax, cosine-sim): Pᵀ while dPᵀ runs, dV's product issued, then dS'ᵀ while it
+        // runs. Other tiles: both once dPᵀ is done (dkdv_block_pds).
+        const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+        const bool split = !Score::kLorentz && dkdv_fast<Score>(p, full);
+        wg_wait<1>();
         fence_regs<QT>(st[0]);
-        fence_regs<QT>(dpt[0]);
-
-        dkdv_block_pds<T, Score, MT, QT>(p, si, h, i0, si.tile_full(p, i0, i0 + BM, j0, j0 + BN), norms, st, dpt, bsum,
-                                         csum, rk, lg, key, sRq + buf * BM, sLse + buf * BM, sDelta + buf * BM, t4);
-
+        if (split) {
+            dkdv_fast_p<MT, QT>(p, norms, st, rk, sRq + buf * BM, sLse + buf * BM, t4);
+        } else {
+            wg_wait<0>();
+            fence_regs<QT>(dpt[0]);
+            dkdv_block_pds<T, Score, MT, QT>(p, si, h, i0, full, norms, st, dpt, bsum, csum, rk, lg, key,
+                                             sRq + buf * BM, sLse + buf * BM, sDelta + buf * BM, t4);
+        }
         uint32_t ap[BM / 16][4], ads[BM / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk) {
-            pack_a<T>(ap[kk], st[0][2 * kk], st[0][2 * kk + 1]);
-            pack_a<T>(ads[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
-        }
+        for (int kk = 0; kk < BM / 16; ++kk) pack_a<T>(ap[kk], st[0][2 * kk], st[0][2 * kk + 1]);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, D>::rs(acc_dv[0], ap[kk], n_desc(do_addr + buf * kTile, kk), 1);
+        wg_commit();
+        wg_wait<1>();  // dPᵀ
+        fence_regs<QT>(dpt[0]);
+        if (split) dkdv_fast_ds<MT, QT>(norms, st, dpt, sRq + buf * BM, sDelta + buf * BM, t4);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) pack_a<T>(ads[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
         if constexpr (kDq) {
             // dS'ᵀ into shared memory for dQ. dK took dS·(1/‖q_i‖) (cosine-sim); dQ takes dS·(1/‖k_j‖).
             unsigned char* ds = reinterpret_cast<unsigned char*>(sdS);
@@ -310,8 +329,6 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
                 }
         }
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, D>::rs(acc_dv[0], ap[kk], n_desc(do_addr + buf * kTile, kk), 1);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, D>::rs(acc_dk[0], ads[kk], n_desc(q_addr + buf * kTile, kk), 1);
         wg_commit();
@@ -353,7 +370,6 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
         fence_regs<AT>(acc_dk[0]);
         fence_regs<BM / 16>(ap);
         fence_regs<BM / 16>(ads);
-        __syncthreads();  // every warp is done with this block's Q, dO (and dS'ᵀ): the next load may refill them
     }
     cp_async_wait<0>();
 

@@ -8,15 +8,14 @@
 // wgmma.h). Both products read their B operand from shared memory: S = Q Kᵀ with Q from shared
 // memory too, O += P V with P from registers (V transposed by the descriptor).
 //
-// Software pipeline (per key block j, after the prologue computed S_0):
+// Software pipeline (per key block j):
+//   barrier (K_j and V_{j−1} have landed; every warp is done with block j − 1's products)
 //   issue S_j = Q K_jᵀ, then O += P_{j−1} V_{j−1}       (both async)
+//   cp.async K_{j+1} and V_j into the buffers of K_{j−1} and V_{j−2}  (under the products)
 //   wait for S_j; scores and online softmax of block j  (overlaps P_{j−1} V_{j−1} on the tensor cores)
 //   wait for P_{j−1} V_{j−1}; rescale O by α_j; P_j → A fragments
-//   barrier; cp.async K_{j+2} and V_{j+1} into the buffers just released
-// so a K block is loaded a whole block ahead of its use, and V one block before its product.
-// Loads are grouped per block: group 0 = {Q, K_0, V_0}, group 1 = {K_1}, group j + 2 = {K_{j+2},
-// V_{j+1}} (committed at the end of block j, possibly empty), so at the top of block j every group up
-// to j must have landed: cp.async.wait_group 1.
+// so a K block is loaded one block ahead of its use, and V one block before its product, with one
+// barrier per block. Load groups: 0 = {Q, K_0}, j + 1 = {K_{j+1}, V_j} (committed in block j).
 #pragma once
 #include "flash_fwd.cuh"
 #include "wgmma.h"
@@ -24,21 +23,27 @@
 namespace attn {
 
 // cp.async a ROWS×D tile into the sw128 layout (16-byte chunks; rows at or past rows_valid zero).
+// Each thread copies one 16-byte column of rows r, r + P, r + 2P, ... (P = THREADS / chunks per row, a
+// multiple of 8, so every copy keeps the thread's swizzle phase): one row address and one shared
+// address per call, then a 64-bit add and a compare per copy.
 template <typename T, int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_tile_sw128(T* smem, const T* base, long long row_stride, int row0,
                                                 int rows_valid, int tid) {
     constexpr int kChunksPerRow = D / 8;
-    constexpr int kChunks = ROWS * kChunksPerRow;
     static_assert(sizeof(T) == 2 && D % 64 == 0 && ROWS % 8 == 0, "sw128 tiles: 16-bit, 64-column blocks");
-    unsigned char* bytes = reinterpret_cast<unsigned char*>(smem);
+    static_assert(THREADS % kChunksPerRow == 0, "whole rows per pass");
+    constexpr int kRowsPerPass = THREADS / kChunksPerRow;
+    static_assert(kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0, "passes keep the swizzle phase");
+    const int r = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+    const uint32_t dst = smem_addr(smem) + sw128_offset<ROWS>(r, col);
+    const T* src = base + (long long)(row0 + r) * row_stride + col;
+    const long long step = (long long)kRowsPerPass * row_stride;
+    const int left = rows_valid - row0 - r;  // this thread's rows below rows_valid
 #pragma unroll
-    for (int c = tid; c < kChunks; c += THREADS) {
-        const int r = c / kChunksPerRow;
-        const int col = (c % kChunksPerRow) * 8;
-        const int row = row0 + r;
-        const bool valid = row < rows_valid;
-        const T* src = valid ? base + (long long)row * row_stride + col : base;
-        cp_async_16(bytes + sw128_offset<ROWS>(r, col), src, valid);
+    for (int k = 0; k < ROWS / kRowsPerPass; ++k) {
+        const bool valid = k * kRowsPerPass < left;
+        cp_async_16_at(dst + k * kRowsPerPass * 128, valid ? src : base, valid);
+        src += step;
     }
 }
 
@@ -89,12 +94,7 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     };
 
     load_tile_sw128<T, BM, D, kWgThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
-    if (n_count > 0) {
-        load_k(0);
-        load_v(0);
-    }
-    cp_async_commit();
-    if (n_count > 1) load_k(1);
+    if (n_count > 0) load_k(0);
     cp_async_commit();
 
     const int g = lane / 4, t4 = lane % 4;
@@ -128,9 +128,9 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
     for (int it = 0; it < n_count; ++it) {
         const int n = n_first + it, buf = it & 1;
-        cp_async_wait<1>();
+        cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads();
+        __syncthreads();  // K_j, V_{j−1} have landed; every warp is done with block j − 1's products
 
         float s[MT][NT][4];
         wg_fence();
@@ -140,12 +140,14 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
         if (it > 0) {
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o[0], pa[kk], v_desc(buf ^ 1, kk), 1);
-            wg_commit();
         }
-        if (it > 0)
-            wg_wait<1>();
-        else
-            wg_wait<0>();
+        wg_commit();  // empty in block 0
+        // K_{j+1} and V_j into the buffers of K_{j−1} and V_{j−2} (their products were waited for in
+        // block j − 1), while the products run.
+        if (it + 1 < n_count) load_k(it + 1);
+        load_v(it);
+        cp_async_commit();
+        wg_wait<1>();
         fence_regs<NT>(s[0]);
 
         const int j0 = n * BN;
@@ -159,11 +161,6 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
         if (Score::kGeodesic || p.running_max) rescale_rows<DT>(acc_o[0], alpha[0]);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-
-        __syncthreads();  // every warp is done with K_j and V_{j−1}: refill their buffers
-        if (it + 2 < n_count) load_k(it + 2);
-        if (it + 1 < n_count) load_v(it + 1);
-        cp_async_commit();
     }
     if (n_count > 0) {  // the last block's P·V
         cp_async_wait<0>();

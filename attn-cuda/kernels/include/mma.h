@@ -108,6 +108,11 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
 }
+// The same with the destination as a shared-state-space address (no conversion per copy).
+__device__ __forceinline__ void cp_async_16_at(uint32_t dst, const void* src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
 // cp.async of one 4-byte word (per-row f32 scalars); when !valid the destination is zero-filled.
 __device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
     const int n = valid ? 4 : 0;

@@ -106,6 +106,11 @@ impl BenchArgs {
         self.args.get(i + 1).map(String::as_str)
     }
 
+    /// Whether `flag` was passed.
+    pub fn flag(&self, flag: &str) -> bool {
+        self.args.iter().any(|a| a == flag)
+    }
+
     /// The comma-separated values after `flag`, or `default`.
     pub fn list(&self, flag: &str, default: &[usize]) -> Vec<usize> {
         self.value(flag)
