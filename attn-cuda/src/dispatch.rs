@@ -179,11 +179,10 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
 }
 
 /// Whether the backward of `spec` runs as one fused Hopper kernel (dK, dV, and dQ reduced into f32
-/// with atomics, then stored by a row kernel) instead of the deterministic dQ and dK/dV kernels: on
-/// the Hopper backward, f16/bf16 softmax, cosine-sim and hyperbolic at D = 128 (at D = 64 it was no
-/// faster on the H100: kernels/NOTES.md, version 6), unless the call
-/// asks for a deterministic backward or has a bias (whose gradient the dQ kernel gathers), or
-/// `ATTN_CUDA_WG_FUSED=0`.
+/// with atomics, then stored by a row kernel) instead of the deterministic dQ and dK/dV kernels: with
+/// `ATTN_CUDA_WG_FUSED=1` (the two kernels are faster since version 7, kernels/NOTES.md), on the
+/// Hopper backward, f16/bf16 softmax, cosine-sim and hyperbolic at D = 128, unless the call asks for a
+/// deterministic backward or has a bias (whose gradient the dQ kernel gathers).
 pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
     hopper.on
         && hopper.bwd

@@ -34,8 +34,8 @@ pub(crate) struct Kernels {
 /// The Hopper (sm_90a, wgmma) kernels on a context: `on` where the device is compute capability 9.0
 /// (the only one that runs sm_90a code) unless `ATTN_CUDA_WGMMA=0`; `bwd`: the backward too, unless
 /// `ATTN_CUDA_WG_BWD=0` (A/B timings of the backward alone); `fused`: the fused backward where a call
-/// allows it (dispatch::fused_backward), unless `ATTN_CUDA_WG_FUSED=0` (A/B runs and tests of the
-/// two-kernel one); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
+/// allows it (dispatch::fused_backward), only with `ATTN_CUDA_WG_FUSED=1` (A/B runs and its tests:
+/// since version 7 of the kernels the two-kernel backward is the faster one, kernels/NOTES.md); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
 /// (heuristics::WG_TILE_VARIANTS). All read when the context first loads the kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Hopper {
@@ -60,7 +60,7 @@ impl Hopper {
         Hopper {
             on: cc == (9, 0) && wgmma.map(str::trim) != Some("0"),
             bwd: bwd.map(str::trim) != Some("0"),
-            fused: fused.map(str::trim) != Some("0"),
+            fused: fused.map(str::trim) == Some("1"),
             tile,
         }
     }
@@ -263,8 +263,9 @@ mod tests {
         }
         assert!(Hopper::new((9, 0), None, None, None, None).bwd);
         assert!(!Hopper::new((9, 0), None, Some("0"), None, None).bwd);
-        assert!(Hopper::new((9, 0), None, None, None, None).fused);
+        assert!(!Hopper::new((9, 0), None, None, None, None).fused);
         assert!(!Hopper::new((9, 0), None, None, Some("0"), None).fused);
+        assert!(Hopper::new((9, 0), None, None, Some(" 1\n"), None).fused);
         assert_eq!(
             Hopper::new((9, 0), None, None, None, Some("64x128")).tile,
             Some((64, 128))

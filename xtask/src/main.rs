@@ -45,8 +45,8 @@ const GPU_TEST_BINARIES: [&str; 6] = [
 ];
 
 /// The test binaries whose flash kernels are the Hopper (wgmma) kernels on an sm_90 GPU: run again
-/// with `ATTN_CUDA_WGMMA=0` and with `ATTN_CUDA_WG_FUSED=0`, so the mma.sync kernels and the
-/// two-kernel Hopper backward stay tested on the H100 too.
+/// with `ATTN_CUDA_WGMMA=0` and with `ATTN_CUDA_WG_FUSED=1`, so the mma.sync kernels and the
+/// fused Hopper backward stay tested on the H100 too.
 const FLASH_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_hyperbolic"];
 
 type Result<T> = std::result::Result<T, String>;
@@ -411,18 +411,18 @@ fn test_gpu(extra: &[String]) -> Result<()> {
     cmd.env("ATTN_REQUIRE_NVCC", "1");
     let cuda_tests = run(&mut cmd);
     let mut cuda_tests = cuda_tests;
-    for (var, what) in [
-        ("ATTN_CUDA_WGMMA", "the mma.sync kernels"),
-        ("ATTN_CUDA_WG_FUSED", "the two-kernel Hopper backward"),
+    for (var, value, what) in [
+        ("ATTN_CUDA_WGMMA", "0", "the mma.sync kernels"),
+        ("ATTN_CUDA_WG_FUSED", "1", "the fused Hopper backward"),
     ] {
-        println!("xtask test-gpu: the flash tests again with {what} ({var}=0)");
+        println!("xtask test-gpu: the flash tests again with {what} ({var}={value})");
         let mut cmd = Command::new(cargo());
         cmd.args(["test", "--release", "-p", "attn-cuda"]);
         for t in FLASH_TEST_BINARIES {
             cmd.args(["--test", t]);
         }
         cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
-        cmd.env("ATTN_REQUIRE_NVCC", "1").env(var, "0");
+        cmd.env("ATTN_REQUIRE_NVCC", "1").env(var, value);
         cuda_tests = cuda_tests.and(run(&mut cmd));
     }
 
@@ -528,16 +528,16 @@ for bin in "$here"/bin/*; do
   summary="$summary$name${SANITIZE:+ [$SANITIZE]}: rc=$rc $line"$'\n'
   [ $rc -ne 0 ] && status=1
 done
-# On an sm_90 GPU the flash kernels above were the Hopper (wgmma) ones, the backward fused where a
-# call allows it; once more with the mma.sync ones, and with the two-kernel Hopper backward.
-for var in ATTN_CUDA_WGMMA ATTN_CUDA_WG_FUSED; do
+# On an sm_90 GPU the flash kernels above were the Hopper (wgmma) ones, the backward in two kernels;
+# once more with the mma.sync ones, and with the fused Hopper backward.
+for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=1; do
   for name in gpu_softmax_like gpu_hyperbolic; do
     [ -x "$here/bin/$name" ] || continue
-    out="$(env "$var=0" "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"
+    out="$(env "$var" "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"
     rc=$?
     echo "$out"
     line="$(echo "$out" | grep -E '^test result:' | tail -n 1)"
-    summary="$summary$name [$var=0]: rc=$rc $line"$'\n'
+    summary="$summary$name [$var]: rc=$rc $line"$'\n'
     [ $rc -ne 0 ] && status=1
   done
 done
