@@ -356,10 +356,10 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
         const int n = n_first + it, buf = it & 1;
         const T* sKb = sK + buf * BN * ld;
         const T* sVb = sV + buf * BN * ld;
+        cp_async_wait<0>();
+        __syncthreads();  // block it's tiles have landed; every warp is done with block it − 1's buffers
         if (it + 1 < n_count) load_kv(n + 1, buf ^ 1);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
 
         // S = Q Kᵀ and dP = dO Vᵀ   [16·MT, BN] per warp
         float s[MT][NT][4], dp[MT][NT][4];
@@ -412,7 +412,6 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
                 }
             }
         }
-        __syncthreads();
     }
     cp_async_wait<0>();
 
@@ -504,10 +503,10 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
         const int i0 = (m_first + it % m_count) * BM;
         const T* sQb = sQ + buf * BM * ld;
         const T* sdOb = sdO + buf * BM * ld;
+        cp_async_wait<0>();
+        __syncthreads();  // block it's tiles have landed; every warp is done with block it − 1's buffers
         if (it + 1 < iters) load_q(it + 1, buf ^ 1);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
 
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ   [16·MT keys, BM queries] per warp
         float st[MT][QT][4], dpt[MT][QT][4];
@@ -565,7 +564,6 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
                 }
             }
         }
-        __syncthreads();
     }
     cp_async_wait<0>();
 

@@ -231,14 +231,14 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
         const int n = n_first + it, buf = it & 1;
         T* sKb = sK + buf * BN * ld;
         T* sVb = sV + buf * BN * ld;
+        cp_async_wait<0>();
+        __syncthreads();  // block it's tiles have landed; every warp is done with block it − 1's buffers
         if (it + 1 < n_count) {
             load_tile_async<T, BN, D, kThreads>(sK + (buf ^ 1) * BN * ld, k, p.k_seq, (n + 1) * BN, si.len_k, tid);
             load_tile_async<T, BN, D, kThreads>(sV + (buf ^ 1) * BN * ld, v, p.v_seq, (n + 1) * BN, si.len_k, tid);
             if constexpr (kHyp) load_cols(n + 1, buf ^ 1);
         }
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
         if (norms) {  // prologue of the tile: reciprocal norms of its keys (and, once, of the queries)
             tile_inv_norms<T, BN, D, kThreads>(sRk + buf * BN, sKb, p.eps, tid);
             if (it == 0) tile_inv_norms<T, BM, D, kThreads>(sRq, sQ, p.eps, tid);
@@ -303,7 +303,6 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
                 }
             }
         }
-        __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     cp_async_wait<0>();
 

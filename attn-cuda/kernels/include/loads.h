@@ -18,6 +18,23 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* base, long lon
     constexpr int kChunks = ROWS * kChunksPerRow;
     constexpr int ld = SmemRow<D>::ld;
     static_assert(D * sizeof(T) % 16 == 0, "rows must be whole 16-byte chunks");
+    constexpr int kRowsPerPass = THREADS / kChunksPerRow;
+    if constexpr (THREADS % kChunksPerRow == 0 && ROWS % kRowsPerPass == 0) {
+        // Each thread copies one 16-byte column of rows r, r + P, ...: one row address per call, then a
+        // 64-bit add and a compare per copy.
+        const int r = tid / kChunksPerRow, col = (tid % kChunksPerRow) * (16 / (int)sizeof(T));
+        const uint32_t dst = smem_addr(smem + r * ld + col);
+        const T* src = base + (long long)(row0 + r) * row_stride + col;
+        const long long step = (long long)kRowsPerPass * row_stride;
+        const int left = rows_valid - row0 - r;  // this thread's rows below rows_valid
+#pragma unroll
+        for (int k = 0; k < ROWS / kRowsPerPass; ++k) {
+            const bool valid = k * kRowsPerPass < left;
+            cp_async_16_at(dst + k * kRowsPerPass * ld * (int)sizeof(T), valid ? src : base, valid);
+            src += step;
+        }
+        return;
+    }
 #pragma unroll
     for (int c = tid; c < kChunks; c += THREADS) {
         const int r = c / kChunksPerRow;
