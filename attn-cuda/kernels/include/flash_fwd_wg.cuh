@@ -38,13 +38,8 @@ __device__ __forceinline__ void load_tile_sw128(T* smem, const T* base, long lon
     const uint32_t dst = smem_addr(smem) + sw128_offset<ROWS>(r, col);
     const T* src = base + (long long)(row0 + r) * row_stride + col;
     const long long step = (long long)kRowsPerPass * row_stride;
-    const int left = rows_valid - row0 - r;  // this thread's rows below rows_valid
-#pragma unroll
-    for (int k = 0; k < ROWS / kRowsPerPass; ++k) {
-        const bool valid = k * kRowsPerPass < left;
-        cp_async_16_at(dst + k * kRowsPerPass * 128, valid ? src : base, valid);
-        src += step;
-    }
+    cp_async_column<ROWS / kRowsPerPass, kRowsPerPass, kRowsPerPass * 128>(dst, src, step, rows_valid - row0 - r,
+                                                                          base);
 }
 
 template <typename T, int D, class Score, int BM, int BN>

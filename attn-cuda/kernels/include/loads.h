@@ -26,23 +26,18 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* base, long lon
         const uint32_t dst = smem_addr(smem + r * ld + col);
         const T* src = base + (long long)(row0 + r) * row_stride + col;
         const long long step = (long long)kRowsPerPass * row_stride;
-        const int left = rows_valid - row0 - r;  // this thread's rows below rows_valid
+        cp_async_column<ROWS / kRowsPerPass, kRowsPerPass, kRowsPerPass * ld * (int)sizeof(T)>(
+            dst, src, step, rows_valid - row0 - r, base);
+    } else {
 #pragma unroll
-        for (int k = 0; k < ROWS / kRowsPerPass; ++k) {
-            const bool valid = k * kRowsPerPass < left;
-            cp_async_16_at(dst + k * kRowsPerPass * ld * (int)sizeof(T), valid ? src : base, valid);
-            src += step;
+        for (int c = tid; c < kChunks; c += THREADS) {
+            const int r = c / kChunksPerRow;
+            const int col = (c % kChunksPerRow) * (16 / (int)sizeof(T));
+            const int row = row0 + r;
+            const bool valid = row < rows_valid;
+            const T* src = valid ? base + (long long)row * row_stride + col : base;
+            cp_async_16(smem + r * ld + col, src, valid);
         }
-        return;
-    }
-#pragma unroll
-    for (int c = tid; c < kChunks; c += THREADS) {
-        const int r = c / kChunksPerRow;
-        const int col = (c % kChunksPerRow) * (16 / (int)sizeof(T));
-        const int row = row0 + r;
-        const bool valid = row < rows_valid;
-        const T* src = valid ? base + (long long)row * row_stride + col : base;
-        cp_async_16(smem + r * ld + col, src, valid);
     }
 }
 

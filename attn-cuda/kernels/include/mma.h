@@ -113,6 +113,18 @@ __device__ __forceinline__ void cp_async_16_at(uint32_t dst, const void* src, bo
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
+// kCopies 16-byte copies of one tile column: global rows src, src + step, ... into shared memory at dst,
+// dst + kDstStep, ...; a row is copied while fewer than `left` rows of the column were (the rest are
+// zero-filled from `fallback`, a valid address, without reading it).
+template <int kCopies, int kRowsPerCopy, int kDstStep, typename T>
+__device__ __forceinline__ void cp_async_column(uint32_t dst, const T* src, long long step, int left, const T* fallback) {
+#pragma unroll
+    for (int k = 0; k < kCopies; ++k) {
+        const bool valid = k * kRowsPerCopy < left;
+        cp_async_16_at(dst + k * kDstStep, valid ? src : fallback, valid);
+        src += step;
+    }
+}
 // cp.async of one 4-byte word (per-row f32 scalars); when !valid the destination is zero-filled.
 __device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
     const int n = valid ? 4 : 0;
