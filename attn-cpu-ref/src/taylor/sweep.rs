@@ -177,6 +177,8 @@ pub(super) fn sweep(cfg: &Sweep, src: Sources<'_>, probes: Probes<'_>) -> Swept 
     let (d, m) = (cfg.d, cfg.m);
     let ns = src.x.len() / d;
     let np = probes.hi.len();
+    // Internal invariant: the crate's callers build `hi` from a validated spec (nondecreasing key ends,
+    // none past the sources); a user cannot reach this with other values.
     debug_assert!(probes.hi.windows(2).all(|w| w[0] <= w[1]) && probes.hi.iter().all(|&h| h <= ns));
     let mut out = Swept {
         value: if cfg.want_value {

@@ -104,14 +104,13 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&c_lo)[4],
 }
 
 // cp.async of 16 bytes; when !valid the destination is zero-filled and nothing is read.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
-}
-// The same with the destination as a shared-state-space address (no conversion per copy).
+// cp_async_16_at: the destination as a shared-state-space address (no conversion per copy).
 __device__ __forceinline__ void cp_async_16_at(uint32_t dst, const void* src, bool valid) {
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+    cp_async_16_at(smem_addr(dst), src, valid);
 }
 // kCopies 16-byte copies of one tile column: global rows src, src + step, ... into shared memory at dst,
 // dst + kDstStep, ...; a row is copied while fewer than `left` rows of the column were (the rest are
