@@ -10,12 +10,13 @@
 //             → finalize_dq, finalize_dkdv
 //   decode:   decode_prefill (after a forward); decode_step → decode_reduce → finalize_fwd
 // Order 1, f16/bf16, rows 16-byte aligned: order1_fold replaces fold in every sweep, and a non-causal
-// forward is order1_fold, prefix → order1_forward (taylor_order1.cuh).
+// forward is order1_fold, prefix → order1_forward (taylor_order1.cuh); a causal one (D ≤ 64) order1_fold,
+// prefix (f32 sums in place, no copies) → order1_causal.
 // Names: attn_taylor_{prep_grads,finalize_fwd,finalize_dq,finalize_dkdv}_{dt},
 //        attn_taylor_{dense,read}_{value,grad}_{dt}_d{D}, attn_taylor_fold_{dt}_d{D}, attn_taylor_prefix_{dt},
 //        attn_taylor_forward_{f16,bf16}_d{D},
 //        attn_taylor_decode_{step,prefill}_{dt}_d{D}, attn_taylor_decode_reduce,
-//        attn_taylor_order1_{fold,forward}_{f16,bf16}_d{D}.
+//        attn_taylor_order1_{fold,forward}_{f16,bf16}_d{D}, attn_taylor_order1_causal_{f16,bf16}_d{16,32,64}.
 #include "include/taylor_decode.cuh"
 #include "include/taylor_dense.cuh"
 #include "include/taylor_order1.cuh"
@@ -97,6 +98,17 @@ ATTN_TAYLOR_ROWS(bf16, __nv_bfloat16)
         attn::taylor1_forward<T, D>(p);                                                                      \
     }
 
+// The order-1 causal forward at D ≤ 64 (at D = 128 its f32 state and tiles would not fit sm_80's 163 KB).
+#define ATTN_TAYLOR_ORDER1_CAUSAL(D)                                                                          \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_order1_causal_f16_d##D(const __grid_constant__ TaylorParams p) {                          \
+        attn::taylor1_forward_causal<__half, D>(p);                                                          \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_order1_causal_bf16_d##D(const __grid_constant__ TaylorParams p) {                         \
+        attn::taylor1_forward_causal<__nv_bfloat16, D>(p);                                                   \
+    }
+
 #define ATTN_TAYLOR_DIM(D)                                                                                     \
     ATTN_TAYLOR_SWEEP(f32, float, D, (attn::taylor_dense_simt<D, false>), (attn::taylor_dense_simt<D, true>)) \
     ATTN_TAYLOR_SWEEP(f16, __half, D, (attn::taylor_dense_mma<__half, D, false>),                            \
@@ -110,3 +122,6 @@ ATTN_TAYLOR_DIM(16)
 ATTN_TAYLOR_DIM(32)
 ATTN_TAYLOR_DIM(64)
 ATTN_TAYLOR_DIM(128)
+ATTN_TAYLOR_ORDER1_CAUSAL(16)
+ATTN_TAYLOR_ORDER1_CAUSAL(32)
+ATTN_TAYLOR_ORDER1_CAUSAL(64)

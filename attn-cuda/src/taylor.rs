@@ -26,6 +26,10 @@
 //! `ATTN_CUDA_TAYLOR1=0` keeps the general ones): a fold that writes the same segment sums in the same
 //! layout (every sweep: forward, dQ, dV and dK), and a forward for calls without a causal mask that reads
 //! the whole state once per block and streams its probe tiles (the order-1 forward is bound by memory).
+//! A causal order-1 forward at D ≤ 64 runs one block per segment (longer segments than the general path,
+//! whose dense part grows with them): the block carries its segment's state in shared memory (f32, from
+//! the prefix's f32 sums; no storage-type copies), folds each whole chunk of 64 keys into it as its probe
+//! tiles pass, and takes only the keys past the last folded chunk densely.
 //!
 //! Causal masks (top-left, bottom-right, `Nq ≠ Nk`), key padding, packed varlen and GQA/MQA are the
 //! prefix length `hi` of each probe: keys before `key_range(b, i).end` for a query, and for dK, dV the
@@ -286,6 +290,17 @@ impl<'s> Call<'s> {
             && rows_aligned(p.base.o, s.o_strides())
     }
 
+    /// The order-1 causal forward tile: the order-1 fold of the forward sweep, a causal mask, D ≤ 64, q
+    /// and o rows 16-byte aligned.
+    fn order1_causal(&self, p: &TaylorParams) -> bool {
+        let s = self.spec;
+        self.order1_fold(p, false)
+            && s.causal() != Causal::None
+            && s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM
+            && rows_aligned(p.base.q, s.q_strides())
+            && rows_aligned(p.base.o, s.o_strides())
+    }
+
     fn checker(&self, pass: Pass) -> Checker<'s> {
         Checker {
             spec: self.spec,
@@ -364,8 +379,11 @@ impl<'s> Call<'s> {
         let heads = s.batch() * s.heads_kv();
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
         let causal = s.causal() != Causal::None;
-        let seg = heuristics::seg_len(d, order, max_sources, heads, s.dtype().size(), causal)
-            .ok_or_else(missing)?;
+        let seg = if !reverse && self.order1_causal(p) {
+            heuristics::order1_causal_seg_len(d, max_sources, heads)
+        } else {
+            heuristics::seg_len(d, order, max_sources, heads, s.dtype().size(), causal).ok_or_else(missing)?
+        };
         let n_seg = max_sources.div_ceil(seg);
         let f_pad = heuristics::f_pad(d, order);
         p.reverse = i32::from(reverse);
@@ -377,7 +395,8 @@ impl<'s> Call<'s> {
 
     /// The states of the sweep `p` describes (after [`Call::geometry`]): the fold writes each segment's
     /// sums, the prefix turns them into the states before each segment boundary (f16/bf16: `copies`
-    /// storage-type copies, 2 when a gradient read follows). `None` when there is no source at all.
+    /// storage-type copies, 2 when a gradient read follows; 0: the f32 sums in place, for the order-1
+    /// causal forward). `None` when there is no source at all.
     fn states(&self, p: &mut TaylorParams, entries: usize, copies: usize) -> Result<Option<States>> {
         let s = self.spec;
         let d = s.head_dim();
@@ -395,7 +414,7 @@ impl<'s> Call<'s> {
         p.st = st.device_ptr(self.stream).0;
         p.st_max = st_max.device_ptr(self.stream).0;
         p.copies = copies as i32;
-        let st_t = if elem == 2 {
+        let st_t = if elem == 2 && copies > 0 {
             // SAFETY (uninitialised): the prefix writes every entry of every copy of st[k], k < n_seg(b),
             // before the reads, which touch no other (u16: as many bytes as T).
             let t = unsafe { self.stream.alloc::<u16>(copies * entries) }?;
@@ -507,6 +526,17 @@ impl<'s> Call<'s> {
         let d = s.head_dim();
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
         let (max_probes, entries) = self.geometry(p, false)?;
+        if self.order1_causal(p) {
+            let _states = self.states(p, entries, 0)?;
+            return self.run(
+                Launch {
+                    name: format!("attn_taylor_order1_causal_{}_d{d}", dtype_tag(s.dtype())),
+                    grid: ((p.n_seg as usize).max(1), s.heads_kv(), s.batch()),
+                    smem: heuristics::order1_causal_smem(d),
+                },
+                p,
+            );
+        }
         let _states = self.states(p, entries, 1)?;
         if self.order1_forward(p) {
             let heads = s.batch() * s.heads_kv();

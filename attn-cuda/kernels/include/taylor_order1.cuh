@@ -265,6 +265,31 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
     if (lane == 0 && mx > 0.f) atomicMax(taylor_state_max_at(tp, blockIdx.z, blockIdx.y, seg), __float_as_int(mx));
 }
 
+// The q rows of the probe tile [p0, p0 + BP) into q [BP][LD] by cp.async (zero past p_end): thread tid
+// copies the 16 bytes tid % CPR of the rows tid / CPR + k·RPP and, for ch = 0, records the row's o offset
+// and statistics index. Probe p = i·G + g is query i of head hk·G + g.
+template <typename T, int D, int BP>
+__device__ __forceinline__ void taylor1_issue_probes(const TaylorParams& tp, const TaylorSweep& sw, T* q,
+                                                     long long* o_off, long long* stat, int p0, int p_end, int tid) {
+    constexpr int LD = SmemRow<D>::ld, CPR = D * 2 / 16, RPP = kTaylorThreads / CPR;
+    const AttnParams& P = tp.base;
+    const int ch = tid % CPR;
+    for (int r = tid / CPR; r < BP; r += RPP) {
+        const int p = p0 + r;
+        const bool valid = p < p_end;
+        long long q_off = 0;
+        if (valid) {
+            const int i = sw.group == 1 ? p : p / sw.group, h = sw.hk * sw.group + (p - i * sw.group);
+            q_off = sw.si.q_off(P, i, h) + 8 * ch;
+            if (ch == 0) {
+                o_off[r] = sw.si.o_off(P, i, h);
+                stat[r] = sw.si.stats_index(P, h, i);
+            }
+        }
+        cp_async_16(q + r * LD + 8 * ch, static_cast<const T*>(P.q) + q_off, valid);
+    }
+}
+
 // The forward's tiles. Mirrored by taylor::heuristics::{order1_probes, order1_forward_smem}.
 template <typename T, int D> struct Taylor1Forward {
     static constexpr int RT = D <= 64 ? 2 : 1;           // m16 row tiles per warp
@@ -313,28 +338,10 @@ __device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
         cp_async_16(sS + v * LD + 8 * ch, src, valid);
     }
 
-    // Tile t into stage st: thread tid copies the 16 bytes tid % CPR of the rows tid / CPR + k·RPP (zero
-    // past the probes) and, for ch = 0, records the row's o offset and statistics index. One commit, also
-    // past the last tile (every iteration waits for the same group count).
+    // Tile t into stage st, one commit, also past the last tile (every iteration waits for the same
+    // group count).
     auto issue = [&](int t, int st) {
-        if (t < n_tiles) {
-            const int p0 = t * BP, ch = tid % CPR;
-            T* q = stage_q(st);
-            for (int r = tid / CPR; r < BP; r += RPP) {
-                const int p = p0 + r;
-                const bool valid = p < sw.n_p;
-                long long q_off = 0;
-                if (valid) {  // probe p = i·G + g of query head hk·G + g
-                    const int i = sw.group == 1 ? p : p / sw.group, h = sw.hk * sw.group + (p - i * sw.group);
-                    q_off = sw.si.q_off(P, i, h) + 8 * ch;
-                    if (ch == 0) {
-                        sOo[st][r] = sw.si.o_off(P, i, h);
-                        sStat[st][r] = sw.si.stats_index(P, h, i);
-                    }
-                }
-                cp_async_16(q + r * LD + 8 * ch, static_cast<const T*>(P.q) + q_off, valid);
-            }
-        }
+        if (t < n_tiles) taylor1_issue_probes<T, D, BP>(tp, sw, stage_q(st), sOo[st], sStat[st], t * BP, sw.n_p, tid);
         cp_async_commit();
     };
 
@@ -422,6 +429,354 @@ __device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
         }
     }
     cp_async_wait<0>();  // (only an empty group can be left)
+}
+
+// The causal forward's tiles. Mirrored by taylor::heuristics::order1_causal_smem.
+template <typename T, int D> struct Taylor1Causal {
+    static constexpr int BP = 16 * kTaylorWarps;         // probes per tile: one m16 row tile per warp
+    static constexpr int C = 64;                         // sources per block (folded chunk or dense block)
+    static constexpr int M = TaylorDims<D>::M, MP = TaylorDims<D>::MP;
+    static constexpr int NO = MP / 8;                    // n8 tiles of the columns v
+    static constexpr int MT = MP / 16;                   // m16 tiles of v in the fold
+    static constexpr int MG = D == 128 ? 3 : MT;         // of those per fold pass (its registers)
+    static constexpr int NT = 1 + D / 8;                 // n8 feature tiles of the fold: const, then linear
+    static constexpr int NPW = (NT + kTaylorWarps - 1) / kTaylorWarps;
+    static constexpr int LD = SmemRow<D>::ld;            // q and k rows, T
+    static constexpr int LDY = MP + 8;                   // v rows, T: columns D (den, 1) to MP − 1 constant
+    static constexpr int LDS = D + 8;                    // state rows, f32: linear features 0..D−1, const at D
+    static constexpr int CPR = D * 2 / 16;               // 16-byte copies per row
+    static constexpr int kQ = 0;                         // Q [2][BP][LD] T (then o)
+    static constexpr int kX = kQ + 2 * BP * LD * 2;      // X [2][C][LD] T
+    static constexpr int kY = kX + 2 * C * LD * 2;       // Y [2][C][LDY] T
+    static constexpr int kS = kY + 2 * C * LDY * 2;      // S [MP][LDS] f32: the running state
+    static constexpr int kBytes = kS + MP * LDS * 4;
+    static_assert(MT % MG == 0 && LDS % 16 == 8, "whole fold passes; B reads of S without bank conflicts");
+};
+
+// cp.async.wait_group with a run-time count n ≤ 2.
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+    if (n <= 0) cp_async_wait<0>();
+    else if (n == 1) cp_async_wait<1>();
+    else cp_async_wait<2>();
+}
+
+// The smallest probe p in [0, n_p) with hi(p) > h (n_p when none): hi is nondecreasing in p.
+__device__ __forceinline__ int taylor1_first_probe_past(const AttnParams& P, const TaylorSweep& sw, int h) {
+    int lo = 0, hi = sw.n_p;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (sw.hi(P, mid) > h) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+// Causal forward, order 1 (f16/bf16, rows 16-byte aligned). Grid (n_seg, Hkv, B): block m takes the probes
+// whose state index is m (TaylorSweep::state_index: hi ∈ (mL, (m+1)L], and in block 0 also hi = 0), a
+// contiguous range since hi is nondecreasing, in tiles of BP. It carries the state of the sources [0, B)
+// in shared memory (f32), from the prefix's st[m − 1] (B = mL; zero for m = 0), and per tile
+//   1. folds the whole 64-source chunks below the tile's smallest hi into it (B advances by 64 each):
+//      S[v][f] += Σ_s ỹ_s[v] φ_f(x̂_s), ỹ = [v, 1], on mma.sync (A = Ỹᵀ, B = [1, X̂]);
+//   2. num, den = a1 r_z (q_raw · S_lin) + a0 S_const on tf32 mma (q exact in tf32, S rounded to it);
+//   3. adds the sources [B, hi_p) densely: f(r_z (q_raw · x̂_s)) ỹ_s, on mma.sync as taylor_forward_tile;
+//   4. o = num·(1/den) (zero when hi_p = 0), den to the statistics.
+// Source blocks come by cp.async into two buffers; the block a tile's dense part ends on is kept for the
+// next tile's fold (top-left causal, G = 1: each chunk is read once), and the next tile's first dense
+// block is fetched during this tile's products when the other buffer is free. The next tile's q rows are
+// always in flight during this tile. x̂ = x_raw (·1/max(‖x_raw‖, eps) under qk_l2norm, rounded to T as
+// the fold's keys are).
+template <typename T, int D>
+__device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
+    using L = Taylor1Causal<T, D>;
+    constexpr int BP = L::BP, C = L::C, M = L::M, MP = L::MP, NO = L::NO, MT = L::MT, MG = L::MG, NT = L::NT;
+    constexpr int NPW = L::NPW, LD = L::LD, LDY = L::LDY, LDS = L::LDS, CPR = L::CPR;
+    constexpr int RPP = kTaylorThreads / CPR;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float* sS = reinterpret_cast<float*>(smem_raw + L::kS);
+    __shared__ float sInv[BP];
+    __shared__ long long sOo[2][BP], sStat[2][BP];
+    if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
+
+    const AttnParams& P = tp.base;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const TaylorSweep sw(tp, blockIdx.z, blockIdx.y);
+    const int m = blockIdx.x, seg = sw.seg;
+    if (m > 0 && m >= sw.n_seg) return;
+    const int pa = m == 0 ? 0 : taylor1_first_probe_past(P, sw, m * seg);
+    const int pb = m + 1 >= sw.n_seg ? sw.n_p : taylor1_first_probe_past(P, sw, (m + 1) * seg);
+    if (pa >= pb) return;
+    const bool l2 = P.l2norm != 0;
+    auto stage_q = [&](int st) { return reinterpret_cast<T*>(smem_raw + L::kQ) + st * BP * LD; };
+    auto buf_x = [&](int b) { return reinterpret_cast<T*>(smem_raw + L::kX) + b * C * LD; };
+    auto buf_y = [&](int b) { return reinterpret_cast<T*>(smem_raw + L::kY) + b * C * LDY; };
+    const T* x0 = static_cast<const T*>(P.k) + sw.si.k_off(P, 0, sw.hk);
+    const T* y0 = static_cast<const T*>(P.v) + sw.si.v_off(P, 0, sw.hk);
+
+    // The state S of the sources [0, B): st[m − 1] (the prefix's f32 sums, f = 0 the const feature,
+    // f = 8 + d the linear ones), zero for m = 0 and in the rows M ≤ v < MP.
+    const float* st_prev = m > 0 ? taylor_state_at(tp, blockIdx.z, blockIdx.y, m - 1) : nullptr;
+    for (int idx = tid; idx < MP * (D + 1); idx += kTaylorThreads) {
+        const int v = idx / (D + 1), c = idx % (D + 1);
+        const int f = c < D ? 8 + c : 0;
+        sS[v * LDS + c] = st_prev != nullptr && v < M ? st_prev[(long long)v * tp.f_pad + f] : 0.f;
+    }
+    // Columns D..MP − 1 of both Y buffers: the den column (1), then zeros. The copies never write them.
+    for (int idx = tid; idx < 2 * C * (MP - D); idx += kTaylorThreads) {
+        const int b = idx / (C * (MP - D)), rest = idx % (C * (MP - D)), r = rest / (MP - D), c = D + rest % (MP - D);
+        buf_y(b)[r * LDY + c] = from_f32<T>(c == D ? 1.f : 0.f);
+    }
+
+    // Source block [s0, s0 + C) into buffer b (rows past n_s zero-filled), one commit.
+    auto issue_block = [&](int s0, int b) {
+        const int ch = tid % CPR;
+        T* x = buf_x(b);
+        T* y = buf_y(b);
+        for (int r = tid / CPR; r < C; r += RPP) {
+            const int s = s0 + r;
+            const bool valid = s < sw.n_s;
+            const T* xp = valid ? x0 + s * P.k_seq + 8 * ch : x0;
+            const T* yp = valid ? y0 + s * P.v_seq + 8 * ch : y0;
+            cp_async_16(x + r * LD + 8 * ch, xp, valid);
+            cp_async_16(y + r * LDY + 8 * ch, yp, valid);
+        }
+        cp_async_commit();
+    };
+    // The buffers: `cur` holds block `cached` (landed, keys scaled); the other one may hold block `pending`
+    // in flight (issued, not waited for). fetch(s0) makes `cur` hold block s0. Block-uniform.
+    int cur = 0, cached = -1, pending = -1;
+    auto fetch = [&](int s0) {
+        if (cached == s0) return;
+        if (pending != s0) {
+            if (pending >= 0) cp_async_wait<0>();  // (the other buffer's copies land before it is rewritten)
+            __syncthreads();                         // the other buffer is no longer read
+            issue_block(s0, cur ^ 1);
+        }
+        cur ^= 1;
+        cached = s0;
+        pending = -1;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (l2) {
+            taylor1_scale_rows<T, C, D>(buf_x(cur), true, P.eps, [](int) { return 1.f; }, tid);
+            __syncthreads();
+        }
+    };
+
+    // The tile's [h_lo, h_hi] and the state boundary it reads: every whole chunk below h_lo folded.
+    auto bounds = [&](int t0, int b_run, int& h_lo, int& h_hi, int& target) {
+        const int np = min(BP, pb - t0);
+        h_lo = sw.hi(P, t0);
+        h_hi = sw.hi(P, t0 + np - 1);
+        target = h_lo > b_run ? b_run + C * ((h_lo - b_run) / C) : b_run;
+    };
+
+    const uint32_t one2 = g == 0 ? pack2<T>(1.f, 1.f) : 0u;  // B of the const feature: 1 in column 0
+    const int wrow = warp * 16;
+    int b_run = m * seg;
+    taylor1_issue_probes<T, D, BP>(tp, sw, stage_q(0), sOo[0], sStat[0], pa, pb, tid);
+    cp_async_commit();
+
+    for (int t0 = pa, n = 0; t0 < pb; t0 += BP, ++n) {
+        const int stq = n & 1;
+        T* sQ = stage_q(stq);
+        int h_lo, h_hi, target;
+        bounds(t0, b_run, h_lo, h_hi, target);
+        __syncthreads();  // the previous tile's reads of S, of its o rows (the other q stage) are done
+
+        // 1. Fold the chunks [b_run, target).
+        for (; b_run < target; b_run += C) {
+            fetch(b_run);
+            const T* x = buf_x(cur);
+            const T* y = buf_y(cur);
+#pragma unroll
+            for (int mg = 0; mg < MT; mg += MG) {
+                float fa[NPW][MG][4];
+#pragma unroll
+                for (int j = 0; j < NPW; ++j)
+#pragma unroll
+                    for (int mm = 0; mm < MG; ++mm)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) fa[j][mm][e] = 0.f;
+#pragma unroll
+                for (int k0 = 0; k0 < C; k0 += 16) {
+                    uint32_t a[MG][4];
+#pragma unroll
+                    for (int mm = 0; mm < MG; ++mm) load_a_trans(a[mm], y, LDY, k0, 16 * (mg + mm), lane);
+#pragma unroll
+                    for (int j = 0; j < NPW; ++j) {
+                        const int nt = warp + kTaylorWarps * j;
+                        if (nt >= NT) continue;  // warp-uniform
+                        uint32_t b[2] = {one2, one2};
+                        if (nt > 0) ldsm_x2_trans(b, x + (k0 + (lane & 15)) * LD + 8 * (nt - 1));
+#pragma unroll
+                        for (int mm = 0; mm < MG; ++mm) mma16816<T>(fa[j][mm], a[mm], b[0], b[1]);
+                    }
+                }
+                // S += the chunk's sums; each entry has one owner.
+#pragma unroll
+                for (int j = 0; j < NPW; ++j) {
+                    const int nt = warp + kTaylorWarps * j;
+                    if (nt >= NT) continue;
+#pragma unroll
+                    for (int mm = 0; mm < MG; ++mm)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            float* row = sS + (16 * (mg + mm) + g + 8 * r) * LDS;
+                            if (nt == 0) {
+                                if (t4 == 0) row[D] += fa[j][mm][2 * r];
+                            } else {
+                                float2* e = reinterpret_cast<float2*>(row + 8 * (nt - 1) + 2 * t4);
+                                const float2 old = *e;
+                                *e = make_float2(old.x + fa[j][mm][2 * r], old.y + fa[j][mm][2 * r + 1]);
+                            }
+                        }
+                }
+            }
+        }
+
+        // The dense part starts on block b_run; the next tile's q rows go in flight now, and its first
+        // block past b_run when this tile needs no other block than b_run's and the other buffer is free.
+        if (b_run < h_hi) fetch(b_run);
+        const bool more = t0 + BP < pb;
+        if (more) {
+            taylor1_issue_probes<T, D, BP>(tp, sw, stage_q(stq ^ 1), sOo[stq ^ 1], sStat[stq ^ 1], t0 + BP, pb, tid);
+            cp_async_commit();
+            int n_lo, n_hi, n_target;
+            bounds(t0 + BP, b_run, n_lo, n_hi, n_target);
+            const int next = b_run + C;
+            if (pending < 0 && cached == b_run && h_hi <= next && next < sw.n_s && (n_target > b_run || n_hi > next)) {
+                issue_block(next, cur ^ 1);  // cur ^ 1: last read before fetch(b_run)'s barriers
+                pending = next;
+            }
+        }
+        // This tile's q rows have landed once at most the groups committed after them are in flight: the
+        // pending block (from this tile or the previous one) and the next tile's q rows.
+        cp_async_wait_n((pending >= 0 ? 1 : 0) + (more ? 1 : 0));
+        __syncthreads();
+
+        // r_z = scale (/‖q‖) of this warp's rows.
+        if (l2) {
+            for (int row = wrow + lane; row < wrow + 16; row += 32) {
+                float ss = 0.f;
+#pragma unroll
+                for (int ch = 0; ch < CPR; ++ch) {
+                    float v[8];
+                    load8_f32<T>(v, sQ + row * LD + 8 * ch);
+#pragma unroll
+                    for (int e = 0; e < 8; e += 2) ss += v[e] * v[e] + v[e + 1] * v[e + 1];
+                }
+                sInv[row] = taylor1_inv_norm(ss, P.eps);
+            }
+            __syncwarp();
+        }
+        float rz[2];
+        int hi[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = wrow + g + 8 * r, p = t0 + row;
+            rz[r] = P.scale * (l2 ? sInv[row] : 1.f);
+            hi[r] = p < pb ? sw.hi(P, p) : 0;
+        }
+
+        // 2. acc = Q_raw S_linᵀ on tf32 mma: the k16 A fragment of q (ldmatrix) splits into two k8 steps
+        // with k permuted (slot t4 ↔ column 2t4, slot t4 + 4 ↔ 2t4 + 1), and B reads S's columns alike.
+        float acc[NO][4];
+#pragma unroll
+        for (int nn = 0; nn < NO; ++nn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nn][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t a[4];
+            load_a(a, sQ, LD, wrow, kk * 16, lane);
+            const float2 r0 = unpack2<T>(a[0]), r1 = unpack2<T>(a[1]), r2 = unpack2<T>(a[2]), r3 = unpack2<T>(a[3]);
+            const float a_lo[4] = {r0.x, r1.x, r0.y, r1.y}, a_hi[4] = {r2.x, r3.x, r2.y, r3.y};
+#pragma unroll
+            for (int nn = 0; nn < NO; ++nn) {
+                const float* sp = sS + (8 * nn + g) * LDS + 16 * kk + 2 * t4;
+                const float2 b_lo = *reinterpret_cast<const float2*>(sp);
+                const float2 b_hi = *reinterpret_cast<const float2*>(sp + 8);
+                mma1688_tf32(acc[nn], a_lo, to_tf32(b_lo.x), to_tf32(b_lo.y));
+                mma1688_tf32(acc[nn], a_hi, to_tf32(b_hi.x), to_tf32(b_hi.y));
+            }
+        }
+#pragma unroll
+        for (int nn = 0; nn < NO; ++nn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int v = 8 * nn + 2 * t4 + (e & 1);
+                acc[nn][e] = tp.a1 * rz[e / 2] * acc[nn][e] + tp.a0 * sS[v * LDS + D];
+            }
+
+        // 3. The dense part: the sources [b_run, hi_p), blocks of C from b_run.
+        for (int s0 = b_run; s0 < h_hi; s0 += C) {
+            fetch(s0);
+            const T* x = buf_x(cur);
+            const T* y = buf_y(cur);
+            float s[C / 8][4];
+#pragma unroll
+            for (int nn = 0; nn < C / 8; ++nn)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nn][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                uint32_t a[4];
+                load_a(a, sQ, LD, wrow, kk * 16, lane);
+#pragma unroll
+                for (int nn = 0; nn < C / 16; ++nn) {
+                    uint32_t bf[4];
+                    load_b_nk(bf, x, LD, nn * 16, kk * 16, lane);
+                    mma16816<T>(s[2 * nn], a, bf[0], bf[1]);
+                    mma16816<T>(s[2 * nn + 1], a, bf[2], bf[3]);
+                }
+            }
+#pragma unroll
+            for (int nn = 0; nn < C / 8; ++nn)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2, col = s0 + nn * 8 + 2 * t4 + (e & 1);
+                    s[nn][e] = col < hi[r] ? taylor_f(tp, rz[r] * s[nn][e]) : 0.f;
+                }
+#pragma unroll
+            for (int kk = 0; kk < C / 16; ++kk) {
+                uint32_t a[4];
+                pack_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+                for (int dd = 0; dd < MP / 16; ++dd) {
+                    uint32_t bf[4];
+                    load_b_kn(bf, y, LDY, kk * 16, dd * 16, lane);
+                    mma16816<T>(acc[2 * dd], a, bf[0], bf[1]);
+                    mma16816<T>(acc[2 * dd + 1], a, bf[2], bf[3]);
+                }
+            }
+        }
+        __syncwarp();  // this warp's q rows are read; o goes in their place
+
+        // 4. o = num·(1/den) staged as T in this warp's q rows, den to the statistics; 16-byte stores.
+        const int np = min(BP, pb - t0);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = wrow + g + 8 * r;
+            const float den_acc = __shfl_sync(0xffffffffu, acc[D / 8][2 * r], lane & ~3);
+            const bool empty = hi[r] == 0;
+            const float den = empty ? 0.f : den_acc;
+            const float inv = empty ? 0.f : 1.f / den;
+#pragma unroll
+            for (int nn = 0; nn < D / 8; ++nn)
+                *reinterpret_cast<uint32_t*>(sQ + row * LD + nn * 8 + 2 * t4) =
+                    pack2<T>(acc[nn][2 * r] * inv, acc[nn][2 * r + 1] * inv);
+            if (t4 == 0 && row < np) P.lse[sStat[stq][row]] = den;
+        }
+        __syncwarp();
+        for (int idx = lane; idx < 16 * CPR; idx += 32) {
+            const int row = wrow + idx / CPR, ch = idx % CPR;
+            if (row < np)
+                *reinterpret_cast<uint4*>(static_cast<T*>(P.o) + sOo[stq][row] + 8 * ch) =
+                    *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
+        }
+    }
+    cp_async_wait<0>();  // (a block fetched ahead that no tile read may still be in flight)
 }
 
 }  // namespace attn

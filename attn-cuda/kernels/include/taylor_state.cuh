@@ -217,8 +217,9 @@ __device__ __forceinline__ T* taylor_copy_at(const TaylorParams& tp, int b, int 
 
 // Grid (⌈M·f_pad / 128⌉, Hkv, B): thread e owns entry e of every state of its (batch entry, kv head):
 // run = st[0][e] + … + st[k][e], in the order k = 0, 1, …, is the entry of the state st[k]:
-//   f32: written back in place;
-//   f16/bf16: written as the storage-type copy hi = T(2^−e_k run) and, when tp.copies = 2, lo = T(2^−e_k
+//   f32, and f16/bf16 with tp.copies = 0 (the order-1 causal forward reads the f32 sums): written back in
+//   place;
+//   f16/bf16 otherwise: written as the storage-type copy hi = T(2^−e_k run) and, when tp.copies = 2, lo = T(2^−e_k
 //   run − hi) (st itself is left as the fold wrote it); a sweep without a causal mask writes only the last
 //   state's copies (TaylorSweep::state_index: its probes read nothing else).
 template <typename T>
@@ -233,7 +234,7 @@ __device__ __forceinline__ void taylor_prefix(const TaylorParams& tp) {
     float run = 0.f, bound = 0.f;
     for (int k = 0; k < sw.n_seg; ++k) {
         run += x[k * per];
-        if constexpr (sizeof(T) == 4) {
+        if (sizeof(T) == 4 || tp.copies == 0) {
             x[k * per] = run;
         } else {
             bound += __int_as_float(seg_max[k]);  // as taylor_state_exponent

@@ -292,6 +292,44 @@ pub(crate) fn order1_forward_blocks(probes: usize, d: usize, heads: usize, sms: 
     (per_sm * sms / heads.max(1)).clamp(1, tiles)
 }
 
+/// Head dims of the order-1 causal forward (`Taylor1Causal`): at D = 128 its f32 state and tiles would
+/// exceed sm_80's 163 KB of shared memory.
+pub(crate) const ORDER1_CAUSAL_MAX_DIM: usize = 64;
+
+/// Segment length of the order-1 causal forward, whose blocks each take the probes of one segment and
+/// carry its state through it (so a segment costs one state, and the dense part is at most one chunk past
+/// the carried boundary, whatever L): L doubles from 256 while there are more than 1600 blocks (about
+/// six waves of an H100 at 2 blocks per SM), up to 1024, then while the f32 states would exceed the
+/// budget.
+///
+/// ```text
+/// order1_causal_seg_len(64, 16_384, 32)  = 512     // 32 segments × 32 heads = 1024 blocks
+/// order1_causal_seg_len(64, 1024, 512)   = 512     // 2 segments × 512 heads = 1024 blocks (256: 2048)
+/// order1_causal_seg_len(64, 1 << 20, 8)  = 1024
+/// ```
+pub(crate) fn order1_causal_seg_len(d: usize, n_s: usize, heads: usize) -> usize {
+    let mut l = 256;
+    while l < 1024 && heads * n_s.div_ceil(l) > 1600 {
+        l *= 2;
+    }
+    let state = width(d) * f_pad(d, 1) * 4;
+    while l < n_s && heads * n_s.div_ceil(l) * state > STATE_BUDGET {
+        l *= 2;
+    }
+    l
+}
+
+/// Dynamic shared memory of the order-1 causal forward (`Taylor1Causal::kBytes`): two q tiles and two
+/// source blocks (x `[64][D + 8]`, y `[64][MP + 8]`) in the storage type, and the state `[MP][D + 8]` in f32.
+///
+/// ```text
+/// D = 64: (2·64·72 + 2·64·72 + 2·64·88)·2 + 80·72·4 = 82 432
+/// ```
+pub(crate) fn order1_causal_smem(d: usize) -> usize {
+    let (bp, c, ld) = (DENSE_PROBES, ORDER1_CHUNK, d + 8);
+    (2 * bp * ld + 2 * c * ld + 2 * c * (width_padded(d) + 8)) * 2 + width_padded(d) * ld * 4
+}
+
 /// Bytes of one state entry: the f32 sum, and for f16/bf16 its storage-type copies (hi and lo).
 fn state_entry_bytes(elem: usize) -> usize {
     if elem == 4 {
@@ -348,6 +386,10 @@ mod tests {
         assert_eq!(order1_forward_blocks(16_384, 64, 32, 132), 16);
         assert_eq!(order1_forward_blocks(1024, 64, 512, 132), 1);
         assert_eq!(order1_forward_blocks(0, 64, 4, 132), 1);
+        assert_eq!(order1_causal_smem(64), 82_432);
+        assert_eq!(order1_causal_seg_len(64, 16_384, 32), 512);
+        assert_eq!(order1_causal_seg_len(64, 1024, 512), 512);
+        assert_eq!(order1_causal_seg_len(64, 1 << 20, 8), 1024);
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
         assert_eq!(seg_len(64, 2, 1 << 20, 8, 2, true), Some(2048));
@@ -393,6 +435,9 @@ mod tests {
             }
             assert!(decode_step_smem(d, 64) <= 163 * 1024);
             assert!(order1_fold_smem(d) <= 163 * 1024 && order1_forward_smem(d) <= 163 * 1024);
+            if d <= ORDER1_CAUSAL_MAX_DIM {
+                assert!(order1_causal_smem(d) <= 163 * 1024, "D = {d}");
+            }
             // The order-1 fold splits the m16 tiles of the columns (the last one opens at v = D) evenly.
             assert_eq!((width_padded(d) / 16) % order1_fold_split(d), 0, "D = {d}");
             assert_eq!(width_padded(d), d + 16, "D = {d}");
