@@ -55,19 +55,14 @@ template <> __device__ __forceinline__ void mma16816<__half>(float (&d)[4], cons
 
 // D = A·B + D for tf32 operands (f32 registers; m16n8k8), f32 accumulate. A: a0 (row g, k t4), a1 (row g + 8,
 // k t4), a2 (row g, k t4 + 4), a3 (row g + 8, k t4 + 4); B: b0 (k t4, col g), b1 (k t4 + 4, col g); g = lane / 4,
-// t4 = lane % 4. The caller rounds its operands to tf32 (to_tf32) where they are not exact in it.
+// t4 = lane % 4. The caller rounds its operands to tf32 where they are not exact in it (the unit ignores the
+// low 13 mantissa bits).
 __device__ __forceinline__ void mma1688_tf32(float (&d)[4], const float (&a)[4], float b0, float b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
           "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
-}
-// x rounded to the nearest tf32 (ties away from zero), as an f32 bit pattern.
-__device__ __forceinline__ float to_tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return __uint_as_float(r);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

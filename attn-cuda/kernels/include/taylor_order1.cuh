@@ -449,7 +449,8 @@ template <typename T, int D> struct Taylor1Causal {
     static constexpr int kX = kQ + 2 * BP * LD * 2;      // X [2][C][LD] T
     static constexpr int kY = kX + 2 * C * LD * 2;       // Y [2][C][LDY] T
     static constexpr int kS = kY + 2 * C * LDY * 2;      // S [MP][LDS] f32: the running state
-    static constexpr int kBytes = kS + MP * LDS * 4;
+    static constexpr int kSr = kS + MP * LDS * 4;        // S rounded to tf32 [MP][LDS]: the mma's B
+    static constexpr int kBytes = kSr + MP * LDS * 4;
     static_assert(MT % MG == 0 && LDS % 16 == 8, "whole fold passes; B reads of S without bank conflicts");
 };
 
@@ -460,21 +461,25 @@ __device__ __forceinline__ void cp_async_wait_n(int n) {
     else cp_async_wait<2>();
 }
 
-// The smallest probe p in [0, n_p) with hi(p) > h (n_p when none): hi is nondecreasing in p.
-__device__ __forceinline__ int taylor1_first_probe_past(const AttnParams& P, const TaylorSweep& sw, int h) {
-    int lo = 0, hi = sw.n_p;
-    while (lo < hi) {
-        const int mid = lo + (hi - lo) / 2;
-        if (sw.hi(P, mid) > h) hi = mid;
-        else lo = mid + 1;
-    }
-    return lo;
+// The smallest probe p in [0, n_p) with hi(p) > h ≥ 0 (n_p when none) of a causal forward sweep: hi(p) =
+// min(len_k, max(0, i + diag + 1)) for query i = p / G (Taylor specs have no window), so hi(p) > h iff
+// len_k > h and i ≥ h − diag.
+__device__ __forceinline__ int taylor1_first_probe_past(const TaylorSweep& sw, int h) {
+    if (sw.n_s <= h) return sw.n_p;
+    const long long p = (long long)sw.group * max(h - sw.si.diag, 0);
+    return (int)min(p, (long long)sw.n_p);
+}
+
+// x rounded to the nearest tf32 (ties away from zero) by integer arithmetic: two instructions where
+// cvt.rna.tf32.f32 takes several on sm_90 (finite x; the state sums are).
+__device__ __forceinline__ float round_tf32(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
 }
 
 // Causal forward, order 1 (f16/bf16, rows 16-byte aligned). Grid (n_seg, Hkv, B): block m takes the probes
 // whose state index is m (TaylorSweep::state_index: hi ∈ (mL, (m+1)L], and in block 0 also hi = 0), a
 // contiguous range since hi is nondecreasing, in tiles of BP. It carries the state of the sources [0, B)
-// in shared memory (f32), from the prefix's st[m − 1] (B = mL; zero for m = 0), and per tile
+// in shared memory (f32, and a copy rounded to tf32 for the mma), from the prefix's st[m − 1] (B = mL; zero for m = 0), and per tile
 //   1. folds the whole 64-source chunks below the tile's smallest hi into it (B advances by 64 each):
 //      S[v][f] += Σ_s ỹ_s[v] φ_f(x̂_s), ỹ = [v, 1], on mma.sync (A = Ỹᵀ, B = [1, X̂]);
 //   2. num, den = a1 r_z (q_raw · S_lin) + a0 S_const on tf32 mma (q exact in tf32, S rounded to it);
@@ -494,6 +499,7 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float* sS = reinterpret_cast<float*>(smem_raw + L::kS);
+    float* sSr = reinterpret_cast<float*>(smem_raw + L::kSr);
     __shared__ float sInv[BP];
     __shared__ long long sOo[2][BP], sStat[2][BP];
     if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
@@ -503,8 +509,8 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
     const TaylorSweep sw(tp, blockIdx.z, blockIdx.y);
     const int m = blockIdx.x, seg = sw.seg;
     if (m > 0 && m >= sw.n_seg) return;
-    const int pa = m == 0 ? 0 : taylor1_first_probe_past(P, sw, m * seg);
-    const int pb = m + 1 >= sw.n_seg ? sw.n_p : taylor1_first_probe_past(P, sw, (m + 1) * seg);
+    const int pa = m == 0 ? 0 : taylor1_first_probe_past(sw, m * seg);
+    const int pb = m + 1 >= sw.n_seg ? sw.n_p : taylor1_first_probe_past(sw, (m + 1) * seg);
     if (pa >= pb) return;
     const bool l2 = P.l2norm != 0;
     auto stage_q = [&](int st) { return reinterpret_cast<T*>(smem_raw + L::kQ) + st * BP * LD; };
@@ -519,7 +525,9 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
     for (int idx = tid; idx < MP * (D + 1); idx += kTaylorThreads) {
         const int v = idx / (D + 1), c = idx % (D + 1);
         const int f = c < D ? 8 + c : 0;
-        sS[v * LDS + c] = st_prev != nullptr && v < M ? st_prev[(long long)v * tp.f_pad + f] : 0.f;
+        const float x = st_prev != nullptr && v < M ? st_prev[(long long)v * tp.f_pad + f] : 0.f;
+        sS[v * LDS + c] = x;
+        sSr[v * LDS + c] = round_tf32(x);
     }
     // Columns D..MP − 1 of both Y buffers: the den column (1), then zeros. The copies never write them.
     for (int idx = tid; idx < 2 * C * (MP - D); idx += kTaylorThreads) {
@@ -622,13 +630,15 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
                     for (int mm = 0; mm < MG; ++mm)
 #pragma unroll
                         for (int r = 0; r < 2; ++r) {
-                            float* row = sS + (16 * (mg + mm) + g + 8 * r) * LDS;
+                            const int at = (16 * (mg + mm) + g + 8 * r) * LDS;
                             if (nt == 0) {
-                                if (t4 == 0) row[D] += fa[j][mm][2 * r];
+                                if (t4 == 0) sS[at + D] += fa[j][mm][2 * r];
                             } else {
-                                float2* e = reinterpret_cast<float2*>(row + 8 * (nt - 1) + 2 * t4);
-                                const float2 old = *e;
-                                *e = make_float2(old.x + fa[j][mm][2 * r], old.y + fa[j][mm][2 * r + 1]);
+                                const int c = at + 8 * (nt - 1) + 2 * t4;
+                                const float2 old = *reinterpret_cast<const float2*>(sS + c);
+                                const float2 sum = make_float2(old.x + fa[j][mm][2 * r], old.y + fa[j][mm][2 * r + 1]);
+                                *reinterpret_cast<float2*>(sS + c) = sum;
+                                *reinterpret_cast<float2*>(sSr + c) = make_float2(round_tf32(sum.x), round_tf32(sum.y));
                             }
                         }
                 }
@@ -694,11 +704,11 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
             const float a_lo[4] = {r0.x, r1.x, r0.y, r1.y}, a_hi[4] = {r2.x, r3.x, r2.y, r3.y};
 #pragma unroll
             for (int nn = 0; nn < NO; ++nn) {
-                const float* sp = sS + (8 * nn + g) * LDS + 16 * kk + 2 * t4;
+                const float* sp = sSr + (8 * nn + g) * LDS + 16 * kk + 2 * t4;
                 const float2 b_lo = *reinterpret_cast<const float2*>(sp);
                 const float2 b_hi = *reinterpret_cast<const float2*>(sp + 8);
-                mma1688_tf32(acc[nn], a_lo, to_tf32(b_lo.x), to_tf32(b_lo.y));
-                mma1688_tf32(acc[nn], a_hi, to_tf32(b_hi.x), to_tf32(b_hi.y));
+                mma1688_tf32(acc[nn], a_lo, b_lo.x, b_lo.y);
+                mma1688_tf32(acc[nn], a_hi, b_hi.x, b_hi.y);
             }
         }
 #pragma unroll

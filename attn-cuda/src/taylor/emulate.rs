@@ -429,7 +429,17 @@ fn order1_causal_forward(
     for b in 0..spec.batch() {
         for hk in 0..spec.heads_kv() {
             let sw = Sweep::new(spec, b, hk, false, seg);
-            let first_past = |h: usize| (0..sw.n_p).find(|&p| sw.hi(spec, p) > h).unwrap_or(sw.n_p);
+            // taylor1_first_probe_past's closed form, checked against its definition.
+            let first_past = |h: usize| {
+                let p = if sw.n_s <= h {
+                    sw.n_p
+                } else {
+                    (g * (h as i64 - sw.seq.diag).max(0) as usize).min(sw.n_p)
+                };
+                let by_search = (0..sw.n_p).find(|&p| sw.hi(spec, p) > h).unwrap_or(sw.n_p);
+                assert_eq!(p, by_search, "first probe past {h}");
+                p
+            };
             for blk in 0..sw.n_seg.max(1) {
                 let pa = if blk == 0 { 0 } else { first_past(blk * seg) };
                 let pb = if blk + 1 >= sw.n_seg {

@@ -320,14 +320,15 @@ pub(crate) fn order1_causal_seg_len(d: usize, n_s: usize, heads: usize) -> usize
 }
 
 /// Dynamic shared memory of the order-1 causal forward (`Taylor1Causal::kBytes`): two q tiles and two
-/// source blocks (x `[64][D + 8]`, y `[64][MP + 8]`) in the storage type, and the state `[MP][D + 8]` in f32.
+/// source blocks (x `[64][D + 8]`, y `[64][MP + 8]`) in the storage type, and the state `[MP][D + 8]` in
+/// f32 twice (the sums, and their tf32 rounding for the mma).
 ///
 /// ```text
-/// D = 64: (2·64·72 + 2·64·72 + 2·64·88)·2 + 80·72·4 = 82 432
+/// D = 64: (2·64·72 + 2·64·72 + 2·64·88)·2 + 2·80·72·4 = 105 472
 /// ```
 pub(crate) fn order1_causal_smem(d: usize) -> usize {
     let (bp, c, ld) = (DENSE_PROBES, ORDER1_CHUNK, d + 8);
-    (2 * bp * ld + 2 * c * ld + 2 * c * (width_padded(d) + 8)) * 2 + width_padded(d) * ld * 4
+    (2 * bp * ld + 2 * c * ld + 2 * c * (width_padded(d) + 8)) * 2 + 2 * width_padded(d) * ld * 4
 }
 
 /// Bytes of one state entry: the f32 sum, and for f16/bf16 its storage-type copies (hi and lo).
@@ -386,7 +387,7 @@ mod tests {
         assert_eq!(order1_forward_blocks(16_384, 64, 32, 132), 16);
         assert_eq!(order1_forward_blocks(1024, 64, 512, 132), 1);
         assert_eq!(order1_forward_blocks(0, 64, 4, 132), 1);
-        assert_eq!(order1_causal_smem(64), 82_432);
+        assert_eq!(order1_causal_smem(64), 105_472);
         assert_eq!(order1_causal_seg_len(64, 16_384, 32), 512);
         assert_eq!(order1_causal_seg_len(64, 1024, 512), 512);
         assert_eq!(order1_causal_seg_len(64, 1 << 20, 8), 1024);
