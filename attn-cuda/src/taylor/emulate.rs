@@ -449,7 +449,7 @@ fn order1_causal_forward(
                 };
                 // The state [0, B): const feature cst[v] = Σ ỹ[v], linear lin[v][e] = Σ x̂[e] ỹ[v].
                 let (mut cst, mut lin) = (vec![0.0; m], vec![0.0; m * d]);
-                let mut fold = |s: usize, cst: &mut [f64], lin: &mut [f64]| {
+                let fold = |s: usize, cst: &mut [f64], lin: &mut [f64]| {
                     let Row { x, y } = sw.source(spec, &io, hk, s);
                     for vv in 0..m {
                         cst[vv] += y[vv];
