@@ -437,6 +437,8 @@ fn order1_causal_forward(
                     (g * (h as i64 - sw.seq.diag).max(0) as usize).min(sw.n_p)
                 };
                 let by_search = (0..sw.n_p).find(|&p| sw.hi(spec, p) > h).unwrap_or(sw.n_p);
+                // Internal invariant (test-only module): the closed form is what the kernel computes; the
+                // emulation fails the test when it disagrees with the definition.
                 assert_eq!(p, by_search, "first probe past {h}");
                 p
             };
@@ -469,6 +471,8 @@ fn order1_causal_forward(
                         b_run
                     };
                     while b_run < target {
+                        // Internal invariant (test-only module): the kernel folds whole chunks only (its
+                        // y tile's den column is 1 on every row); the emulation fails the test otherwise.
                         assert!(b_run + C <= sw.n_s, "a folded chunk is whole");
                         for s in b_run..b_run + C {
                             fold(s, &mut cst, &mut lin);
@@ -477,6 +481,8 @@ fn order1_causal_forward(
                     }
                     for p in t0..t0 + np {
                         let hi = sw.hi(spec, p);
+                        // Internal invariant (test-only module): every probe of a tile sees at least the
+                        // keys the state holds (its dense range [B, hi) is not negative).
                         assert!(
                             hi == 0 || hi >= b_run,
                             "probe {p}: hi {hi} below the state boundary {b_run}"
