@@ -446,6 +446,48 @@ __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const T* tile, in
     ldsm_x4_trans(a, tile + (k0 + r + (q >> 1) * 8) * ld + m0 + (q & 1) * 8);
 }
 
+// S = Z Xᵀ for the 16 rows [row0, row0 + 16) of z [..][ldz] against the BS rows of x [..][ldx], over the
+// first K columns of both (mma.sync, f32 accumulate): the dense parts' scores (and the gradient's W Yᵀ).
+template <typename T, int K, int BS>
+__device__ __forceinline__ void taylor_scores_mma(float (&s)[BS / 8][4], const T* z, int ldz, int row0, const T* x,
+                                                  int ldx, int lane) {
+#pragma unroll
+    for (int n = 0; n < BS / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+        uint32_t a[4];
+        load_a(a, z, ldz, row0, kk * 16, lane);
+#pragma unroll
+        for (int nn = 0; nn < BS / 16; ++nn) {
+            uint32_t bf[4];
+            load_b_nk(bf, x, ldx, nn * 16, kk * 16, lane);
+            mma16816<T>(s[2 * nn], a, bf[0], bf[1]);
+            mma16816<T>(s[2 * nn + 1], a, bf[2], bf[3]);
+        }
+    }
+}
+
+// acc += P Y for P the [16][BS] C fragments p (rounded to T for the product) and the first NC columns of
+// y [BS][ldy] (mma.sync): the dense parts' weighted sums.
+template <typename T, int BS, int NC>
+__device__ __forceinline__ void taylor_weights_mma(float (&acc)[NC / 8][4], const float (&p)[BS / 8][4], const T* y,
+                                                   int ldy, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < BS / 16; ++kk) {
+        uint32_t a[4];
+        pack_a<T>(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+        for (int dd = 0; dd < NC / 16; ++dd) {
+            uint32_t bf[4];
+            load_b_kn(bf, y, ldy, kk * 16, dd * 16, lane);
+            mma16816<T>(acc[2 * dd], a, bf[0], bf[1]);
+            mma16816<T>(acc[2 * dd + 1], a, bf[2], bf[3]);
+        }
+    }
+}
+
 // The dynamic shared memory this launch got: a launch with less than a kernel's layout traps instead of
 // writing past it.
 __device__ __forceinline__ unsigned dynamic_smem_bytes() {

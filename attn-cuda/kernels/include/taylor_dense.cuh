@@ -80,22 +80,7 @@ __device__ __forceinline__ void taylor_dense_mma(const TaylorParams& tp) {
 
         // S = r_z r_xᵀ ∘ (Z_raw X_rawᵀ)   [16, BS]: the scores round nothing but f32 products
         float s[NS][4];
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[4];
-            load_a(a, sZ, LDZ, wrow, kk * 16, lane);
-#pragma unroll
-            for (int nn = 0; nn < BS / 16; ++nn) {
-                uint32_t bf[4];
-                load_b_nk(bf, sX, LDZ, nn * 16, kk * 16, lane);
-                mma16816<T>(s[2 * nn], a, bf[0], bf[1]);
-                mma16816<T>(s[2 * nn + 1], a, bf[2], bf[3]);
-            }
-        }
+        taylor_scores_mma<T, D, BS>(s, sZ, LDZ, wrow, sX, LDZ, lane);
         float rx[NS][2];  // the factors of this thread's source columns
 #pragma unroll
         for (int n = 0; n < NS; ++n)
@@ -106,7 +91,7 @@ __device__ __forceinline__ void taylor_dense_mma(const TaylorParams& tp) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[n][e] = s[n][e] * rz[e / 2] * rx[n][e & 1];
 
-        if (!GRAD) {
+        if constexpr (!GRAD) {
             // P = f(S) on [lo, hi), 0 elsewhere
 #pragma unroll
             for (int n = 0; n < NS; ++n)
@@ -116,37 +101,11 @@ __device__ __forceinline__ void taylor_dense_mma(const TaylorParams& tp) {
                     s[n][e] = col >= lo[r] && col < hi[r] ? taylor_f(tp, s[n][e]) : 0.f;
                 }
             // O += P Y   [16, MP]
-#pragma unroll
-            for (int kk = 0; kk < BS / 16; ++kk) {
-                uint32_t a[4];
-                pack_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-                for (int dd = 0; dd < MP / 16; ++dd) {
-                    uint32_t bf[4];
-                    load_b_kn(bf, sY, LDW, kk * 16, dd * 16, lane);
-                    mma16816<T>(acc[2 * dd], a, bf[0], bf[1]);
-                    mma16816<T>(acc[2 * dd + 1], a, bf[2], bf[3]);
-                }
-            }
+            taylor_weights_mma<T, BS, MP>(acc, s, sY, LDW, lane);
         } else {
             // E = W Yᵀ   [16, BS]
             float ew[NS][4];
-#pragma unroll
-            for (int n = 0; n < NS; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) ew[n][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < MP / 16; ++kk) {
-                uint32_t a[4];
-                load_a(a, sW, LDW, wrow, kk * 16, lane);
-#pragma unroll
-                for (int nn = 0; nn < BS / 16; ++nn) {
-                    uint32_t bf[4];
-                    load_b_nk(bf, sY, LDW, nn * 16, kk * 16, lane);
-                    mma16816<T>(ew[2 * nn], a, bf[0], bf[1]);
-                    mma16816<T>(ew[2 * nn + 1], a, bf[2], bf[3]);
-                }
-            }
+            taylor_scores_mma<T, MP, BS>(ew, sW, LDW, wrow, sY, LDW, lane);
             // Q = f'(S)∘E on [lo, hi), times r_x (G takes the raw x)
 #pragma unroll
             for (int n = 0; n < NS; ++n)
@@ -156,18 +115,7 @@ __device__ __forceinline__ void taylor_dense_mma(const TaylorParams& tp) {
                     s[n][e] = col >= lo[r] && col < hi[r] ? taylor_df(tp, s[n][e]) * ew[n][e] * rx[n][e & 1] : 0.f;
                 }
             // G += Q X_raw   [16, D]
-#pragma unroll
-            for (int kk = 0; kk < BS / 16; ++kk) {
-                uint32_t a[4];
-                pack_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-                for (int dd = 0; dd < D / 16; ++dd) {
-                    uint32_t bf[4];
-                    load_b_kn(bf, sX, LDZ, kk * 16, dd * 16, lane);
-                    mma16816<T>(acc[2 * dd], a, bf[0], bf[1]);
-                    mma16816<T>(acc[2 * dd + 1], a, bf[2], bf[3]);
-                }
-            }
+            taylor_weights_mma<T, BS, D>(acc, s, sX, LDZ, lane);
         }
     }
 
@@ -246,7 +194,7 @@ __device__ __forceinline__ void taylor_dense_simt(const TaylorParams& tp) {
 #pragma unroll
         for (int c = 0; c < CD; ++c) t += z[c] * x[c];
         t = taylor_warp_sum(t);
-        if (!GRAD) {
+        if constexpr (!GRAD) {
             const float f = taylor_f(tp, t);
 #pragma unroll
             for (int c = 0; c < CM; ++c) acc[c] += f * y[c];

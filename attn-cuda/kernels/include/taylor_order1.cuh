@@ -265,6 +265,38 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
     if (lane == 0 && mx > 0.f) atomicMax(taylor_state_max_at(tp, blockIdx.z, blockIdx.y, seg), __float_as_int(mx));
 }
 
+// 1/max(‖q‖, eps) of the rows [row0, row0 + ROWS) of a q tile [..][SmemRow<D>::ld] into inv[row]: lane l
+// sums row row0 + l (16-byte reads; the caller's warp owns the rows, so there is no barrier).
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void taylor1_row_inv_norms(float* inv, const T* q, int row0, float eps, int lane) {
+    constexpr int LD = SmemRow<D>::ld, CPR = D * 2 / 16;
+    for (int row = row0 + lane; row < row0 + ROWS; row += 32) {
+        float ss = 0.f;
+#pragma unroll
+        for (int ch = 0; ch < CPR; ++ch) {
+            float v[8];
+            load8_f32<T>(v, q + row * LD + 8 * ch);
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) ss += v[e] * v[e] + v[e + 1] * v[e + 1];
+        }
+        inv[row] = taylor1_inv_norm(ss, eps);
+    }
+}
+
+// The staged o rows [row0, row0 + ROWS) (those < np) of a tile [..][SmemRow<D>::ld] to o + off[row], in
+// 16-byte stores by the lanes of the warp that owns them.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void taylor1_store_rows(void* o, const long long* off, const T* tile, int row0, int np,
+                                                   int lane) {
+    constexpr int LD = SmemRow<D>::ld, CPR = D * 2 / 16;
+    for (int idx = lane; idx < ROWS * CPR; idx += 32) {
+        const int row = row0 + idx / CPR, ch = idx % CPR;
+        if (row < np)
+            *reinterpret_cast<uint4*>(static_cast<T*>(o) + off[row] + 8 * ch) =
+                *reinterpret_cast<const uint4*>(tile + row * LD + 8 * ch);
+    }
+}
+
 // The q rows of the probe tile [p0, p0 + BP) into q [BP][LD] by cp.async (zero past p_end): thread tid
 // copies the 16 bytes tid % CPR of the rows tid / CPR + k·RPP and, for ch = 0, records the row's o offset
 // and statistics index. Probe p = i·G + g is query i of head hk·G + g.
@@ -358,20 +390,8 @@ __device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
         issue(t + gridDim.x, st ^ 1);
         cp_async_wait<1>();
         __syncthreads();  // this tile (and, the first time, the state) has landed for every thread
-        // r_z = scale (/‖q‖) of this warp's rows: lane l sums row wrow + l (16-byte reads, no barrier).
-        if (l2) {
-            for (int row = wrow + lane; row < wrow + 16 * RT; row += 32) {
-                float ss = 0.f;
-#pragma unroll
-                for (int ch = 0; ch < CPR; ++ch) {
-                    float v[8];
-                    load8_f32<T>(v, sQ + row * LD + 8 * ch);
-#pragma unroll
-                    for (int e = 0; e < 8; e += 2) ss += v[e] * v[e] + v[e + 1] * v[e + 1];
-                }
-                sInv[row] = taylor1_inv_norm(ss, P.eps);
-            }
-        }
+        // r_z = scale (/‖q‖) of this warp's rows.
+        if (l2) taylor1_row_inv_norms<T, D, 16 * RT>(sInv, sQ, wrow, P.eps, lane);
 
         // acc = Q_raw S_linᵀ   [16·RT rows of this warp, MP]
         float acc[RT][NO][4];
@@ -421,12 +441,7 @@ __device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
                 if (t4 == 0 && row < np) P.lse[sStat[st][row]] = den;
             }
         __syncwarp();
-        for (int idx = lane; idx < 16 * RT * CPR; idx += 32) {
-            const int row = wrow + idx / CPR, ch = idx % CPR;
-            if (row < np)
-                *reinterpret_cast<uint4*>(static_cast<T*>(P.o) + sOo[st][row] + 8 * ch) =
-                    *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
-        }
+        taylor1_store_rows<T, D, 16 * RT>(P.o, sOo[st], sQ, wrow, np, lane);
     }
     cp_async_wait<0>();  // (only an empty group can be left)
 }
@@ -667,17 +682,7 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
 
         // r_z = scale (/‖q‖) of this warp's rows.
         if (l2) {
-            for (int row = wrow + lane; row < wrow + 16; row += 32) {
-                float ss = 0.f;
-#pragma unroll
-                for (int ch = 0; ch < CPR; ++ch) {
-                    float v[8];
-                    load8_f32<T>(v, sQ + row * LD + 8 * ch);
-#pragma unroll
-                    for (int e = 0; e < 8; e += 2) ss += v[e] * v[e] + v[e + 1] * v[e + 1];
-                }
-                sInv[row] = taylor1_inv_norm(ss, P.eps);
-            }
+            taylor1_row_inv_norms<T, D, 16>(sInv, sQ, wrow, P.eps, lane);
             __syncwarp();
         }
         float rz[2];
@@ -725,22 +730,7 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
             const T* x = buf_x(cur);
             const T* y = buf_y(cur);
             float s[C / 8][4];
-#pragma unroll
-            for (int nn = 0; nn < C / 8; ++nn)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[nn][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                uint32_t a[4];
-                load_a(a, sQ, LD, wrow, kk * 16, lane);
-#pragma unroll
-                for (int nn = 0; nn < C / 16; ++nn) {
-                    uint32_t bf[4];
-                    load_b_nk(bf, x, LD, nn * 16, kk * 16, lane);
-                    mma16816<T>(s[2 * nn], a, bf[0], bf[1]);
-                    mma16816<T>(s[2 * nn + 1], a, bf[2], bf[3]);
-                }
-            }
+            taylor_scores_mma<T, D, C>(s, sQ, LD, wrow, x, LD, lane);
 #pragma unroll
             for (int nn = 0; nn < C / 8; ++nn)
 #pragma unroll
@@ -748,18 +738,7 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
                     const int r = e / 2, col = s0 + nn * 8 + 2 * t4 + (e & 1);
                     s[nn][e] = col < hi[r] ? taylor_f(tp, rz[r] * s[nn][e]) : 0.f;
                 }
-#pragma unroll
-            for (int kk = 0; kk < C / 16; ++kk) {
-                uint32_t a[4];
-                pack_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-                for (int dd = 0; dd < MP / 16; ++dd) {
-                    uint32_t bf[4];
-                    load_b_kn(bf, y, LDY, kk * 16, dd * 16, lane);
-                    mma16816<T>(acc[2 * dd], a, bf[0], bf[1]);
-                    mma16816<T>(acc[2 * dd + 1], a, bf[2], bf[3]);
-                }
-            }
+            taylor_weights_mma<T, C, MP>(acc, s, y, LDY, lane);
         }
         __syncwarp();  // this warp's q rows are read; o goes in their place
 
@@ -779,12 +758,7 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
             if (t4 == 0 && row < np) P.lse[sStat[stq][row]] = den;
         }
         __syncwarp();
-        for (int idx = lane; idx < 16 * CPR; idx += 32) {
-            const int row = wrow + idx / CPR, ch = idx % CPR;
-            if (row < np)
-                *reinterpret_cast<uint4*>(static_cast<T*>(P.o) + sOo[stq][row] + 8 * ch) =
-                    *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
-        }
+        taylor1_store_rows<T, D, 16>(P.o, sOo[stq], sQ, wrow, np, lane);
     }
     cp_async_wait<0>();  // (a block fetched ahead that no tile read may still be in flight)
 }

@@ -665,22 +665,7 @@ __device__ __forceinline__ void taylor_forward_tile(const TaylorParams& tp) {
         __syncthreads();
         // S = r_z r_xᵀ ∘ (Z_raw X_rawᵀ)   [16, BS]
         float s[NS][4];
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[4];
-            load_a(a, sZ, L::LDZ, wrow, kk * 16, lane);
-#pragma unroll
-            for (int nn = 0; nn < BS / 16; ++nn) {
-                uint32_t bf[4];
-                load_b_nk(bf, sX, L::LDZ, nn * 16, kk * 16, lane);
-                mma16816<T>(s[2 * nn], a, bf[0], bf[1]);
-                mma16816<T>(s[2 * nn + 1], a, bf[2], bf[3]);
-            }
-        }
+        taylor_scores_mma<T, D, BS>(s, sZ, L::LDZ, wrow, sX, L::LDZ, lane);
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
@@ -694,18 +679,7 @@ __device__ __forceinline__ void taylor_forward_tile(const TaylorParams& tp) {
                 s[n][e] = col >= lo[r] && col < hi[r] ? taylor_f(tp, s[n][e]) : 0.f;
             }
         // O += P Y   [16, MP]
-#pragma unroll
-        for (int kk = 0; kk < BS / 16; ++kk) {
-            uint32_t a[4];
-            pack_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int dd = 0; dd < MP / 16; ++dd) {
-                uint32_t bf[4];
-                load_b_kn(bf, sY, L::LDY, kk * 16, dd * 16, lane);
-                mma16816<T>(acc[2 * dd], a, bf[0], bf[1]);
-                mma16816<T>(acc[2 * dd + 1], a, bf[2], bf[3]);
-            }
-        }
+        taylor_weights_mma<T, BS, MP>(acc, s, sY, L::LDY, lane);
     }
 
     // ---- o = num / den, and den, for this thread's two rows (as taylor_finalize_fwd) ----
