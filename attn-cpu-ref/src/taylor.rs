@@ -93,7 +93,8 @@ struct Params {
 
 impl Params {
     fn of(spec: &AttnSpec) -> Self {
-        // lib.rs sends every non-softmax-like spec here, and Taylor is the only such family.
+        // Internal invariant: lib.rs sends every non-softmax-like spec here, and Taylor is the only such
+        // family.
         let FamilySpec::Taylor {
             a,
             scale,
@@ -172,6 +173,7 @@ impl Slice {
         let lens = spec.seq_lens(b);
         let (nq, nk) = (lens.q, lens.k);
         let heads: Vec<usize> = (0..spec.heads_q()).filter(|&h| spec.kv_head(h) == kvh).collect();
+        // Internal invariant: a validated spec maps exactly G query heads to each kv head.
         debug_assert_eq!(heads.len(), g);
         let mut kh = vec![0.0; nk * d];
         let mut vt = vec![1.0; nk * (dv + 1)];
@@ -187,7 +189,7 @@ impl Slice {
         let mut hi = Vec::with_capacity(nq * g);
         for i in 0..nq {
             let range = spec.key_range(b, i);
-            // Validation rejects windows for Taylor, so every key range is a prefix.
+            // Internal invariant: validation rejects windows for Taylor, so every key range is a prefix.
             debug_assert_eq!(range.start, 0);
             for (gi, &h) in heads.iter().enumerate() {
                 let p = i * g + gi;
