@@ -7,6 +7,7 @@
 #include "include/flash_bwd_wg.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
+#include "include/flash_fwd_ws.cuh"
 
 #define ATTN_COSINE(DT, T, D)                                                                                      \
     extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \
@@ -48,3 +49,6 @@ ATTN_COSINE_WG(bf16, __nv_bfloat16, 128)
 // attn_cosine_sim_bwd_fused_wg_{dt}_d128 (dK, dV and dQ by f32 reductions in one kernel).
 ATTN_FLASH_BWD_WG_ALL(attn_cosine_sim, attn::CosineScore)
 ATTN_FLASH_BWD_FUSED_WG_ALL(attn_cosine_sim, attn::CosineScore)
+
+// The warp-specialised Hopper forward (sm_90a only): attn_cosine_sim_fwd_ws_{dt}_d128.
+ATTN_FLASH_FWD_WS_ALL(attn_cosine_sim, attn::CosineScore)

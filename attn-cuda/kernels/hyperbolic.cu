@@ -20,6 +20,7 @@
 #include "include/flash_bwd.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
+#include "include/flash_fwd_ws.cuh"
 #include "include/flash_bwd_wg.cuh"
 #include "include/hyp_simt.cuh"
 
@@ -158,3 +159,7 @@ ATTN_FLASH_BWD_FUSED_WG_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 
 ATTN_HYP_SIMT(sq_lorentz, attn::SqLorentzScore)
 ATTN_HYP_SIMT(geodesic, attn::GeodesicScore)
+
+// The warp-specialised Hopper forward (sm_90a only): attn_hyperbolic_sq_lorentz, attn_hyperbolic_geodesic_fwd_ws_{dt}_d128.
+ATTN_FLASH_FWD_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
+ATTN_FLASH_FWD_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)

@@ -6,6 +6,7 @@
 #include "include/flash_bwd_wg.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
+#include "include/flash_fwd_ws.cuh"
 
 #define ATTN_SOFTMAX(DT, T, D)                                                                                     \
     extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \
@@ -59,3 +60,6 @@ ATTN_SOFTMAX_WG_X(128, 64, 64, 2)
 // attn_softmax_bwd_fused_wg_{dt}_d128 (dK, dV and dQ by f32 reductions in one kernel).
 ATTN_FLASH_BWD_WG_ALL(attn_softmax, attn::SoftmaxScore)
 ATTN_FLASH_BWD_FUSED_WG_ALL(attn_softmax, attn::SoftmaxScore)
+
+// The warp-specialised Hopper forward (sm_90a only): attn_softmax_fwd_ws_{dt}_d128.
+ATTN_FLASH_FWD_WS_ALL(attn_softmax, attn::SoftmaxScore)

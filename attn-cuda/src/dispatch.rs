@@ -252,6 +252,15 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 variant = format!("{bm}x{bn}");
             }
         }
+        // The warp-specialised forward where ATTN_CUDA_WG_WS=1 asks for it and no tile experiment runs.
+        let ws = heuristics::ws_fwd_tile(d).filter(|_| variant.is_empty() && hopper.ws);
+        let (kind, threads) = match ws {
+            Some(t) => {
+                tile = t;
+                ("ws".to_string(), heuristics::WS_THREADS)
+            }
+            None => (format!("wg{variant}"), heuristics::wg_threads(tile)),
+        };
         let extra = if lorentz {
             heuristics::lorentz_extra_smem(tile)
         } else {
@@ -259,10 +268,10 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         };
         return Ok(Kernel {
             module,
-            name: format!("attn_{family}_fwd_wg{variant}_{}_d{d}", dtype_tag(spec.dtype())),
+            name: format!("attn_{family}_fwd_{kind}_{}_d{d}", dtype_tag(spec.dtype())),
             smem: heuristics::wg_fwd_smem(tile, d, elem) + extra,
             grid: (heuristics::blocks(spec.seq_q(), tile.bm), hq, b),
-            threads: heuristics::wg_threads(tile),
+            threads,
             hopper: true,
         });
     }
@@ -483,7 +492,56 @@ mod tests {
         bwd: true,
         fused: true,
         tile: None,
+        ws: false,
     };
+
+    #[test]
+    fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
+        let ws = Hopper { ws: true, ..ON };
+        let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::EinsteinMidpoint);
+        for (family, dtype) in [
+            (Family::softmax(), DType::BF16),
+            (Family::cosine_sim(), DType::F16),
+            (hyp, DType::BF16),
+        ] {
+            let s = spec(family, dtype, 128);
+            let k = flash_kernel(&s, Stage::Forward, ws).expect("kernel");
+            assert!(k.name.contains("_fwd_ws_"), "{k:?}");
+            // 100 queries → one block of 128 rows, 384 threads; the wgmma forward's shared memory
+            // with 128 keys per stage (plus log γ for the hyperbolic scores).
+            assert_eq!((k.grid, k.threads, k.hopper), ((1, 4, 2), 384, true), "{k:?}");
+            let lorentz = if matches!(family, Family::Hyperbolic(_)) {
+                2 * 128 * 4
+            } else {
+                0
+            };
+            assert_eq!(
+                k.smem,
+                1024 + (128 + 4 * 128) * 128 * 2 + (2 * 128 + 128) * 4 + lorentz
+            );
+            // The backward is not warp-specialised; without ATTN_CUDA_WG_WS=1, the wgmma forward.
+            let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
+            assert!(dq.name.contains("_bwd_dq_wg_"), "{dq:?}");
+            let k = flash_kernel(&s, Stage::Forward, ON).expect("kernel");
+            assert!(k.name.contains("_fwd_wg_"), "{k:?}");
+        }
+        // D = 64 keeps the wgmma forward (two blocks per SM); D = 96 has only the mma.sync one; a tile
+        // experiment asks for a wgmma one.
+        let k = flash_kernel(&spec(Family::softmax(), DType::BF16, 64), Stage::Forward, ws).expect("kernel");
+        assert_eq!(
+            (k.name.as_str(), k.threads),
+            ("attn_softmax_fwd_wg_bf16_d64", 256)
+        );
+        let k = flash_kernel(&spec(Family::softmax(), DType::BF16, 96), Stage::Forward, ws).expect("kernel");
+        assert!(!k.name.contains("_ws_") && !k.hopper, "{k:?}");
+        let exp = Hopper {
+            tile: Some((64, 64)),
+            ..ws
+        };
+        let k =
+            flash_kernel(&spec(Family::softmax(), DType::BF16, 128), Stage::Forward, exp).expect("kernel");
+        assert_eq!(k.name, "attn_softmax_fwd_wg64x64_bf16_d128");
+    }
 
     #[test]
     fn hopper_tile_experiments_apply_to_bf16_softmax_only() {

@@ -160,6 +160,24 @@ pub(crate) fn wg_fwd_tile(d: usize) -> Option<Tile> {
     }
 }
 
+/// `WsFwdTile<D>`: the warp-specialised Hopper forward (`kWsThreads` = [`WS_THREADS`]: a producer
+/// warpgroup and two consumer warpgroups of 64 query rows), 128 queries and 128 keys per stage, at
+/// D = 128 only (at D = 64 the two blocks per SM of [`wg_fwd_tile`] are as fast or faster); its
+/// shared memory is [`wg_fwd_smem`]'s.
+pub(crate) fn ws_fwd_tile(d: usize) -> Option<Tile> {
+    match d {
+        128 => Some(Tile {
+            bm: 128,
+            bn: 128,
+            da: d,
+        }),
+        _ => None,
+    }
+}
+
+/// Threads of a warp-specialised Hopper forward block (`kWsThreads`).
+pub(crate) const WS_THREADS: u32 = 384;
+
 /// `WgDqTile<D>`: the Hopper (wgmma) dQ kernel, 128 resident queries (64 per warpgroup: `bm · 2`
 /// threads) and 128 (D = 64) or 64 (D = 128) keys per streamed block, every score.
 pub(crate) fn wg_dq_tile(d: usize) -> Option<Tile> {
@@ -327,6 +345,13 @@ mod tests {
             assert_eq!((d % 64, t.bn % 64, t.bm % 64), (0, 0, 0));
         }
         assert!(wg_fwd_tile(32).is_none() && wg_fwd_tile(256).is_none());
+        let t = ws_fwd_tile(128).expect("warp-specialised tile");
+        let bytes = wg_fwd_smem(t, 128, 2) + lorentz_extra_smem(t);
+        // Plus the kernel's static 1 KiB (its barriers, aligned).
+        assert!(bytes + 1024 <= 227 * 1024, "{bytes} bytes");
+        // Two consumer warpgroups of 64 rows; one scalar per producer thread for each key.
+        assert_eq!((t.bm, t.bn % 64, t.bn <= 128), (128, 0, true));
+        assert!(ws_fwd_tile(64).is_none() && ws_fwd_tile(256).is_none());
         for d in [64, 128] {
             let (q, kv) = (wg_dq_tile(d).expect("dQ"), wg_dkdv_tile(d).expect("dK/dV"));
             for bytes in [
@@ -422,22 +447,21 @@ mod tests {
 
     #[test]
     fn host_hopper_tiles_mirror_the_kernel_specialisations() {
-        let tiles = kernel_tiles("WgFwdTile");
-        assert_eq!(tiles.len(), 2, "WgFwdTile: D = 64 and 128");
-        for (d, fields) in tiles {
-            let expect = Tile {
-                bm: field(&fields, "BM", 0),
-                bn: field(&fields, "BN", 0),
-                da: d,
-            };
-            assert_eq!(wg_fwd_tile(d), Some(expect), "WgFwdTile<{d}>");
-        }
-        for (name, host) in [
-            ("WgDqTile", wg_dq_tile as fn(usize) -> Option<Tile>),
-            ("WgDkvTile", wg_dkdv_tile),
+        let header = include_str!("../kernels/include/tiles.h");
+        assert!(header.contains(&format!("constexpr int kWsThreads = {WS_THREADS};")));
+        for (name, host, dims) in [
+            (
+                "WgFwdTile",
+                wg_fwd_tile as fn(usize) -> Option<Tile>,
+                &[64, 128][..],
+            ),
+            ("WsFwdTile", ws_fwd_tile, &[128]),
+            ("WgDqTile", wg_dq_tile, &[64, 128]),
+            ("WgDkvTile", wg_dkdv_tile, &[64, 128]),
         ] {
             let tiles = kernel_tiles(name);
-            assert_eq!(tiles.len(), 2, "{name}: D = 64 and 128");
+            let have: Vec<usize> = tiles.iter().map(|(d, _)| *d).collect();
+            assert_eq!(have, dims, "{name}: its head dims");
             for (d, fields) in tiles {
                 let expect = Tile {
                     bm: field(&fields, "BM", 0),

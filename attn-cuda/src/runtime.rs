@@ -36,13 +36,16 @@ pub(crate) struct Kernels {
 /// `ATTN_CUDA_WG_BWD=0` (A/B timings of the backward alone); `fused`: the fused backward where a call
 /// allows it (dispatch::fused_backward), only with `ATTN_CUDA_WG_FUSED=1` (A/B runs and its tests:
 /// since version 7 of the kernels the two-kernel backward is the faster one, kernels/NOTES.md); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
-/// (heuristics::WG_TILE_VARIANTS). All read when the context first loads the kernels.
+/// (heuristics::WG_TILE_VARIANTS); `ws`: the warp-specialised forward where a head dim has one
+/// (heuristics::ws_fwd_tile), only with `ATTN_CUDA_WG_WS=1` until its current version has passed the
+/// GPU suite (kernels/NOTES.md, version 8). All read when the context first loads the kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Hopper {
     pub on: bool,
     pub bwd: bool,
     pub fused: bool,
     pub tile: Option<(usize, usize)>,
+    pub ws: bool,
 }
 
 impl Hopper {
@@ -52,6 +55,7 @@ impl Hopper {
         bwd: Option<&str>,
         fused: Option<&str>,
         tile: Option<&str>,
+        ws: Option<&str>,
     ) -> Self {
         let tile = tile.and_then(|t| {
             let (bm, bn) = t.trim().split_once('x')?;
@@ -62,6 +66,7 @@ impl Hopper {
             bwd: bwd.map(str::trim) != Some("0"),
             fused: fused.map(str::trim) == Some("1"),
             tile,
+            ws: ws.map(str::trim) == Some("1"),
         }
     }
 }
@@ -209,6 +214,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
             std::env::var("ATTN_CUDA_WG_BWD").ok().as_deref(),
             std::env::var("ATTN_CUDA_WG_FUSED").ok().as_deref(),
             std::env::var("ATTN_CUDA_WG_TILE").ok().as_deref(),
+            std::env::var("ATTN_CUDA_WG_WS").ok().as_deref(),
         ),
     });
     entries.push((key, kernels.clone()));
@@ -254,23 +260,29 @@ mod tests {
 
     #[test]
     fn hopper_kernels_only_on_compute_capability_9_0_and_not_when_turned_off() {
-        assert!(Hopper::new((9, 0), None, None, None, None).on);
-        assert!(Hopper::new((9, 0), Some("1"), None, None, None).on);
-        assert!(!Hopper::new((9, 0), Some("0"), None, None, None).on);
-        assert!(!Hopper::new((9, 0), Some(" 0\n"), None, None, None).on);
+        assert!(Hopper::new((9, 0), None, None, None, None, None).on);
+        assert!(Hopper::new((9, 0), Some("1"), None, None, None, None).on);
+        assert!(!Hopper::new((9, 0), Some("0"), None, None, None, None).on);
+        assert!(!Hopper::new((9, 0), Some(" 0\n"), None, None, None, None).on);
         for cc in [(8, 0), (8, 9), (10, 0), (12, 0)] {
-            assert!(!Hopper::new(cc, None, None, None, None).on, "{cc:?}");
+            assert!(!Hopper::new(cc, None, None, None, None, None).on, "{cc:?}");
         }
-        assert!(Hopper::new((9, 0), None, None, None, None).bwd);
-        assert!(!Hopper::new((9, 0), None, Some("0"), None, None).bwd);
-        assert!(!Hopper::new((9, 0), None, None, None, None).fused);
-        assert!(!Hopper::new((9, 0), None, None, Some("0"), None).fused);
-        assert!(Hopper::new((9, 0), None, None, Some(" 1\n"), None).fused);
+        assert!(Hopper::new((9, 0), None, None, None, None, None).bwd);
+        assert!(!Hopper::new((9, 0), None, Some("0"), None, None, None).bwd);
+        assert!(!Hopper::new((9, 0), None, None, None, None, None).fused);
+        assert!(!Hopper::new((9, 0), None, None, Some("0"), None, None).fused);
+        assert!(Hopper::new((9, 0), None, None, Some(" 1\n"), None, None).fused);
         assert_eq!(
-            Hopper::new((9, 0), None, None, None, Some("64x128")).tile,
+            Hopper::new((9, 0), None, None, None, Some("64x128"), None).tile,
             Some((64, 128))
         );
-        assert_eq!(Hopper::new((9, 0), None, None, None, Some("64")).tile, None);
-        assert_eq!(Hopper::new((9, 0), None, None, None, Some("ax64")).tile, None);
+        assert_eq!(Hopper::new((9, 0), None, None, None, Some("64"), None).tile, None);
+        assert_eq!(
+            Hopper::new((9, 0), None, None, None, Some("ax64"), None).tile,
+            None
+        );
+        assert!(!Hopper::new((9, 0), None, None, None, None, None).ws);
+        assert!(Hopper::new((9, 0), None, None, None, None, Some(" 1\n")).ws);
+        assert!(!Hopper::new((9, 0), None, None, None, None, Some("0")).ws);
     }
 }

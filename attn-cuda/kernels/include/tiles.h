@@ -60,6 +60,14 @@ template <int D> struct WgFwdTile;
 template <> struct WgFwdTile<64> { static constexpr int BM = 128, BN = 64, MIN_BLOCKS = 2; };
 template <> struct WgFwdTile<128> { static constexpr int BM = 128, BN = 128, MIN_BLOCKS = 1; };
 
+// Warp-specialised Hopper forward (flash_fwd_ws.cuh, sm_90a): a producer warpgroup and two consumer
+// warpgroups of 64 query rows (BM = 128, kWsThreads = 384 threads, one block per SM), BN keys per
+// stage, two stages of K and of V. D = 128 only: at D = 64 it measured 0.87–1.02× the two blocks per
+// SM of WgFwdTile<64> on the H100 (kernels/NOTES.md, version 8).
+constexpr int kWsThreads = 384;
+template <int D> struct WsFwdTile;
+template <> struct WsFwdTile<128> { static constexpr int BM = 128, BN = 128; };
+
 // Hopper backward (flash_bwd_wg.cuh, sm_90a), one block per SM (ptxas: 206–255 registers; two blocks
 // would spill hundreds of bytes). dQ: BM resident queries (64 per warpgroup), BN keys per streamed
 // block: 128 at D = 64 (H100: +3–4% softmax forward+backward over 64, though ptxas spills 48 B, 80 B

@@ -1,0 +1,195 @@
+// Warp-specialised forward of the flash skeleton on Hopper (sm_90a): the scores, masks, online softmax,
+// epilogue and wgmma products of flash_fwd_wg.cuh, with the loads moved to a producer warpgroup, so the
+// consumer warpgroups never meet at a block barrier and carry no copy work.
+//
+// One block = 384 threads = (batch b, query head h, query tile of BM = 128 rows):
+//   warpgroups 0 and 1: consumers, rows 64w..64w+63 (so every per-warp helper of the other forward
+//     kernels applies unchanged); 232 registers each after setmaxnreg;
+//   warpgroup 2: producer, 40 registers; cp.async of Q once and of K_j, V_j (with the key block's
+//     scalars) into two stages each, then it exits.
+// No block barrier after the start: each stage has a full barrier (the producer's 128 threads arrive
+// when their copies have landed) and an empty one (the 256 consumer threads arrive when they are done
+// with it); the producer waits on empty before refilling a stage.
+//
+// Consumer warpgroup, per key block j (the same overlap of softmax and P·V as flash_fwd_wg):
+//   wait K_j and V_{j−1} full
+//   issue S_j = Q K_jᵀ, then O += P_{j−1} V_{j−1}
+//   wait for S_j; scores and online softmax of block j → K_j empty (its scalars were read)
+//   wait for P_{j−1} V_{j−1} → V_{j−1} empty; rescale O by α_j; P_j → A fragments
+// The two consumer warpgroups drift apart freely. Ordering their products (FlashAttention-3's
+// ping-pong, named barriers) measured no faster on the H100 (kernels/NOTES.md, version 8).
+#pragma once
+#include "flash_fwd_wg.cuh"
+
+namespace attn {
+
+template <typename T, int D, class Score, int BN>
+__device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = 128, MT = 1;
+    constexpr int kConsumers = 256, kProducers = 128;
+    constexpr int NT = BN / 8;  // n8 tiles of S per warp
+    constexpr int DT = D / 8;   // n8 tiles of O per warp
+    static_assert(BN % 64 == 0 && BN <= kProducers, "whole sw128 row groups; one scalar per producer thread");
+
+    // The same layout as flash_fwd_wg (host: heuristics::wg_fwd_smem), stages in place of buffers.
+    extern __shared__ __align__(1024) unsigned char smem_ws[];
+    unsigned char* base = smem_ws + ((1024u - (smem_addr(smem_ws) & 1023u)) & 1023u);
+    T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
+    T* sK = sQ + BM * D;                 // [2][BN × D] sw128
+    T* sV = sK + 2 * BN * D;             // [2][BN × D] sw128
+    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * D);  // [2][BN] cosine: 1/‖k‖
+    float* sK0 = sRk;                                         // [2][BN] hyperbolic: k0
+    float* sLg = sRk + 2 * BN + BM;                           // [2][BN] hyperbolic midpoint: log γ_j
+    // full_q; full_k[2], full_v[2] (producer arrivals); empty_k[2], empty_v[2] (consumer arrivals).
+    __shared__ __align__(8) uint64_t bars[9];
+    uint64_t* full_q = bars;
+    uint64_t* full_k = bars + 1;
+    uint64_t* full_v = bars + 3;
+    uint64_t* empty_k = bars + 5;
+    uint64_t* empty_v = bars + 7;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    const int b = blockIdx.z, h = blockIdx.y;
+    const SeqInfo si(p, b);
+    int i0, hk, n_first, n_count;
+    if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
+    if (tid == 0) {
+        mbar_init(full_q, kProducers);
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(full_k + s, kProducers);
+            mbar_init(full_v + s, kProducers);
+            mbar_init(empty_k + s, kConsumers);
+            mbar_init(empty_v + s, kConsumers);
+        }
+    }
+    __syncthreads();
+
+    const bool norms = Score::kNorms && p.l2norm;
+    const bool midpoint = Score::kLorentz && p.midpoint;
+    // The stage's key scalars (1/‖k‖, k0, log γ) are read by the scores after S_j: K_j is released
+    // only after them.
+    const bool cols = norms || Score::kLorentz;
+
+    if (wg == 2) {  // producer
+        regs_dec<40>();
+        const int pt = tid - kConsumers;
+        const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
+        const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
+        const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
+        load_tile_sw128<T, BM, D, kProducers>(sQ, q, p.q_seq, i0, si.len_q, pt);
+        mbar_arrive_cp_async(full_q);
+        for (int it = 0; it < n_count; ++it) {
+            const int s = it & 1, use = it >> 1, n = n_first + it;
+            if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
+            load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
+            if constexpr (Score::kLorentz) load_key_cols<BN>(p, si, hk, n, sK0 + s * BN, sLg + s * BN, midpoint, pt);
+            if (norms && pt < BN) {  // 1/‖k‖ of the block's keys (the inv-norm row kernel ran first)
+                const int j = n * BN + pt;
+                const bool valid = j < si.len_k;
+                cp_async_4(sRk + s * BN + pt, p.rk + (valid ? si.dk_off(p, j, hk) / D : 0), valid);
+            }
+            mbar_arrive_cp_async(full_k + s);
+            if (use > 0) mbar_wait(empty_v + s, (use - 1) & 1);
+            load_tile_sw128<T, BN, D, kProducers>(sV + s * BN * D, v, p.v_seq, n * BN, si.len_k, pt);
+            mbar_arrive_cp_async(full_v + s);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+    regs_inc<232>();
+
+    const int g = lane / 4, t4 = lane % 4;
+    const int wrow = warp * 16;
+    int row[MT][2], lo[MT][2], hi[MT][2];
+    fwd_rows<MT>(p, si, i0, wrow, g, row, lo, hi);
+    float acc_o[MT][DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
+    float m[MT][2], l[MT][2], rq[MT][2];
+    fwd_state_init<Score, MT>(p, si, h, row, m, l, rq);
+    if (norms) {  // 1/‖q‖ of this thread's rows, from the inv-norm row kernel
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            if (row[0][r] < si.len_q) rq[0][r] = p.rq[si.dq_off(p, row[0][r], h) / D];
+    }
+
+    // Descriptors, as in flash_fwd_wg: Q rows of this warpgroup; K and V per stage.
+    const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128;
+    const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+    constexpr uint32_t kTileK = BN * D * 2;
+    auto q_desc = [&](int kk) { return sw128_desc(q_addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
+    auto k_desc = [&](int s, int kk) {
+        return sw128_desc(k_addr + s * kTileK + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+    };
+    auto v_desc = [&](int s, int kk) { return sw128_desc(v_addr + s * kTileK + kk * 2048, BN * 128, 1024); };
+
+    mbar_wait(full_q, 0);
+    uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
+    for (int it = 0; it < n_count; ++it) {
+        const int n = n_first + it, s = it & 1;
+        mbar_wait(full_k + s, (it >> 1) & 1);
+        if (it > 0) mbar_wait(full_v + (s ^ 1), ((it - 1) >> 1) & 1);
+        fence_proxy_async();  // the producer's cp.async writes, visible to the wgmma reads
+
+        float sc[MT][NT][4];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) Wgmma<T, BN>::ss(sc[0], q_desc(kk), k_desc(s, kk), kk > 0);
+        wg_commit();
+        if (it > 0) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o[0], pa[kk], v_desc(s ^ 1, kk), 1);
+        }
+        wg_commit();  // empty in block 0
+        wg_wait<1>();
+        fence_regs<NT>(sc[0]);
+        if (!cols) mbar_arrive(empty_k + s);
+
+        const int j0 = n * BN;
+        const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+        float alpha[MT][2];
+        fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, norms, sc, m, l, alpha, rq, row, lo, hi,
+                                           sRk + s * BN, sK0 + s * BN, sLg + s * BN, t4);
+        if (cols) mbar_arrive(empty_k + s);
+        wg_wait<0>();
+        fence_regs<DT>(acc_o[0]);
+        fence_regs<BN / 16>(pa);
+        if (it > 0) mbar_arrive(empty_v + (s ^ 1));
+        if (Score::kGeodesic || p.running_max) rescale_rows<DT>(acc_o[0], alpha[0]);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+    }
+    if (n_count > 0) {  // the last block's P·V
+        const int s = (n_count - 1) & 1;
+        mbar_wait(full_v + s, ((n_count - 1) >> 1) & 1);
+        fence_proxy_async();
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o[0], pa[kk], v_desc(s, kk), 1);
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<DT>(acc_o[0]);
+        fence_regs<BN / 16>(pa);
+    }
+    fwd_epilogue<T, Score, MT, DT>(p, si, h, acc_o, m, l, row, t4);
+#else
+    __trap();  // launched only on compute capability 9.0 (host dispatch)
+#endif
+}
+
+}  // namespace attn
+
+// The warp-specialised forward of a score at D = 128 (NAME_fwd_ws_{f16,bf16}_d128): three
+// warpgroups, one block per SM (the launch bound fixes 168 registers at entry, which setmaxnreg then
+// splits 40 / 232 / 232).
+#define ATTN_FLASH_FWD_WS(NAME, SCORE, DT, T, D)                                                                   \
+    extern "C" __global__ void __launch_bounds__(attn::kWsThreads, 1)                                              \
+        NAME##_fwd_ws_##DT##_d##D(const __grid_constant__ AttnParams p) {                                           \
+        attn::flash_fwd_ws<T, D, SCORE, attn::WsFwdTile<D>::BN>(p);                                              \
+    }
+#define ATTN_FLASH_FWD_WS_ALL(NAME, SCORE)           \
+    ATTN_FLASH_FWD_WS(NAME, SCORE, f16, __half, 128) \
+    ATTN_FLASH_FWD_WS(NAME, SCORE, bf16, __nv_bfloat16, 128)
