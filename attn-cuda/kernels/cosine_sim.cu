@@ -50,5 +50,5 @@ ATTN_COSINE_WG(bf16, __nv_bfloat16, 128)
 ATTN_FLASH_BWD_WG_ALL(attn_cosine_sim, attn::CosineScore)
 ATTN_FLASH_BWD_FUSED_WG_ALL(attn_cosine_sim, attn::CosineScore)
 
-// The warp-specialised Hopper forward (sm_90a only): attn_cosine_sim_fwd_ws_{dt}_d128.
+// The warp-specialised Hopper forward (sm_90a only): attn_cosine_sim_fwd_ws_{dt}_d{64,128}.
 ATTN_FLASH_FWD_WS_ALL(attn_cosine_sim, attn::CosineScore)

@@ -160,6 +160,6 @@ ATTN_FLASH_BWD_FUSED_WG_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 ATTN_HYP_SIMT(sq_lorentz, attn::SqLorentzScore)
 ATTN_HYP_SIMT(geodesic, attn::GeodesicScore)
 
-// The warp-specialised Hopper forward (sm_90a only): attn_hyperbolic_sq_lorentz, attn_hyperbolic_geodesic_fwd_ws_{dt}_d128.
+// The warp-specialised Hopper forward (sm_90a only): attn_hyperbolic_sq_lorentz, attn_hyperbolic_geodesic_fwd_ws_{dt}_d{64,128}.
 ATTN_FLASH_FWD_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_FWD_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)

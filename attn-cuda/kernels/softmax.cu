@@ -61,5 +61,5 @@ ATTN_SOFTMAX_WG_X(128, 64, 64, 2)
 ATTN_FLASH_BWD_WG_ALL(attn_softmax, attn::SoftmaxScore)
 ATTN_FLASH_BWD_FUSED_WG_ALL(attn_softmax, attn::SoftmaxScore)
 
-// The warp-specialised Hopper forward (sm_90a only): attn_softmax_fwd_ws_{dt}_d128.
+// The warp-specialised Hopper forward (sm_90a only): attn_softmax_fwd_ws_{dt}_d{64,128}.
 ATTN_FLASH_FWD_WS_ALL(attn_softmax, attn::SoftmaxScore)

@@ -160,23 +160,22 @@ pub(crate) fn wg_fwd_tile(d: usize) -> Option<Tile> {
     }
 }
 
-/// `WsFwdTile<D>`: the warp-specialised Hopper forward (`kWsThreads` = [`WS_THREADS`]: a producer
-/// warpgroup and two consumer warpgroups of 64 query rows), 128 queries and 128 keys per stage, at
-/// D = 128 only (at D = 64 the two blocks per SM of [`wg_fwd_tile`] are as fast or faster); its
-/// shared memory is [`wg_fwd_smem`]'s.
+/// `WsFwdTile<D>`: the warp-specialised Hopper forward ([`ws_threads`]: `bm / 64` consumer
+/// warpgroups of 64 query rows and a producer warpgroup), 128 keys per stage: 192 queries (three
+/// consumers) at D = 64, 128 (two) at D = 128; its shared memory is [`wg_fwd_smem`]'s.
 pub(crate) fn ws_fwd_tile(d: usize) -> Option<Tile> {
-    match d {
-        128 => Some(Tile {
-            bm: 128,
-            bn: 128,
-            da: d,
-        }),
-        _ => None,
-    }
+    let bm = match d {
+        64 => 192,
+        128 => 128,
+        _ => return None,
+    };
+    Some(Tile { bm, bn: 128, da: d })
 }
 
-/// Threads of a warp-specialised Hopper forward block (`kWsThreads`).
-pub(crate) const WS_THREADS: u32 = 384;
+/// Threads of a warp-specialised Hopper forward block: the consumers' `bm · 2` and the producer's 128.
+pub(crate) fn ws_threads(t: Tile) -> u32 {
+    (t.bm * 2 + 128) as u32
+}
 
 /// `WgDqTile<D>`: the Hopper (wgmma) dQ kernel, 128 resident queries (64 per warpgroup: `bm · 2`
 /// threads) and 128 (D = 64) or 64 (D = 128) keys per streamed block, every score.
@@ -345,13 +344,17 @@ mod tests {
             assert_eq!((d % 64, t.bn % 64, t.bm % 64), (0, 0, 0));
         }
         assert!(wg_fwd_tile(32).is_none() && wg_fwd_tile(256).is_none());
-        let t = ws_fwd_tile(128).expect("warp-specialised tile");
-        let bytes = wg_fwd_smem(t, 128, 2) + lorentz_extra_smem(t);
-        // Plus the kernel's static 1 KiB (its barriers, aligned).
-        assert!(bytes + 1024 <= 227 * 1024, "{bytes} bytes");
-        // Two consumer warpgroups of 64 rows; one scalar per producer thread for each key.
-        assert_eq!((t.bm, t.bn % 64, t.bn <= 128), (128, 0, true));
-        assert!(ws_fwd_tile(64).is_none() && ws_fwd_tile(256).is_none());
+        for d in [64, 128] {
+            let t = ws_fwd_tile(d).expect("warp-specialised tile");
+            let bytes = wg_fwd_smem(t, d, 2) + lorentz_extra_smem(t);
+            // Plus the kernel's static 1 KiB (its barriers, aligned).
+            assert!(bytes + 1024 <= 227 * 1024, "D = {d}: {bytes} bytes");
+            // Two or three consumer warpgroups of 64 rows; one scalar per producer thread for each key;
+            // at most 512 threads (setmaxnreg's split, flash_fwd_ws.cuh).
+            assert_eq!((t.bm % 64, t.bn % 64, t.bn <= 128), (0, 0, true));
+            assert!(matches!(ws_threads(t), 384 | 512), "{t:?}");
+        }
+        assert!(ws_fwd_tile(96).is_none() && ws_fwd_tile(256).is_none());
         for d in [64, 128] {
             let (q, kv) = (wg_dq_tile(d).expect("dQ"), wg_dkdv_tile(d).expect("dK/dV"));
             for bytes in [
@@ -447,15 +450,13 @@ mod tests {
 
     #[test]
     fn host_hopper_tiles_mirror_the_kernel_specialisations() {
-        let header = include_str!("../kernels/include/tiles.h");
-        assert!(header.contains(&format!("constexpr int kWsThreads = {WS_THREADS};")));
         for (name, host, dims) in [
             (
                 "WgFwdTile",
                 wg_fwd_tile as fn(usize) -> Option<Tile>,
                 &[64, 128][..],
             ),
-            ("WsFwdTile", ws_fwd_tile, &[128]),
+            ("WsFwdTile", ws_fwd_tile, &[64, 128]),
             ("WgDqTile", wg_dq_tile, &[64, 128]),
             ("WgDkvTile", wg_dkdv_tile, &[64, 128]),
         ] {

@@ -2,13 +2,14 @@
 // epilogue and wgmma products of flash_fwd_wg.cuh, with the loads moved to a producer warpgroup, so the
 // consumer warpgroups never meet at a block barrier and carry no copy work.
 //
-// One block = 384 threads = (batch b, query head h, query tile of BM = 128 rows):
-//   warpgroups 0 and 1: consumers, rows 64w..64w+63 (so every per-warp helper of the other forward
-//     kernels applies unchanged); 232 registers each after setmaxnreg;
-//   warpgroup 2: producer, 40 registers; cp.async of Q once and of K_j, V_j (with the key block's
-//     scalars) into two stages each, then it exits.
+// One block = BM·2 + 128 threads = (batch b, query head h, query tile of BM = 64·NC rows):
+//   warpgroups 0..NC−1: consumers, rows 64w..64w+63 (so every per-warp helper of the other forward
+//     kernels applies unchanged); after setmaxnreg 232 registers each for NC = 2 (D = 128), 160 for
+//     NC = 3 (D = 64);
+//   warpgroup NC: producer (40 or 24 registers); cp.async of Q once and of K_j, V_j (with the key
+//     block's scalars) into two stages each, then it exits.
 // No block barrier after the start: each stage has a full barrier (the producer's 128 threads arrive
-// when their copies have landed) and an empty one (the 256 consumer threads arrive when they are done
+// when their copies have landed) and an empty one (every consumer thread arrives when it is done
 // with it); the producer waits on empty before refilling a stage.
 //
 // Consumer warpgroup, per key block j (the same overlap of softmax and P·V as flash_fwd_wg):
@@ -16,18 +17,24 @@
 //   issue S_j = Q K_jᵀ, then O += P_{j−1} V_{j−1}
 //   wait for S_j; scores and online softmax of block j → K_j empty (its scalars were read)
 //   wait for P_{j−1} V_{j−1} → V_{j−1} empty; rescale O by α_j; P_j → A fragments
-// The two consumer warpgroups drift apart freely. Ordering their products (FlashAttention-3's
+// The consumer warpgroups drift apart freely. Ordering their products (FlashAttention-3's
 // ping-pong, named barriers) measured no faster on the H100 (kernels/NOTES.md, version 8).
 #pragma once
 #include "flash_fwd_wg.cuh"
 
 namespace attn {
 
-template <typename T, int D, class Score, int BN>
+template <typename T, int D, class Score, int BM, int BN>
 __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BM = 128, MT = 1;
-    constexpr int kConsumers = 256, kProducers = 128;
+    constexpr int MT = 1;
+    constexpr int kNc = BM / 64;  // consumer warpgroups; the producer is warpgroup kNc
+    constexpr int kConsumers = BM * 2, kProducers = 128;
+    // Registers after setmaxnreg: the block holds 65536 / (BM·2 + 128) per thread at entry (the
+    // launch bound); the producer gives most of its share to the consumers.
+    constexpr int kProducerRegs = kNc == 2 ? 40 : 24, kConsumerRegs = kNc == 2 ? 232 : 160;
+    static_assert(BM == 128 || BM == 192, "two or three consumer warpgroups");
+    static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= 65536, "register file");
     constexpr int NT = BN / 8;  // n8 tiles of S per warp
     constexpr int DT = D / 8;   // n8 tiles of O per warp
     static_assert(BN % 64 == 0 && BN <= kProducers, "whole sw128 row groups; one scalar per producer thread");
@@ -71,8 +78,8 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     // only after them.
     const bool cols = norms || Score::kLorentz;
 
-    if (wg == 2) {  // producer
-        regs_dec<40>();
+    if (wg == kNc) {  // producer
+        regs_dec<kProducerRegs>();
         const int pt = tid - kConsumers;
         const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
         const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
@@ -97,7 +104,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
         cp_async_wait<0>();
         return;
     }
-    regs_inc<232>();
+    regs_inc<kConsumerRegs>();
 
     const int g = lane / 4, t4 = lane % 4;
     const int wrow = warp * 16;
@@ -182,14 +189,16 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
 
 }  // namespace attn
 
-// The warp-specialised forward of a score at D = 128 (NAME_fwd_ws_{f16,bf16}_d128): three
-// warpgroups, one block per SM (the launch bound fixes 168 registers at entry, which setmaxnreg then
-// splits 40 / 232 / 232).
+// The warp-specialised forward of a score at D = 64 and 128 (NAME_fwd_ws_{f16,bf16}_d{D}): one
+// block per SM, whose launch bound fixes the registers at entry (168 for D = 128's 384 threads, 128
+// for D = 64's 512) for setmaxnreg to split.
 #define ATTN_FLASH_FWD_WS(NAME, SCORE, DT, T, D)                                                                   \
-    extern "C" __global__ void __launch_bounds__(attn::kWsThreads, 1)                                              \
+    extern "C" __global__ void __launch_bounds__(attn::WsFwdTile<D>::BM * 2 + 128, 1)                             \
         NAME##_fwd_ws_##DT##_d##D(const __grid_constant__ AttnParams p) {                                           \
-        attn::flash_fwd_ws<T, D, SCORE, attn::WsFwdTile<D>::BN>(p);                                              \
+        attn::flash_fwd_ws<T, D, SCORE, attn::WsFwdTile<D>::BM, attn::WsFwdTile<D>::BN>(p);                       \
     }
-#define ATTN_FLASH_FWD_WS_ALL(NAME, SCORE)           \
-    ATTN_FLASH_FWD_WS(NAME, SCORE, f16, __half, 128) \
+#define ATTN_FLASH_FWD_WS_ALL(NAME, SCORE)                  \
+    ATTN_FLASH_FWD_WS(NAME, SCORE, f16, __half, 64)         \
+    ATTN_FLASH_FWD_WS(NAME, SCORE, bf16, __nv_bfloat16, 64) \
+    ATTN_FLASH_FWD_WS(NAME, SCORE, f16, __half, 128)        \
     ATTN_FLASH_FWD_WS(NAME, SCORE, bf16, __nv_bfloat16, 128)

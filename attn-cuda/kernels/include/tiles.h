@@ -60,12 +60,13 @@ template <int D> struct WgFwdTile;
 template <> struct WgFwdTile<64> { static constexpr int BM = 128, BN = 64, MIN_BLOCKS = 2; };
 template <> struct WgFwdTile<128> { static constexpr int BM = 128, BN = 128, MIN_BLOCKS = 1; };
 
-// Warp-specialised Hopper forward (flash_fwd_ws.cuh, sm_90a): a producer warpgroup and two consumer
-// warpgroups of 64 query rows (BM = 128, kWsThreads = 384 threads, one block per SM), BN keys per
-// stage, two stages of K and of V. D = 128 only: at D = 64 it measured 0.87–1.02× the two blocks per
-// SM of WgFwdTile<64> on the H100 (kernels/NOTES.md, version 8).
-constexpr int kWsThreads = 384;
+// Warp-specialised Hopper forward (flash_fwd_ws.cuh, sm_90a): BM / 64 consumer warpgroups of 64 query
+// rows and a producer warpgroup (BM·2 + 128 threads, one block per SM), BN keys per stage, two stages
+// of K and of V. D = 128: two consumers (measured on the H100: +12–28% over WgFwdTile<128>). D = 64:
+// three, as FlashAttention-3 does there (two measured 0.87–1.02× the two blocks per SM of
+// WgFwdTile<64>; three not yet measured). kernels/NOTES.md, version 8.
 template <int D> struct WsFwdTile;
+template <> struct WsFwdTile<64> { static constexpr int BM = 192, BN = 128; };
 template <> struct WsFwdTile<128> { static constexpr int BM = 128, BN = 128; };
 
 // Hopper backward (flash_bwd_wg.cuh, sm_90a), one block per SM (ptxas: 206–255 registers; two blocks

@@ -3,7 +3,8 @@
 # repository root on the H100 with the test bundle (cargo xtask gpu-bundle) at target/gpu-bundle.tar.xz.
 # the warp-specialised forward at D = 128 after the K-release fix (the stage's key
 # scalars are read by the scores, so K_j is released after them): the flash suites with it, with
-# the wgmma forward and with the mma.sync kernels; sanitizers at D = 128 (opt-in kernel); stopwatch ws vs wg.
+# the wgmma forward and with the mma.sync kernels; sanitizers at D = 128 (and racecheck at D = 64: its
+# three-consumer tile is new, never run); stopwatch ws vs wg at D = 64 and 128.
 set -u
 mkdir -p /tmp/b && rm -rf /tmp/b/gpu-bundle && tar -xJf target/gpu-bundle.tar.xz -C /tmp/b
 B=/tmp/b/gpu-bundle/bin
@@ -21,11 +22,14 @@ for t in gpu_softmax_like gpu_hyperbolic; do
     echo "$t $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' $OUT/san_${t}_$tool.log | tr '\n' ' ')"
   done
 done
-ATTN_CUDA_WG_WS=1 ATTN_TEST_DIMS=128 ATTN_TEST_DTYPES=f16 timeout 200 compute-sanitizer --tool racecheck --error-exitcode 99 \
-  $B/gpu_softmax_like --ignored --test-threads=1 > $OUT/san_sl_f16_racecheck.log 2>&1
-echo "gpu_softmax_like f16 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|test result' $OUT/san_sl_f16_racecheck.log | tr '\n' ' ')"
+for dd in "128 f16" "64 bf16"; do
+  set -- $dd
+  ATTN_CUDA_WG_WS=1 ATTN_TEST_DIMS=$1 ATTN_TEST_DTYPES=$2 timeout 200 compute-sanitizer --tool racecheck --error-exitcode 99 \
+    $B/gpu_softmax_like --ignored --test-threads=1 > $OUT/san_sl_d$1_$2_racecheck.log 2>&1
+  echo "gpu_softmax_like D=$1 $2 racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|test result' $OUT/san_sl_d$1_$2_racecheck.log | tr '\n' ' ')"
+done
 for env in "X=1" "ATTN_CUDA_WG_WS=1"; do
-  echo "== $env"; env $env timeout 200 $B/gpu_bench --bench --dims 128 --no-long | grep -v family
+  echo "== $env"; env $env timeout 200 $B/gpu_bench --bench --no-long | grep -v family
 done > $OUT/ab.log 2>&1
 python3 - "$OUT/ab.log" <<'PY'
 import sys
