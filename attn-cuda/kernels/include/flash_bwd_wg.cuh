@@ -63,12 +63,7 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
         const int kb = it % 3, n = n_first + it;
         load_tile_sw128<T, BN, D, kWgThreads>(sK + kb * BN * D, k, p.k_seq, n * BN, si.len_k, tid);
         load_tile_sw128<T, BN, D, kWgThreads>(sV + (it & 1) * BN * D, v, p.v_seq, n * BN, si.len_k, tid);
-        if constexpr (Score::kLorentz) load_key_cols<BN>(p, si, hk, n, sK0 + kb * BN, sLg + kb * BN, midpoint, tid);
-        if (norms && tid < BN) {
-            const int j = n * BN + tid;
-            const bool valid = j < si.len_k;
-            cp_async_4(sRk + kb * BN + tid, p.rk + (valid ? si.dk_off(p, j, hk) / D : 0), valid);
-        }
+        load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + kb * BN, sLg + kb * BN, norms, midpoint, tid);
     };
     load_tile_sw128<T, BM, D, kWgThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
     load_tile_sw128<T, BM, D, kWgThreads>(sdO, d_o, p.o_seq, i0, si.len_q, tid);

@@ -35,6 +35,21 @@ __device__ __forceinline__ void load_key_cols(const AttnParams& p, const SeqInfo
     }
 }
 
+// The column scalars of key block n into shared memory (cp.async, in the caller's commit group; zero
+// past the sequence): for cosine-sim with fused norms 1/‖k‖ (from the inv-norm row kernel), for
+// hyperbolic scores k0 and, for the Einstein midpoint, log γ_j. `col` takes 1/‖k‖ or k0 (a score has
+// one of them), `lg` log γ_j.
+template <class Score, int BN, int D>
+__device__ __forceinline__ void load_key_scalars(const AttnParams& p, const SeqInfo& si, int hk, int n, float* col,
+                                                 float* lg, bool norms, bool midpoint, int tid) {
+    if constexpr (Score::kLorentz) load_key_cols<BN>(p, si, hk, n, col, lg, midpoint, tid);
+    if (norms && tid < BN) {
+        const int j = n * BN + tid;
+        const bool valid = j < si.len_k;
+        cp_async_4(col + tid, p.rk + (valid ? si.dk_off(p, j, hk) / D : 0), valid);
+    }
+}
+
 // The rows of a warp's MT 16-row tiles that this thread owns (two per tile, g and g + 8, from
 // `wrow` within the query tile at i0) and the key range [lo, hi) each may attend to.
 template <int MT>

@@ -75,13 +75,7 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     auto load_k = [&](int it) {
         const int buf = it & 1;
         load_tile_sw128<T, BN, D, kWgThreads>(sK + buf * BN * D, k, p.k_seq, (n_first + it) * BN, si.len_k, tid);
-        if constexpr (Score::kLorentz)
-            load_key_cols<BN>(p, si, hk, n_first + it, sK0 + buf * BN, sLg + buf * BN, midpoint, tid);
-        if (norms && tid < BN) {  // 1/‖k‖ of the block's keys (the inv-norm row kernel ran first)
-            const int j = (n_first + it) * BN + tid;
-            const bool valid = j < si.len_k;
-            cp_async_4(sRk + buf * BN + tid, p.rk + (valid ? si.dk_off(p, j, hk) / D : 0), valid);
-        }
+        load_key_scalars<Score, BN, D>(p, si, hk, n_first + it, sRk + buf * BN, sLg + buf * BN, norms, midpoint, tid);
     };
     auto load_v = [&](int it) {
         load_tile_sw128<T, BN, D, kWgThreads>(sV + (it & 1) * BN * D, v, p.v_seq, (n_first + it) * BN, si.len_k,

@@ -90,12 +90,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
             const int s = it & 1, use = it >> 1, n = n_first + it;
             if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
             load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
-            if constexpr (Score::kLorentz) load_key_cols<BN>(p, si, hk, n, sK0 + s * BN, sLg + s * BN, midpoint, pt);
-            if (norms && pt < BN) {  // 1/‖k‖ of the block's keys (the inv-norm row kernel ran first)
-                const int j = n * BN + pt;
-                const bool valid = j < si.len_k;
-                cp_async_4(sRk + s * BN + pt, p.rk + (valid ? si.dk_off(p, j, hk) / D : 0), valid);
-            }
+            load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + s * BN, sLg + s * BN, norms, midpoint, pt);
             mbar_arrive_cp_async(full_k + s);
             if (use > 0) mbar_wait(empty_v + s, (use - 1) & 1);
             load_tile_sw128<T, BN, D, kProducers>(sV + s * BN * D, v, p.v_seq, n * BN, si.len_k, pt);
