@@ -42,6 +42,82 @@ __device__ __forceinline__ void load_tile_sw128(T* smem, const T* base, long lon
                                                                           base);
 }
 
+// A consumer warp of the Hopper forwards (flash_fwd_wg, flash_fwd_ws) before its first key block: its
+// two rows (of the 16 from wrow) and their key ranges, O = 0, the running state, and for cosine-sim
+// with fused norms 1/‖q‖ of the rows (from the inv-norm row kernel).
+template <class Score, int D>
+__device__ __forceinline__ void wg_fwd_rows_init(const AttnParams& p, const SeqInfo& si, int h, int i0, int wrow,
+                                                 int g, bool norms, int (&row)[1][2], int (&lo)[1][2],
+                                                 int (&hi)[1][2], float (&acc_o)[1][D / 8][4], float (&m)[1][2],
+                                                 float (&l)[1][2], float (&rq)[1][2]) {
+    fwd_rows<1>(p, si, i0, wrow, g, row, lo, hi);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
+    fwd_state_init<Score, 1>(p, si, h, row, m, l, rq);
+    if (norms) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            if (row[0][r] < si.len_q) rq[0][r] = p.rq[si.dq_off(p, row[0][r], h) / D];
+    }
+}
+
+// The wgmma operands of the Hopper forwards: warpgroup wg's 64 rows of the sw128 Q tile (BM rows),
+// and two buffers of BN rows each of K and of V. k16 step kk of a K-major operand is column block
+// kk / 4, +32 bytes per step inside it; of V, 16 rows = 2048 bytes.
+template <typename T, int D, int BM, int BN>
+struct WgFwdOperands {
+    static constexpr uint32_t kTile = BN * D * 2;  // bytes of one K (or V) buffer
+    uint32_t q_addr, k_addr, v_addr;
+    __device__ __forceinline__ WgFwdOperands(const T* sQ, const T* sK, const T* sV, int wg)
+        : q_addr(smem_addr(sQ) + wg * 64 * 128), k_addr(smem_addr(sK)), v_addr(smem_addr(sV)) {}
+    __device__ __forceinline__ uint64_t q(int kk) const {
+        return sw128_desc(q_addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
+    }
+    __device__ __forceinline__ uint64_t k(int buf, int kk) const {
+        return sw128_desc(k_addr + buf * kTile + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+    }
+    __device__ __forceinline__ uint64_t v(int buf, int kk) const {
+        return sw128_desc(v_addr + buf * kTile + kk * 2048, BN * 128, 1024);
+    }
+
+    // Issue S = Q K_kbufᵀ as one group, then O += P V_vbuf (when pv; empty otherwise) as a second.
+    __device__ __forceinline__ void products(float (&s)[BN / 8][4], float (&acc_o)[D / 8][4],
+                                             const uint32_t (&pa)[BN / 16][4], int kbuf, int vbuf, bool pv) const {
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) Wgmma<T, BN>::ss(s, q(kk), k(kbuf, kk), kk > 0);
+        wg_commit();
+        if (pv) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o, pa[kk], v(vbuf, kk), 1);
+        }
+        wg_commit();
+    }
+
+    // The last key block's O += P V_vbuf, waited for.
+    __device__ __forceinline__ void last_pv(float (&acc_o)[D / 8][4], uint32_t (&pa)[BN / 16][4], int vbuf) const {
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o, pa[kk], v(vbuf, kk), 1);
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<D / 8>(acc_o);
+        fence_regs<BN / 16>(pa);
+    }
+};
+
+// After a key block's P·V has landed: O rescaled by α (with a running max) and the block's
+// probabilities as the A fragments of its own P·V.
+template <typename T, class Score, int D, int BN>
+__device__ __forceinline__ void wg_fwd_next_p(const AttnParams& p, float (&acc_o)[D / 8][4], const float (&alpha)[2],
+                                              const float (&s)[BN / 8][4], uint32_t (&pa)[BN / 16][4]) {
+    if (Score::kGeodesic || p.running_max) rescale_rows<D / 8>(acc_o, alpha);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+}
+
 template <typename T, int D, class Score, int BM, int BN>
 __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -87,32 +163,11 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     cp_async_commit();
 
     const int g = lane / 4, t4 = lane % 4;
-    const int wrow = warp * 16;
     int row[MT][2], lo[MT][2], hi[MT][2];
-    fwd_rows<MT>(p, si, i0, wrow, g, row, lo, hi);
     float acc_o[MT][DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
     float m[MT][2], l[MT][2], rq[MT][2];
-    fwd_state_init<Score, MT>(p, si, h, row, m, l, rq);
-    if (norms) {  // 1/‖q‖ of this thread's rows, from the inv-norm row kernel
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-            if (row[0][r] < si.len_q) rq[0][r] = p.rq[si.dq_off(p, row[0][r], h) / D];
-    }
-
-    // Descriptors: Q rows of this warpgroup; K and V per buffer. k16 step kk of a K-major operand is
-    // column block kk / 4, +32 bytes per step inside it; of V, 16 rows = 2048 bytes.
-    const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128;
-    const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
-    constexpr uint32_t kTileK = BN * D * 2;  // bytes of one K (or V) buffer
-    auto q_desc = [&](int kk) { return sw128_desc(q_addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
-    auto k_desc = [&](int buf, int kk) {
-        return sw128_desc(k_addr + buf * kTileK + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
-    };
-    auto v_desc = [&](int buf, int kk) { return sw128_desc(v_addr + buf * kTileK + kk * 2048, BN * 128, 1024); };
+    wg_fwd_rows_init<Score, D>(p, si, h, i0, warp * 16, g, norms, row, lo, hi, acc_o, m, l, rq);
+    const WgFwdOperands<T, D, BM, BN> ops(sQ, sK, sV, wg);
 
     uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
     for (int it = 0; it < n_count; ++it) {
@@ -122,15 +177,7 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
         __syncthreads();  // K_j, V_{j−1} have landed; every warp is done with block j − 1's products
 
         float s[MT][NT][4];
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) Wgmma<T, BN>::ss(s[0], q_desc(kk), k_desc(buf, kk), kk > 0);
-        wg_commit();
-        if (it > 0) {
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o[0], pa[kk], v_desc(buf ^ 1, kk), 1);
-        }
-        wg_commit();  // empty in block 0
+        ops.products(s[0], acc_o[0], pa, buf, buf ^ 1, it > 0);  // no P·V in block 0
         // K_{j+1} and V_j into the buffers of K_{j−1} and V_{j−2} (their products were waited for in
         // block j − 1), while the products run.
         if (it + 1 < n_count) load_k(it + 1);
@@ -147,21 +194,13 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
         wg_wait<0>();
         fence_regs<DT>(acc_o[0]);
         fence_regs<BN / 16>(pa);
-        if (Score::kGeodesic || p.running_max) rescale_rows<DT>(acc_o[0], alpha[0]);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+        wg_fwd_next_p<T, Score, D, BN>(p, acc_o[0], alpha[0], s[0], pa);
     }
     if (n_count > 0) {  // the last block's P·V
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o[0], pa[kk], v_desc((n_count - 1) & 1, kk), 1);
-        wg_commit();
-        wg_wait<0>();
-        fence_regs<DT>(acc_o[0]);
-        fence_regs<BN / 16>(pa);
+        ops.last_pv(acc_o[0], pa, (n_count - 1) & 1);
     }
     cp_async_wait<0>();
     fwd_epilogue<T, Score, MT, DT>(p, si, h, acc_o, m, l, row, t4);

@@ -102,31 +102,11 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     regs_inc<kConsumerRegs>();
 
     const int g = lane / 4, t4 = lane % 4;
-    const int wrow = warp * 16;
     int row[MT][2], lo[MT][2], hi[MT][2];
-    fwd_rows<MT>(p, si, i0, wrow, g, row, lo, hi);
     float acc_o[MT][DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
     float m[MT][2], l[MT][2], rq[MT][2];
-    fwd_state_init<Score, MT>(p, si, h, row, m, l, rq);
-    if (norms) {  // 1/‖q‖ of this thread's rows, from the inv-norm row kernel
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-            if (row[0][r] < si.len_q) rq[0][r] = p.rq[si.dq_off(p, row[0][r], h) / D];
-    }
-
-    // Descriptors, as in flash_fwd_wg: Q rows of this warpgroup; K and V per stage.
-    const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128;
-    const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
-    constexpr uint32_t kTileK = BN * D * 2;
-    auto q_desc = [&](int kk) { return sw128_desc(q_addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
-    auto k_desc = [&](int s, int kk) {
-        return sw128_desc(k_addr + s * kTileK + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
-    };
-    auto v_desc = [&](int s, int kk) { return sw128_desc(v_addr + s * kTileK + kk * 2048, BN * 128, 1024); };
+    wg_fwd_rows_init<Score, D>(p, si, h, i0, warp * 16, g, norms, row, lo, hi, acc_o, m, l, rq);
+    const WgFwdOperands<T, D, BM, BN> ops(sQ, sK, sV, wg);  // stages in place of buffers
 
     mbar_wait(full_q, 0);
     uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
@@ -137,15 +117,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
         fence_proxy_async();  // the producer's cp.async writes, visible to the wgmma reads
 
         float sc[MT][NT][4];
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) Wgmma<T, BN>::ss(sc[0], q_desc(kk), k_desc(s, kk), kk > 0);
-        wg_commit();
-        if (it > 0) {
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o[0], pa[kk], v_desc(s ^ 1, kk), 1);
-        }
-        wg_commit();  // empty in block 0
+        ops.products(sc[0], acc_o[0], pa, s, s ^ 1, it > 0);  // no P·V in block 0
         wg_wait<1>();
         fence_regs<NT>(sc[0]);
         if (!cols) mbar_arrive(empty_k + s);
@@ -160,21 +132,13 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
         fence_regs<DT>(acc_o[0]);
         fence_regs<BN / 16>(pa);
         if (it > 0) mbar_arrive(empty_v + (s ^ 1));
-        if (Score::kGeodesic || p.running_max) rescale_rows<DT>(acc_o[0], alpha[0]);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+        wg_fwd_next_p<T, Score, D, BN>(p, acc_o[0], alpha[0], sc[0], pa);
     }
     if (n_count > 0) {  // the last block's P·V
         const int s = (n_count - 1) & 1;
         mbar_wait(full_v + s, ((n_count - 1) >> 1) & 1);
         fence_proxy_async();
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_o[0], pa[kk], v_desc(s, kk), 1);
-        wg_commit();
-        wg_wait<0>();
-        fence_regs<DT>(acc_o[0]);
-        fence_regs<BN / 16>(pa);
+        ops.last_pv(acc_o[0], pa, s);
     }
     fwd_epilogue<T, Score, MT, DT>(p, si, h, acc_o, m, l, row, t4);
 #else
