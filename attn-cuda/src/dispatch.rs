@@ -13,7 +13,7 @@
 //! of `attn_hyp_rows_{q,k}_{dt}` (time coordinates, norms, log γ) before any of them runs.
 
 use crate::heuristics::{self, Tile};
-use crate::runtime::Hopper;
+use crate::runtime::{Hopper, WsMode};
 use attn_core::{AttnError, AttnSpec, DType, FamilyKind, FamilySpec, HypScore, Pass};
 
 /// Name used in `Unsupported` errors.
@@ -252,24 +252,40 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 variant = format!("{bm}x{bn}");
             }
         }
-        // The warp-specialised forward where ATTN_CUDA_WG_WS=1 asks for it and no tile experiment runs.
-        let ws = heuristics::ws_fwd_tile(d).filter(|_| variant.is_empty() && hopper.ws);
-        let (kind, threads) = match ws {
+        // The warp-specialised forward where runtime::WsMode asks for it and no tile experiment runs.
+        let geodesic = matches!(
+            spec.family(),
+            FamilySpec::Hyperbolic {
+                score: HypScore::Geodesic,
+                ..
+            }
+        );
+        let ws_here = match hopper.ws {
+            WsMode::Off => false,
+            WsMode::Measured => heuristics::ws_fwd_measured_faster(d, geodesic),
+            WsMode::Everywhere => true,
+        };
+        let ws = heuristics::ws_fwd_tile(d).filter(|_| variant.is_empty() && ws_here);
+        let (kind, threads, smem) = match ws {
             Some(t) => {
                 tile = t;
-                ("ws".to_string(), heuristics::ws_threads(t))
+                let smem = heuristics::ws_fwd_smem(t, d, elem, lorentz);
+                ("ws".to_string(), heuristics::ws_threads(t), smem)
             }
-            None => (format!("wg{variant}"), heuristics::wg_threads(tile)),
-        };
-        let extra = if lorentz {
-            heuristics::lorentz_extra_smem(tile)
-        } else {
-            0
+            None => {
+                let extra = if lorentz {
+                    heuristics::lorentz_extra_smem(tile)
+                } else {
+                    0
+                };
+                let smem = heuristics::wg_fwd_smem(tile, d, elem) + extra;
+                (format!("wg{variant}"), heuristics::wg_threads(tile), smem)
+            }
         };
         return Ok(Kernel {
             module,
             name: format!("attn_{family}_fwd_{kind}_{}_d{d}", dtype_tag(spec.dtype())),
-            smem: heuristics::wg_fwd_smem(tile, d, elem) + extra,
+            smem,
             grid: (heuristics::blocks(spec.seq_q(), tile.bm), hq, b),
             threads,
             hopper: true,
@@ -492,12 +508,15 @@ mod tests {
         bwd: true,
         fused: true,
         tile: None,
-        ws: false,
+        ws: WsMode::Off,
     };
 
     #[test]
     fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
-        let ws = Hopper { ws: true, ..ON };
+        let ws = Hopper {
+            ws: WsMode::Everywhere,
+            ..ON
+        };
         let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::EinsteinMidpoint);
         for (family, dtype, d) in [
             (Family::softmax(), DType::BF16, 128),
@@ -514,8 +533,9 @@ mod tests {
             // scores).
             let (bm, threads) = if d == 128 { (128, 384) } else { (192, 512) };
             assert_eq!((k.grid, k.threads, k.hopper), ((1, 4, 2), threads, true), "{k:?}");
+            // The scalars hold three stages; the hyperbolic scores add three of log γ.
             let lorentz = if matches!(family, Family::Hyperbolic(_)) {
-                2 * 128 * 4
+                3 * 128 * 4
             } else {
                 0
             };
@@ -523,11 +543,32 @@ mod tests {
                 k.smem,
                 1024 + (bm + 4 * 128) * d * 2 + (2 * 128 + bm) * 4 + lorentz
             );
-            // The backward is not warp-specialised; without ATTN_CUDA_WG_WS=1, the wgmma forward.
+            // The backward is not warp-specialised; with ATTN_CUDA_WG_WS=0, the wgmma forward.
             let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
             assert!(dq.name.contains("_bwd_dq_wg_"), "{dq:?}");
             let k = flash_kernel(&s, Stage::Forward, ON).expect("kernel");
             assert!(k.name.contains("_fwd_wg_"), "{k:?}");
+        }
+        // By default: D = 128 every score, D = 64 the geodesic score only.
+        let measured = Hopper {
+            ws: WsMode::Measured,
+            ..ON
+        };
+        let geo = Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean);
+        for (family, d, kind) in [
+            (Family::softmax(), 128, "ws"),
+            (Family::cosine_sim(), 128, "ws"),
+            (geo, 128, "ws"),
+            (geo, 64, "ws"),
+            (Family::softmax(), 64, "wg"),
+            (Family::cosine_sim(), 64, "wg"),
+            (hyp, 64, "wg"),
+        ] {
+            let k = flash_kernel(&spec(family, DType::BF16, d), Stage::Forward, measured).expect("kernel");
+            assert!(
+                k.name.contains(&format!("_fwd_{kind}_")),
+                "{family:?} D = {d}: {k:?}"
+            );
         }
         // D = 96 has only the mma.sync forward; a tile experiment asks for a wgmma one.
         let k = flash_kernel(&spec(Family::softmax(), DType::BF16, 96), Stage::Forward, ws).expect("kernel");

@@ -172,6 +172,25 @@ pub(crate) fn ws_fwd_tile(d: usize) -> Option<Tile> {
     Some(Tile { bm, bn: 128, da: d })
 }
 
+/// Whether the warp-specialised forward replaces the wgmma one by default (runtime::WsMode::Measured):
+/// where it measured faster on the H100 (kernels/NOTES.md, version 8: bf16 forward, N = 4k and 16k,
+/// causal and not): at D = 128 for every score (1.00–1.31×), at D = 64 only for the geodesic score
+/// (0.96–1.18×; the other scores 0.72–1.03×, their three consumers' 192-row tiles balance causal
+/// work worse).
+pub(crate) fn ws_fwd_measured_faster(d: usize, geodesic: bool) -> bool {
+    d == 128 || (d == 64 && geodesic)
+}
+
+/// Stages of the key scalars in the warp-specialised forward (`kCs` in flash_fwd_ws.cuh).
+pub(crate) const WS_SCALAR_STAGES: usize = 3;
+
+/// Dynamic shared memory of the warp-specialised forward: [`wg_fwd_smem`]'s layout, whose scalars
+/// hold the [`WS_SCALAR_STAGES`] stages of 1/‖k‖ or k0, plus as many of log γ_j for the hyperbolic
+/// scores (`lorentz`).
+pub(crate) fn ws_fwd_smem(t: Tile, d: usize, elem: usize, lorentz: bool) -> usize {
+    wg_fwd_smem(t, d, elem) + if lorentz { WS_SCALAR_STAGES * t.bn * 4 } else { 0 }
+}
+
 /// Threads of a warp-specialised Hopper forward block: the consumers' `bm · 2` and the producer's 128.
 pub(crate) fn ws_threads(t: Tile) -> u32 {
     (t.bm * 2 + 128) as u32
@@ -346,7 +365,9 @@ mod tests {
         assert!(wg_fwd_tile(32).is_none() && wg_fwd_tile(256).is_none());
         for d in [64, 128] {
             let t = ws_fwd_tile(d).expect("warp-specialised tile");
-            let bytes = wg_fwd_smem(t, d, 2) + lorentz_extra_smem(t);
+            let bytes = ws_fwd_smem(t, d, 2, true);
+            // The scalar ring in the place of the wgmma forward's scalars.
+            assert!(WS_SCALAR_STAGES * t.bn <= 2 * t.bn + t.bm, "{t:?}");
             // Plus the kernel's static 1 KiB (its barriers, aligned).
             assert!(bytes + 1024 <= 227 * 1024, "D = {d}: {bytes} bytes");
             // Two or three consumer warpgroups of 64 rows; one scalar per producer thread for each key;

@@ -36,16 +36,27 @@ pub(crate) struct Kernels {
 /// `ATTN_CUDA_WG_BWD=0` (A/B timings of the backward alone); `fused`: the fused backward where a call
 /// allows it (dispatch::fused_backward), only with `ATTN_CUDA_WG_FUSED=1` (A/B runs and its tests:
 /// since version 7 of the kernels the two-kernel backward is the faster one, kernels/NOTES.md); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
-/// (heuristics::WG_TILE_VARIANTS); `ws`: the warp-specialised forward where a head dim has one
-/// (heuristics::ws_fwd_tile), only with `ATTN_CUDA_WG_WS=1` until its current version has passed the
-/// GPU suite (kernels/NOTES.md, version 8). All read when the context first loads the kernels.
+/// (heuristics::WG_TILE_VARIANTS); `ws`: where the warp-specialised forward runs ([`WsMode`],
+/// `ATTN_CUDA_WG_WS`). All read when the context first loads the kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Hopper {
     pub on: bool,
     pub bwd: bool,
     pub fused: bool,
     pub tile: Option<(usize, usize)>,
-    pub ws: bool,
+    pub ws: WsMode,
+}
+
+/// Where the warp-specialised Hopper forward (heuristics::ws_fwd_tile) replaces the wgmma one:
+/// `Measured` (the default) at the head dims and scores where it measured faster on the H100
+/// (heuristics::ws_fwd_measured_faster); `Everywhere` it has a kernel with `ATTN_CUDA_WG_WS=1` (A/B
+/// runs and its tests); `Off` with `ATTN_CUDA_WG_WS=0`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum WsMode {
+    Off,
+    #[default]
+    Measured,
+    Everywhere,
 }
 
 impl Hopper {
@@ -66,7 +77,11 @@ impl Hopper {
             bwd: bwd.map(str::trim) != Some("0"),
             fused: fused.map(str::trim) == Some("1"),
             tile,
-            ws: ws.map(str::trim) == Some("1"),
+            ws: match ws.map(str::trim) {
+                Some("0") => WsMode::Off,
+                Some("1") => WsMode::Everywhere,
+                _ => WsMode::Measured,
+            },
         }
     }
 }
@@ -256,7 +271,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::Hopper;
+    use super::{Hopper, WsMode};
 
     #[test]
     fn hopper_kernels_only_on_compute_capability_9_0_and_not_when_turned_off() {
@@ -281,8 +296,10 @@ mod tests {
             Hopper::new((9, 0), None, None, None, Some("ax64"), None).tile,
             None
         );
-        assert!(!Hopper::new((9, 0), None, None, None, None, None).ws);
-        assert!(Hopper::new((9, 0), None, None, None, None, Some(" 1\n")).ws);
-        assert!(!Hopper::new((9, 0), None, None, None, None, Some("0")).ws);
+        let ws = |v| Hopper::new((9, 0), None, None, None, None, v).ws;
+        assert_eq!(ws(None), WsMode::Measured);
+        assert_eq!(ws(Some(" 1\n")), WsMode::Everywhere);
+        assert_eq!(ws(Some("0")), WsMode::Off);
+        assert_eq!(ws(Some("yes")), WsMode::Measured);
     }
 }

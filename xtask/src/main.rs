@@ -45,9 +45,9 @@ const GPU_TEST_BINARIES: [&str; 6] = [
 ];
 
 /// The test binaries whose flash kernels are the Hopper (wgmma) kernels on an sm_90 GPU: run again
-/// with `ATTN_CUDA_WGMMA=0`, `ATTN_CUDA_WG_FUSED=1` and `ATTN_CUDA_WG_WS=1`, so the mma.sync
-/// kernels, the fused Hopper backward and the warp-specialised Hopper forward (opt-in) are tested on
-/// the H100 too.
+/// with `ATTN_CUDA_WGMMA=0`, `ATTN_CUDA_WG_FUSED=1`, `ATTN_CUDA_WG_WS=0` and `ATTN_CUDA_WG_WS=1`, so
+/// the mma.sync kernels, the fused Hopper backward, the wgmma forward where the warp-specialised one
+/// is the default and the warp-specialised one at every head dim it has are tested on the H100 too.
 const FLASH_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_hyperbolic"];
 
 type Result<T> = std::result::Result<T, String>;
@@ -415,7 +415,16 @@ fn test_gpu(extra: &[String]) -> Result<()> {
     for (var, value, what) in [
         ("ATTN_CUDA_WGMMA", "0", "the mma.sync kernels"),
         ("ATTN_CUDA_WG_FUSED", "1", "the fused Hopper backward"),
-        ("ATTN_CUDA_WG_WS", "1", "the warp-specialised Hopper forward"),
+        (
+            "ATTN_CUDA_WG_WS",
+            "0",
+            "the wgmma forward in place of the warp-specialised one",
+        ),
+        (
+            "ATTN_CUDA_WG_WS",
+            "1",
+            "the warp-specialised forward at every head dim it has",
+        ),
     ] {
         println!("xtask test-gpu: the flash tests again with {what} ({var}={value})");
         let mut cmd = Command::new(cargo());
@@ -531,9 +540,9 @@ for bin in "$here"/bin/*; do
   [ $rc -ne 0 ] && status=1
 done
 # On an sm_90 GPU the flash kernels above were the Hopper (wgmma) ones, the backward in two kernels;
-# once more with the mma.sync ones, with the fused Hopper backward, and with the warp-specialised
-# Hopper forward (opt-in).
-for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA_WG_WS=1; do
+# once more with the mma.sync ones, with the fused Hopper backward, with the wgmma forward where the
+# warp-specialised one is the default, and with the warp-specialised one at every head dim it has.
+for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA_WG_WS=0 ATTN_CUDA_WG_WS=1; do
   for name in gpu_softmax_like gpu_hyperbolic; do
     [ -x "$here/bin/$name" ] || continue
     out="$(env "$var" "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"

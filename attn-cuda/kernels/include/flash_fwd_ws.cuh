@@ -6,16 +6,19 @@
 //   warpgroups 0..NC−1: consumers, rows 64w..64w+63 (so every per-warp helper of the other forward
 //     kernels applies unchanged); after setmaxnreg 232 registers each for NC = 2 (D = 128), 160 for
 //     NC = 3 (D = 64);
-//   warpgroup NC: producer (40 or 24 registers); cp.async of Q once and of K_j, V_j (with the key
-//     block's scalars) into two stages each, then it exits.
+//   warpgroup NC: producer (40 or 24 registers); cp.async of Q once and of K_j, V_j into two stages
+//     each, and of the key block's scalars (1/‖k‖; k0, log γ) into three, then it exits.
 // No block barrier after the start: each stage has a full barrier (the producer's 128 threads arrive
 // when their copies have landed) and an empty one (every consumer thread arrives when it is done
-// with it); the producer waits on empty before refilling a stage.
+// with it); the producer waits on empty before refilling a stage. The key scalars are read by the
+// scores after S_j, so they have their own ring of three stages (released after the scores): K_j's
+// stage is free as soon as S_j is done, as for softmax, and the producer's refill of scalar stage
+// j+2 mod 3 waits for the scores of block j−1, long done.
 //
 // Consumer warpgroup, per key block j (the same overlap of softmax and P·V as flash_fwd_wg):
 //   wait K_j and V_{j−1} full
 //   issue S_j = Q K_jᵀ, then O += P_{j−1} V_{j−1}
-//   wait for S_j; scores and online softmax of block j → K_j empty (its scalars were read)
+//   wait for S_j → K_j empty; scores and online softmax of block j → its scalars' stage empty
 //   wait for P_{j−1} V_{j−1} → V_{j−1} empty; rescale O by α_j; P_j → A fragments
 // The consumer warpgroups drift apart freely. Ordering their products (FlashAttention-3's
 // ping-pong, named barriers) measured no faster on the H100 (kernels/NOTES.md, version 8).
@@ -38,6 +41,8 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     constexpr int NT = BN / 8;  // n8 tiles of S per warp
     constexpr int DT = D / 8;   // n8 tiles of O per warp
     static_assert(BN % 64 == 0 && BN <= kProducers, "whole sw128 row groups; one scalar per producer thread");
+    constexpr int kCs = 3;  // stages of the key scalars
+    static_assert(kCs * BN <= 2 * BN + BM, "the scalar ring fits wg_fwd_smem's scalars");
 
     // The same layout as flash_fwd_wg (host: heuristics::wg_fwd_smem), stages in place of buffers.
     extern __shared__ __align__(1024) unsigned char smem_ws[];
@@ -45,16 +50,18 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
     T* sK = sQ + BM * D;                 // [2][BN × D] sw128
     T* sV = sK + 2 * BN * D;             // [2][BN × D] sw128
-    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * D);  // [2][BN] cosine: 1/‖k‖
-    float* sK0 = sRk;                                         // [2][BN] hyperbolic: k0
-    float* sLg = sRk + 2 * BN + BM;                           // [2][BN] hyperbolic midpoint: log γ_j
-    // full_q; full_k[2], full_v[2] (producer arrivals); empty_k[2], empty_v[2] (consumer arrivals).
-    __shared__ __align__(8) uint64_t bars[9];
+    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * D);  // [3][BN] cosine: 1/‖k‖
+    float* sK0 = sRk;                                         // [3][BN] hyperbolic: k0
+    float* sLg = sRk + 2 * BN + BM;  // [3][BN] hyperbolic midpoint: log γ_j (host: ws_fwd_smem)
+    // full_q; full_k[2], full_v[2] (producer arrivals; full_k also covers the scalars loaded with
+    // K_j); empty_k[2], empty_v[2], empty_c[3] (consumer arrivals).
+    __shared__ __align__(8) uint64_t bars[12];
     uint64_t* full_q = bars;
     uint64_t* full_k = bars + 1;
     uint64_t* full_v = bars + 3;
     uint64_t* empty_k = bars + 5;
     uint64_t* empty_v = bars + 7;
+    uint64_t* empty_c = bars + 9;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int b = blockIdx.z, h = blockIdx.y;
@@ -69,14 +76,13 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
             mbar_init(empty_k + s, kConsumers);
             mbar_init(empty_v + s, kConsumers);
         }
+        for (int c = 0; c < kCs; ++c) mbar_init(empty_c + c, kConsumers);
     }
     __syncthreads();
 
     const bool norms = Score::kNorms && p.l2norm;
     const bool midpoint = Score::kLorentz && p.midpoint;
-    // The stage's key scalars (1/‖k‖, k0, log γ) are read by the scores after S_j: K_j is released
-    // only after them.
-    const bool cols = norms || Score::kLorentz;
+    const bool cols = norms || Score::kLorentz;  // key scalars to load and release
 
     if (wg == kNc) {  // producer
         regs_dec<kProducerRegs>();
@@ -87,10 +93,11 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
         load_tile_sw128<T, BM, D, kProducers>(sQ, q, p.q_seq, i0, si.len_q, pt);
         mbar_arrive_cp_async(full_q);
         for (int it = 0; it < n_count; ++it) {
-            const int s = it & 1, use = it >> 1, n = n_first + it;
+            const int s = it & 1, use = it >> 1, n = n_first + it, c = it % kCs, use_c = it / kCs;
             if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
             load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
-            load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + s * BN, sLg + s * BN, norms, midpoint, pt);
+            if (cols && use_c > 0) mbar_wait(empty_c + c, (use_c - 1) & 1);
+            load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + c * BN, sLg + c * BN, norms, midpoint, pt);
             mbar_arrive_cp_async(full_k + s);
             if (use > 0) mbar_wait(empty_v + s, (use - 1) & 1);
             load_tile_sw128<T, BN, D, kProducers>(sV + s * BN * D, v, p.v_seq, n * BN, si.len_k, pt);
@@ -111,7 +118,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     mbar_wait(full_q, 0);
     uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
     for (int it = 0; it < n_count; ++it) {
-        const int n = n_first + it, s = it & 1;
+        const int n = n_first + it, s = it & 1, c = it % kCs;
         mbar_wait(full_k + s, (it >> 1) & 1);
         if (it > 0) mbar_wait(full_v + (s ^ 1), ((it - 1) >> 1) & 1);
         fence_proxy_async();  // the producer's cp.async writes, visible to the wgmma reads
@@ -120,14 +127,14 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
         ops.products(sc[0], acc_o[0], pa, s, s ^ 1, it > 0);  // no P·V in block 0
         wg_wait<1>();
         fence_regs<NT>(sc[0]);
-        if (!cols) mbar_arrive(empty_k + s);
+        mbar_arrive(empty_k + s);
 
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
         float alpha[MT][2];
         fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, norms, sc, m, l, alpha, rq, row, lo, hi,
-                                           sRk + s * BN, sK0 + s * BN, sLg + s * BN, t4);
-        if (cols) mbar_arrive(empty_k + s);
+                                           sRk + c * BN, sK0 + c * BN, sLg + c * BN, t4);
+        if (cols) mbar_arrive(empty_c + c);
         wg_wait<0>();
         fence_regs<DT>(acc_o[0]);
         fence_regs<BN / 16>(pa);
