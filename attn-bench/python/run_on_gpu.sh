@@ -4,7 +4,7 @@
 # Run from the repository root. The last thing printed is a short summary table.
 #
 #   bash attn-bench/python/run_on_gpu.sh [--sections flash,taylor,memory] [--budget-s 540]
-#        [--merge earlier.json ...] [--no-launch-bench] [--device cpu]
+#        [--merge earlier.json ...] [--no-launch-bench] [--families taylor1,...] [--device cpu]
 #
 # --sections    sections of the h100 plan (default all three; split across two calls with e.g.
 #               `--sections flash`, then `--sections taylor,memory --merge <first call's JSON>`)
@@ -15,6 +15,8 @@
 #               that reason. All three sections take about two calls of 540 s: flash in one,
 #               taylor and memory in the other
 # --merge       earlier results (either side's JSON) folded into the merged table
+# --families    only these families of the sections (attn-bench's --families: e.g. taylor1), for a
+#               short call after a change to one family's kernels
 # --device cpu  dry run on a machine without a GPU: the gpu-smoke preset (same sections at toy
 #               sizes) with attn-cpu-ref beside attn-cuda (skipped, with the reason), the baselines
 #               through the same code path on the CPU (skipped where PyTorch is missing)
@@ -37,12 +39,14 @@ BUDGET_S=540
 DEVICE=cuda
 LAUNCH_BENCH=1
 MERGE=()
+FAMILIES=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --sections) SECTIONS="$2"; shift 2 ;;
     --budget-s) BUDGET_S="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     --no-launch-bench) LAUNCH_BENCH=0; shift ;;
+    --families) FAMILIES=(--families "$2"); shift 2 ;;
     --merge) shift; while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do MERGE+=("$1"); shift; done ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run_on_gpu.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -90,7 +94,7 @@ ATTN_COMMIT="$("$BIN" info | sed -n 's/^commit: //p')"
 export ATTN_COMMIT PYTHONUNBUFFERED=1
 
 say "== plan: preset $PRESET, sections $SECTIONS"
-"$BIN" plan --preset "$PRESET" --sections "$SECTIONS" --out "$WORK/plan.json" 2>&1 | tee -a "$LOG"
+"$BIN" plan --preset "$PRESET" --sections "$SECTIONS" "${FAMILIES[@]}" --out "$WORK/plan.json" 2>&1 | tee -a "$LOG"
 
 # One process per section: a kernel fault poisons its CUDA context, and only that section's later
 # points are lost (each is then a skipped row with the driver's error).
@@ -105,7 +109,7 @@ for SECTION in "${SECTION_LIST[@]}"; do
   SECTIONS_LEFT=$(( SECTIONS_LEFT - 1 ))
   [ "$SEC_S" -lt 1 ] && SEC_S=1
   say "== ours, section $SECTION: attn-bench run ($IMPLS, budget ${SEC_S} s)"
-  "$BIN" run --preset "$PRESET" --sections "$SECTION" --impls "$IMPLS" --runs "$RUNS" --warmup "$WARMUP" \
+  "$BIN" run --preset "$PRESET" --sections "$SECTION" "${FAMILIES[@]}" --impls "$IMPLS" --runs "$RUNS" --warmup "$WARMUP" \
     --max-seconds "$SEC_S" --out-dir "$WORK" --name "ours-$SECTION" --no-plots --summary 2>&1 | tee -a "$LOG"
   OURS_FILES+=("$WORK/ours-$SECTION.json")
 done

@@ -11,15 +11,17 @@
 //   decode:   decode_prefill (after a forward); decode_step → decode_reduce → finalize_fwd
 // Order 1, f16/bf16, rows 16-byte aligned: order1_fold replaces fold in every sweep, and a non-causal
 // forward is order1_fold, prefix → order1_forward (taylor_order1.cuh); a causal one (D ≤ 64) order1_fold,
-// prefix (f32 sums in place, no copies) → order1_causal.
+// prefix (f32 sums in place, no copies) → order1_causal. A non-causal backward is prep_grads → order1_fold,
+// prefix → order1_dq → order1_fold, prefix (reversed) → order1_dkdv (taylor_order1_bwd.cuh).
 // Names: attn_taylor_{prep_grads,finalize_fwd,finalize_dq,finalize_dkdv}_{dt},
 //        attn_taylor_{dense,read}_{value,grad}_{dt}_d{D}, attn_taylor_fold_{dt}_d{D}, attn_taylor_prefix_{dt},
 //        attn_taylor_forward_{f16,bf16}_d{D},
 //        attn_taylor_decode_{step,prefill}_{dt}_d{D}, attn_taylor_decode_reduce,
-//        attn_taylor_order1_{fold,forward}_{f16,bf16}_d{D}, attn_taylor_order1_causal_{f16,bf16}_d{16,32,64}.
+//        attn_taylor_order1_{fold,forward,dq,dkdv}_{f16,bf16}_d{D}, attn_taylor_order1_causal_{f16,bf16}_d{16,32,64}.
 #include "include/taylor_decode.cuh"
 #include "include/taylor_dense.cuh"
 #include "include/taylor_order1.cuh"
+#include "include/taylor_order1_bwd.cuh"
 #include "include/taylor_rows.cuh"
 #include "include/taylor_state.cuh"
 
@@ -96,6 +98,14 @@ ATTN_TAYLOR_ROWS(bf16, __nv_bfloat16)
     extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
         attn_taylor_order1_forward_##DT##_d##D(const __grid_constant__ TaylorParams p) {                      \
         attn::taylor1_forward<T, D>(p);                                                                      \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_order1_dq_##DT##_d##D(const __grid_constant__ TaylorParams p) {                           \
+        attn::taylor1_backward<T, D, false>(p);                                                              \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
+        attn_taylor_order1_dkdv_##DT##_d##D(const __grid_constant__ TaylorParams p) {                         \
+        attn::taylor1_backward<T, D, true>(p);                                                               \
     }
 
 // The order-1 causal forward at D ≤ 64 (at D = 128 its f32 state and tiles would not fit sm_80's 163 KB).

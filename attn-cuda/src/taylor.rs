@@ -301,6 +301,18 @@ impl<'s> Call<'s> {
             && rows_aligned(p.base.o, s.o_strides())
     }
 
+    /// The order-1 backward tiles (`taylor1_backward`): the order-1 folds of both sweeps, no causal mask,
+    /// dq, dk and dv rows 16-byte aligned.
+    fn order1_backward(&self, p: &TaylorParams) -> bool {
+        let s = self.spec;
+        self.order1_fold(p, false)
+            && self.order1_fold(p, true)
+            && s.causal() == Causal::None
+            && rows_aligned(p.base.dq, s.dq_strides())
+            && rows_aligned(p.base.dk, s.dk_strides())
+            && rows_aligned(p.base.dv, s.dv_strides())
+    }
+
     fn checker(&self, pass: Pass) -> Checker<'s> {
         Checker {
             spec: self.spec,
@@ -568,6 +580,35 @@ impl<'s> Call<'s> {
     }
 }
 
+impl Call<'_> {
+    /// The non-causal order-1 backward after prep_grads: per sweep, the whole sum of its sources (fold and
+    /// prefix, copies hi and lo), then one probe kernel that writes finished gradients (dq from the keys'
+    /// state; dk and dv from the queries'), with no f32 scratch rows and no finalize.
+    fn order1_backward_tiles(&self, p: &mut TaylorParams) -> Result<()> {
+        let s = self.spec;
+        let d = s.head_dim();
+        let dt = dtype_tag(s.dtype());
+        let heads = s.batch() * s.heads_kv();
+        for (reverse, stem, rows) in [(false, "dq", s.group() * s.seq_q()), (true, "dkdv", s.seq_k())] {
+            let (_, entries) = self.geometry(p, reverse)?;
+            let _states = self.states(p, entries, 2)?;
+            self.run(
+                Launch {
+                    name: format!("attn_taylor_order1_{stem}_{dt}_d{d}"),
+                    grid: (
+                        heuristics::order1_backward_blocks(rows, d, heads, self.kernels.sms),
+                        s.heads_kv(),
+                        s.batch(),
+                    ),
+                    smem: heuristics::order1_backward_smem(d),
+                },
+                p,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// The state buffers of a sweep, kept alive until its reads are enqueued (freed in stream order).
 struct States {
     _st: CudaSlice<f32>,
@@ -632,12 +673,15 @@ pub(crate) fn backward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Backw
     let (rows_q, rows_k) = (spec.total_q() * spec.heads_q(), spec.total_k() * spec.heads_kv());
     let (_rg, rg) = call.scratch(rows_q)?;
     let (_nd, nd) = call.scratch(rows_q)?;
+    (p.rg, p.nd) = (rg, nd);
+    call.run(call.rows("prep_grads", false), &p)?;
+    if call.order1_backward(&p) {
+        return call.order1_backward_tiles(&mut p);
+    }
     let (_du, du) = call.scratch(rows_q * d)?;
     let (_dvt, dvt) = call.scratch(rows_k * m)?;
     let (_dkh, dkh) = call.scratch(rows_k * d)?;
-    (p.rg, p.nd) = (rg, nd);
     (p.acc_q, p.acc_kv, p.acc_k) = (du, dvt, dkh);
-    call.run(call.rows("prep_grads", false), &p)?;
     // dû: keys → queries, the gradient read.
     p.out_grad = du;
     call.sweep(&mut p, false, false, true)?;

@@ -253,6 +253,12 @@ fn long_dense(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
     AttnProblem::new(f, dt, 1, 1, 1, nq, nk, d)
 }
 
+/// The packed sequences of `varlen_causal` without a mask: one sequence has no query (its keys get zero
+/// gradients), another few keys.
+fn varlen_dense(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    varlen_causal(f, dt, d, s).with_causal(Causal::None)
+}
+
 const ORDERS: [Family; 2] = [
     Family::Taylor(TaylorParams {
         order: 1,
@@ -296,6 +302,7 @@ gpu_tests! {
     taylor_key_padding_causal_matches_reference: ORDERS, key_padding_causal, 0;
     taylor_key_padding_dense_matches_reference: ORDERS, key_padding_dense, 0;
     taylor_packed_varlen_causal_matches_reference: ORDERS, varlen_causal, 0;
+    taylor_packed_varlen_dense_matches_reference: ORDERS, varlen_dense, 0;
     taylor_mqa_bhnd_layout_matches_reference: ORDERS, mqa_bhnd, 0;
     taylor_strided_views_at_an_offset_match_reference: ORDERS, strided_views, 8;
     taylor_custom_coefficients_with_l2norm_match_reference: [custom_order2()], causal_top_left_q_shorter, 0;

@@ -266,9 +266,11 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
 }
 
 // 1/max(‖q‖, eps) of the rows [row0, row0 + ROWS) of a q tile [..][SmemRow<D>::ld] into inv[row]: lane l
-// sums row row0 + l (16-byte reads; the caller's warp owns the rows, so there is no barrier).
+// sums row row0 + l (16-byte reads; the caller's warp owns the rows, so there is no barrier). With
+// `flag_clamp`, negative (−1/eps) where eps clamps the norm (the l2-norm's backward has no projection there).
 template <typename T, int D, int ROWS>
-__device__ __forceinline__ void taylor1_row_inv_norms(float* inv, const T* q, int row0, float eps, int lane) {
+__device__ __forceinline__ void taylor1_row_inv_norms(float* inv, const T* q, int row0, float eps, int lane,
+                                                      bool flag_clamp = false) {
     constexpr int LD = SmemRow<D>::ld, CPR = D * 2 / 16;
     for (int row = row0 + lane; row < row0 + ROWS; row += 32) {
         float ss = 0.f;
@@ -279,7 +281,7 @@ __device__ __forceinline__ void taylor1_row_inv_norms(float* inv, const T* q, in
 #pragma unroll
             for (int e = 0; e < 8; e += 2) ss += v[e] * v[e] + v[e + 1] * v[e + 1];
         }
-        inv[row] = taylor1_inv_norm(ss, eps);
+        inv[row] = flag_clamp && !(ss > eps * eps) ? -1.f / eps : taylor1_inv_norm(ss, eps);
     }
 }
 

@@ -275,6 +275,18 @@ pub(crate) fn order1_forward_smem(d: usize) -> usize {
     (2 * order1_probes(d) + width_padded(d)) * (d + 8) * 2
 }
 
+/// Dynamic shared memory of the order-1 backward (`Taylor1Backward::kBytes`): two stages of two probe
+/// tiles `[BP][D + 8]` (dO and q, or v and k) and both copies of the state's linear rows `[D][D + 8]`, in
+/// the storage type.
+///
+/// ```text
+/// D = 64:  (4·128 + 2·64)·72·2   = 92 160
+/// D = 128: (4·64 + 2·128)·136·2  = 139 264
+/// ```
+pub(crate) fn order1_backward_smem(d: usize) -> usize {
+    (4 * order1_probes(d) + 2 * d) * (d + 8) * 2
+}
+
 /// Resident blocks per SM that the order-1 fold's grid aims for (4 fit: ≤ 128 registers, 38 KB).
 const ORDER1_BLOCKS_PER_SM: usize = 4;
 
@@ -287,8 +299,25 @@ const ORDER1_BLOCKS_PER_SM: usize = 4;
 /// order1_forward_blocks(1024, 64, 512, 132)  = 1
 /// ```
 pub(crate) fn order1_forward_blocks(probes: usize, d: usize, heads: usize, sms: usize) -> usize {
-    let tiles = probes.div_ceil(order1_probes(d)).max(1);
     let per_sm = if d <= 64 { ORDER1_BLOCKS_PER_SM } else { 2 };
+    blocks_per_head(probes, d, per_sm, heads, sms)
+}
+
+/// Blocks per (batch entry, kv head) of the order-1 backward's probe kernels, as
+/// [`order1_forward_blocks`] with the blocks that Hopper's 227 KB of shared memory per SM holds (static
+/// arrays included, at most 4): 4 at D ≤ 32, 2 at D = 64, 1 at D = 128.
+///
+/// ```text
+/// order1_backward_blocks(16_384, 64, 32, 132) = 8   // 128 tiles of 128 probes: 16 each
+/// ```
+pub(crate) fn order1_backward_blocks(probes: usize, d: usize, heads: usize, sms: usize) -> usize {
+    let per_sm = (227 * 1024 / (order1_backward_smem(d) + 8 * 1024)).clamp(1, ORDER1_BLOCKS_PER_SM);
+    blocks_per_head(probes, d, per_sm, heads, sms)
+}
+
+/// At most one wave of `per_sm` blocks per SM over `heads`, at most one block per probe tile.
+fn blocks_per_head(probes: usize, d: usize, per_sm: usize, heads: usize, sms: usize) -> usize {
+    let tiles = probes.div_ceil(order1_probes(d)).max(1);
     (per_sm * sms / heads.max(1)).clamp(1, tiles)
 }
 
@@ -384,6 +413,13 @@ mod tests {
         assert_eq!(read_probes(128, 2, false), 64);
         assert_eq!(order1_fold_smem(64), 36_864);
         assert_eq!(order1_forward_smem(64), 48_384);
+        assert_eq!(order1_backward_smem(64), 92_160);
+        assert_eq!(order1_backward_smem(128), 139_264);
+        assert_eq!(order1_backward_blocks(16_384, 64, 32, 132), 8);
+        assert_eq!(
+            [16, 32, 64, 128].map(|d| order1_backward_blocks(1 << 20, d, 1, 100)),
+            [400, 400, 200, 100]
+        );
         assert_eq!(order1_forward_blocks(16_384, 64, 32, 132), 16);
         assert_eq!(order1_forward_blocks(1024, 64, 512, 132), 1);
         assert_eq!(order1_forward_blocks(0, 64, 4, 132), 1);
@@ -436,6 +472,7 @@ mod tests {
             }
             assert!(decode_step_smem(d, 64) <= 163 * 1024);
             assert!(order1_fold_smem(d) <= 163 * 1024 && order1_forward_smem(d) <= 163 * 1024);
+            assert!(order1_backward_smem(d) <= 163 * 1024, "D = {d}");
             if d <= ORDER1_CAUSAL_MAX_DIM {
                 assert!(order1_causal_smem(d) <= 163 * 1024, "D = {d}");
             }
