@@ -324,6 +324,38 @@ __device__ __forceinline__ void taylor1_issue_probes(const TaylorParams& tp, con
     }
 }
 
+// acc = A·Bᵀ over k = 0..D (acc zeroed first): A the warp's 16·RT rows from wrow of a tile [..][LD], B the
+// sum of COPIES tiles [NB·16 rows n][LD] (columns k) `b_stride` elements apart (the state's hi and lo).
+template <typename T, int D, int RT, int NB, int COPIES>
+__device__ __forceinline__ void taylor1_rows_mma(float (&acc)[RT][2 * NB][4], const T* a_tile, int wrow, const T* b,
+                                                 int b_stride, int lane) {
+    constexpr int LD = SmemRow<D>::ld;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int nn = 0; nn < 2 * NB; ++nn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[rt][nn][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[RT][4];
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) load_a(a[rt], a_tile, LD, wrow + 16 * rt, kk * 16, lane);
+#pragma unroll
+        for (int c = 0; c < COPIES; ++c)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                uint32_t bf[4];
+                load_b_nk(bf, b + c * b_stride, LD, nb * 16, kk * 16, lane);
+#pragma unroll
+                for (int rt = 0; rt < RT; ++rt) {
+                    mma16816<T>(acc[rt][2 * nb], a[rt], bf[0], bf[1]);
+                    mma16816<T>(acc[rt][2 * nb + 1], a[rt], bf[2], bf[3]);
+                }
+            }
+    }
+}
+
 // The forward's tiles. Mirrored by taylor::heuristics::{order1_probes, order1_forward_smem}.
 template <typename T, int D> struct Taylor1Forward {
     static constexpr int RT = D <= 64 ? 2 : 1;           // m16 row tiles per warp
@@ -397,28 +429,7 @@ __device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
 
         // acc = Q_raw S_linᵀ   [16·RT rows of this warp, MP]
         float acc[RT][NO][4];
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-            for (int nn = 0; nn < NO; ++nn)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[rt][nn][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[RT][4];
-#pragma unroll
-            for (int rt = 0; rt < RT; ++rt) load_a(a[rt], sQ, LD, wrow + 16 * rt, kk * 16, lane);
-#pragma unroll
-            for (int nn = 0; nn < MP / 16; ++nn) {
-                uint32_t b[4];
-                load_b_nk(b, sS, LD, nn * 16, kk * 16, lane);
-#pragma unroll
-                for (int rt = 0; rt < RT; ++rt) {
-                    mma16816<T>(acc[rt][2 * nn], a[rt], b[0], b[1]);
-                    mma16816<T>(acc[rt][2 * nn + 1], a[rt], b[2], b[3]);
-                }
-            }
-        }
+        taylor1_rows_mma<T, D, RT, MP / 16, 1>(acc, sQ, wrow, sS, 0, lane);
         __syncwarp();  // this warp's Q rows (and norms) are read; no other warp reads them: o goes in their place
 
         // [num, den] = up·(a1 r_z acc + a0 S_const); o = num·(1/den) staged as T, den to the statistics.

@@ -206,30 +206,7 @@ __device__ __forceinline__ void taylor1_backward(const TaylorParams& tp) {
 
         if constexpr (KEYS) {
             // acc = X_raw U_lin[0..Dv)ᵀ   [16·RT rows, Dv]: A = k (k = d), B = U_lin rows (n = v, k = d).
-#pragma unroll
-            for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-                for (int nn = 0; nn < NO; ++nn)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[rt][nn][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                uint32_t a[RT][4];
-#pragma unroll
-                for (int rt = 0; rt < RT; ++rt) load_a(a[rt], sX, LD, wrow + 16 * rt, kk * 16, lane);
-#pragma unroll
-                for (int c = 0; c < 2; ++c)
-#pragma unroll
-                    for (int nb = 0; nb < D / 16; ++nb) {
-                        uint32_t b[4];
-                        load_b_nk(b, sS + c * D * LD, LD, nb * 16, kk * 16, lane);
-#pragma unroll
-                        for (int rt = 0; rt < RT; ++rt) {
-                            mma16816<T>(acc[rt][2 * nb], a[rt], b[0], b[1]);
-                            mma16816<T>(acc[rt][2 * nb + 1], a[rt], b[2], b[3]);
-                        }
-                    }
-            }
+            taylor1_rows_mma<T, D, RT, D / 16, 2>(acc, sX, wrow, sS, D * LD, lane);
             __syncwarp();  // this warp's X rows are read: dv goes in their place
             // dv = live·(up·a0·U_const + a1·up·r_k·acc), r_k = 1/‖k‖ (qk_l2norm) or 1
 #pragma unroll
