@@ -324,9 +324,10 @@ __device__ __forceinline__ void taylor1_issue_probes(const TaylorParams& tp, con
     }
 }
 
-// acc = A·Bᵀ over k = 0..D (acc zeroed first): A the warp's 16·RT rows from wrow of a tile [..][LD], B the
-// sum of COPIES tiles [NB·16 rows n][LD] (columns k) `b_stride` elements apart (the state's hi and lo).
-template <typename T, int D, int RT, int NB, int COPIES>
+// acc = A·B over k = 0..D (acc zeroed first): A the warp's 16·RT rows from wrow of a tile [..][LD]; B the
+// sum of COPIES tiles `b_stride` elements apart (the state's hi and lo), each [NB·16 rows n][LD] (columns
+// k: B is the tile transposed) or, with K_ROWS, [D rows k][LD] (columns n, NB·16 of them).
+template <typename T, int D, int RT, int NB, int COPIES, bool K_ROWS = false>
 __device__ __forceinline__ void taylor1_rows_mma(float (&acc)[RT][2 * NB][4], const T* a_tile, int wrow, const T* b,
                                                  int b_stride, int lane) {
     constexpr int LD = SmemRow<D>::ld;
@@ -342,17 +343,28 @@ __device__ __forceinline__ void taylor1_rows_mma(float (&acc)[RT][2 * NB][4], co
 #pragma unroll
         for (int rt = 0; rt < RT; ++rt) load_a(a[rt], a_tile, LD, wrow + 16 * rt, kk * 16, lane);
 #pragma unroll
-        for (int c = 0; c < COPIES; ++c)
+        for (int c = 0; c < COPIES; ++c) {
+            if constexpr (K_ROWS) {
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                uint32_t bf[4];
-                load_b_nk(bf, b + c * b_stride, LD, nb * 16, kk * 16, lane);
+                for (int nn = 0; nn < 2 * NB; ++nn) {
+                    uint32_t bf[2];
+                    ldsm_x2_trans(bf, b + c * b_stride + (kk * 16 + (lane & 15)) * LD + 8 * nn);
 #pragma unroll
-                for (int rt = 0; rt < RT; ++rt) {
-                    mma16816<T>(acc[rt][2 * nb], a[rt], bf[0], bf[1]);
-                    mma16816<T>(acc[rt][2 * nb + 1], a[rt], bf[2], bf[3]);
+                    for (int rt = 0; rt < RT; ++rt) mma16816<T>(acc[rt][nn], a[rt], bf[0], bf[1]);
+                }
+            } else {
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    uint32_t bf[4];
+                    load_b_nk(bf, b + c * b_stride, LD, nb * 16, kk * 16, lane);
+#pragma unroll
+                    for (int rt = 0; rt < RT; ++rt) {
+                        mma16816<T>(acc[rt][2 * nb], a[rt], bf[0], bf[1]);
+                        mma16816<T>(acc[rt][2 * nb + 1], a[rt], bf[2], bf[3]);
+                    }
                 }
             }
+        }
     }
 }
 

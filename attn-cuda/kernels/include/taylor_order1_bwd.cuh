@@ -145,27 +145,7 @@ __device__ __forceinline__ void taylor1_backward(const TaylorParams& tp) {
 
         // acc = Z_raw S_lin[0..Dv)   [16·RT rows of this warp, D]: A = Z (k = v), B = S_lin rows (k = v).
         float acc[RT][NO][4];
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-            for (int nn = 0; nn < NO; ++nn)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[rt][nn][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[RT][4];
-#pragma unroll
-            for (int rt = 0; rt < RT; ++rt) load_a(a[rt], sZ, LD, wrow + 16 * rt, kk * 16, lane);
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-#pragma unroll
-                for (int nn = 0; nn < NO; ++nn) {
-                    uint32_t b[2];
-                    ldsm_x2_trans(b, sS + (c * D + kk * 16 + (lane & 15)) * LD + 8 * nn);
-#pragma unroll
-                    for (int rt = 0; rt < RT; ++rt) mma16816<T>(acc[rt][nn], a[rt], b[0], b[1]);
-                }
-        }
+        taylor1_rows_mma<T, D, RT, D / 16, 2, true>(acc, sZ, wrow, sS, D * LD, lane);
         __syncwarp();  // this warp's Z rows are read: dq or dk goes in their place
 
         // x = scale·dû (queries) or dk̂ (keys); then J(x_raw)ᵀ x into Z.
