@@ -3,7 +3,8 @@
 //! rows each source and probe reads, `hi`, the segments and the state index κ), the dense part past
 //! each segment boundary, the fold's slabs and segments, the ordered prefix, the reads' probe tiles and
 //! their state range, and the finalize kernels (the f16/bf16 forward kernel computes the same dense and
-//! state parts of each probe in one pass). The tests run it on random specs and compare every output
+//! state parts of each probe in one pass); and the order-1 kernels' own schedule ([`order1_sweep`]),
+//! with a causal order-1 backward in that schedule that no kernel implements yet. The tests run it on random specs and compare every output
 //! with attn-cpu-ref: what it checks is the decomposition the kernels implement (which sources each
 //! probe gets from which kernel), not the mma fragment plumbing, which only the GPU suite can check.
 
@@ -398,70 +399,72 @@ fn sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, seg: Option<us
     }
 }
 
-/// `taylor1_forward_causal` (order 1, causal): o and den of every query. Block m of each (batch entry, kv
-/// head) takes the probes with hi ∈ (mL, (m+1)L] (block 0 also hi = 0; the last one every probe past)
-/// in tiles of 64, starting from the prefix state of the sources [0, mL); per tile it folds the whole
-/// 64-source chunks below the tile's smallest hi into the state (its boundary B advancing by 64), then
-/// each probe takes the state and the sources [B, hi_p) densely.
-fn order1_causal_forward(
-    spec: &AttnSpec,
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-    seg: usize,
-) -> (Vec<f64>, Vec<f64>) {
+/// The order-1 kernels' schedule of one sweep, the value or the gradient read, writing each probe's row
+/// of `io.out` as [`sweep`] does. Per probe, with the state cst[v] = Σ y_s[v], lin[v][e] = Σ x_s[e] y_s[v]
+/// over the sources [0, B) and the dense sources [B, hi):
+///   value: out[v] = a0 cst[v] + a1 z·lin[v] + Σ f(z·x_s) y_s[v]
+///   grad:  out[e] = a1 Σ_v w[v] lin[v][e] + Σ a1 (w·y_s) x_s[e]
+/// Not causal (`taylor1_forward`, and `taylor1_backward`'s two reads: dû with w = [rg·dO, nd] over the
+/// keys' state, dk̂ and dṽ over the queries'): B = hi = n_s, the whole sum. Causal (`taylor1_forward_causal`
+/// on the forward sweep; on the reversed one too, the plan for a causal order-1 backward): block m of each
+/// (batch entry, kv head) takes the probes with hi ∈ (mL, (m+1)L] (block 0 also hi = 0; the last one every
+/// probe past) in tiles of 64, starting from the prefix state of the sources [0, mL); per tile it folds
+/// the whole 64-source chunks below the tile's smallest hi into the state (B advancing by 64), then each
+/// probe takes the state and the sources [B, hi_p) densely.
+fn order1_sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, seg: usize) {
     const BP: usize = 64;
     const C: usize = 64;
     let fam = family(spec);
     let (d, m, g) = (spec.head_dim(), spec.head_dim() + 1, spec.group());
-    let (mut o, mut den) = (vec![0.0; spec.o_len()], vec![0.0; spec.stats_len()]);
-    let mut out = Vec::new();
-    let io = SweepIo {
-        q,
-        k,
-        v,
-        d_o: None,
-        rg: &[],
-        nd: &[],
-        out: &mut out,
-    };
+    let width = if grad { d } else { m };
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     for b in 0..spec.batch() {
         for hk in 0..spec.heads_kv() {
-            let sw = Sweep::new(spec, b, hk, false, seg);
-            // taylor1_first_probe_past's closed form, checked against its definition.
+            let sw = Sweep::new(spec, b, hk, rev, seg);
+            // The first probe whose hi passes h, in closed form (the forward's taylor1_first_probe_past,
+            // and the reversed sweep's: key j = n_p − 1 − p sees the query rows of i ≥ i0(j) =
+            // clamp(j − diag, 0, len_q), so hi > h iff i0(j) ≤ c = len_q − 1 − ⌊h/G⌋ iff j ≤ c + diag),
+            // checked against its definition.
             let first_past = |h: usize| {
                 let p = if sw.n_s <= h {
                     sw.n_p
-                } else {
+                } else if !rev {
                     (g * (h as i64 - sw.seq.diag).max(0) as usize).min(sw.n_p)
+                } else {
+                    let c = (sw.seq.len_q - 1 - h / g) as i64;
+                    (sw.n_p as i64 - 1 - c - sw.seq.diag).clamp(0, sw.n_p as i64) as usize
                 };
                 let by_search = (0..sw.n_p).find(|&p| sw.hi(spec, p) > h).unwrap_or(sw.n_p);
                 // Internal invariant (test-only module): the closed form is what the kernel computes; the
                 // emulation fails the test when it disagrees with the definition.
-                assert_eq!(p, by_search, "first probe past {h}");
+                assert_eq!(p, by_search, "first probe past {h} (reversed: {rev})");
                 p
             };
-            for blk in 0..sw.n_seg.max(1) {
-                let pa = if blk == 0 { 0 } else { first_past(blk * seg) };
-                let pb = if blk + 1 >= sw.n_seg {
-                    sw.n_p
+            let blocks = if sw.causal { sw.n_seg.max(1) } else { 1 };
+            for blk in 0..blocks {
+                let (pa, pb, start) = if !sw.causal {
+                    (0, sw.n_p, sw.n_s)
                 } else {
-                    first_past((blk + 1) * seg)
+                    let pa = if blk == 0 { 0 } else { first_past(blk * seg) };
+                    let pb = if blk + 1 >= sw.n_seg {
+                        sw.n_p
+                    } else {
+                        first_past((blk + 1) * seg)
+                    };
+                    (pa, pb, (blk * seg).min(sw.n_s))
                 };
-                // The state [0, B): const feature cst[v] = Σ ỹ[v], linear lin[v][e] = Σ x̂[e] ỹ[v].
                 let (mut cst, mut lin) = (vec![0.0; m], vec![0.0; m * d]);
-                let fold = |s: usize, cst: &mut [f64], lin: &mut [f64]| {
-                    let Row { x, y } = sw.source(spec, &io, hk, s);
+                let fold = |io: &SweepIo<'_>, s: usize, cst: &mut [f64], lin: &mut [f64]| {
+                    let Row { x, y } = sw.source(spec, io, hk, s);
                     for vv in 0..m {
                         cst[vv] += y[vv];
                         (0..d).for_each(|e| lin[vv * d + e] += x[e] * y[vv]);
                     }
                 };
-                for s in 0..(blk * seg).min(sw.n_s) {
-                    fold(s, &mut cst, &mut lin);
+                for s in 0..start {
+                    fold(&io, s, &mut cst, &mut lin);
                 }
-                let mut b_run = blk * seg;
+                let mut b_run = start;
                 for t0 in (pa..pb).step_by(BP) {
                     let np = BP.min(pb - t0);
                     let h_lo = sw.hi(spec, t0);
@@ -475,41 +478,44 @@ fn order1_causal_forward(
                         // y tile's den column is 1 on every row); the emulation fails the test otherwise.
                         assert!(b_run + C <= sw.n_s, "a folded chunk is whole");
                         for s in b_run..b_run + C {
-                            fold(s, &mut cst, &mut lin);
+                            fold(&io, s, &mut cst, &mut lin);
                         }
                         b_run += C;
                     }
                     for p in t0..t0 + np {
                         let hi = sw.hi(spec, p);
                         // Internal invariant (test-only module): every probe of a tile sees at least the
-                        // keys the state holds (its dense range [B, hi) is not negative).
+                        // sources the state holds (its dense range [B, hi) is not negative).
                         assert!(
                             hi == 0 || hi >= b_run,
                             "probe {p}: hi {hi} below the state boundary {b_run}"
                         );
-                        let z = sw.probe(spec, &io, hk, p).x;
-                        let mut acc: Vec<f64> = (0..m)
-                            .map(|vv| fam.c[0] * cst[vv] + fam.c[1] * dot(&z, &lin[vv * d..][..d]))
-                            .collect();
+                        let Row { x: z, y: w } = sw.probe(spec, &io, hk, p);
+                        let mut acc: Vec<f64> = if grad {
+                            (0..d)
+                                .map(|e| fam.c[1] * (0..m).map(|vv| w[vv] * lin[vv * d + e]).sum::<f64>())
+                                .collect()
+                        } else {
+                            (0..m)
+                                .map(|vv| fam.c[0] * cst[vv] + fam.c[1] * dot(&z, &lin[vv * d..][..d]))
+                                .collect()
+                        };
                         for s in b_run..hi {
                             let Row { x, y } = sw.source(spec, &io, hk, s);
-                            let f = fam.c[0] + fam.c[1] * dot(&z, &x);
-                            acc.iter_mut().zip(&y).for_each(|(a, y)| *a += f * y);
+                            if grad {
+                                let coef = fam.c[1] * dot(&w, &y);
+                                acc.iter_mut().zip(&x).for_each(|(a, x)| *a += coef * x);
+                            } else {
+                                let f = fam.c[0] + fam.c[1] * dot(&z, &x);
+                                acc.iter_mut().zip(&y).for_each(|(a, y)| *a += f * y);
+                            }
                         }
-                        let (i, h) = (p / g, hk * g + p % g);
-                        let empty = hi == 0;
-                        let dn = if empty { 0.0 } else { acc[d] };
-                        let oo = spec.o_offset(b, i, h);
-                        for c in 0..d {
-                            o[oo + c] = if empty { 0.0 } else { acc[c] / dn };
-                        }
-                        den[spec.stats_index(b, h, i)] = dn;
+                        io.out[sw.probe_row(p) * width..][..width].copy_from_slice(&acc);
                     }
                 }
             }
         }
     }
-    (o, den)
 }
 
 /// `1/max(‖x‖, eps)`, or 1 without the l2-norm.
@@ -547,6 +553,13 @@ pub(super) struct Emulated {
     pub dv: Vec<f64>,
 }
 
+/// Which kernels [`run`] emulates: the general sweeps, or the order-1 kernels' schedule ([`order1_sweep`]).
+#[derive(Clone, Copy)]
+pub(super) enum Path {
+    General,
+    Order1,
+}
+
 pub(super) fn run(
     spec: &AttnSpec,
     q: &[f64],
@@ -554,8 +567,23 @@ pub(super) fn run(
     v: &[f64],
     d_o: &[f64],
     seg: Option<usize>,
+    path: Path,
 ) -> Emulated {
     let fam = family(spec);
+    let heads = spec.batch() * spec.heads_kv();
+    // One sweep of the chosen path, with `seg` or the host's segment length.
+    let sweep = |io: SweepIo<'_>, rev: bool, grad: bool| match path {
+        Path::General => sweep(spec, io, rev, grad, seg),
+        Path::Order1 => {
+            let n_s = if rev {
+                spec.group() * spec.seq_q()
+            } else {
+                spec.seq_k()
+            };
+            let l = seg.unwrap_or_else(|| heuristics::order1_causal_seg_len(spec.head_dim(), n_s, heads));
+            order1_sweep(spec, io, rev, grad, l)
+        }
+    };
     let (d, m, g) = (spec.head_dim(), spec.head_dim() + 1, spec.group());
     let (rows_q, rows_k) = (spec.total_q() * spec.heads_q(), spec.total_k() * spec.heads_kv());
     let (mut rg, mut nd) = (vec![0.0; rows_q], vec![0.0; rows_q]);
@@ -579,7 +607,7 @@ pub(super) fn run(
     let x = [q, k, v];
     // forward
     let mut acc = vec![0.0; rows_q * m];
-    sweep(spec, io(x, None, &rg, &nd, &mut acc), false, false, seg);
+    sweep(io(x, None, &rg, &nd, &mut acc), false, false);
     let (mut o, mut den) = (vec![0.0; spec.o_len()], vec![0.0; spec.stats_len()]);
     for b in 0..spec.batch() {
         let seq = Seq::new(spec, b);
@@ -604,9 +632,9 @@ pub(super) fn run(
     // backward
     let mut du = vec![0.0; rows_q * d];
     let (mut dvt, mut dkh) = (vec![0.0; rows_k * m], vec![0.0; rows_k * d]);
-    sweep(spec, io(x, Some(d_o), &rg, &nd, &mut du), false, true, seg);
-    sweep(spec, io(x, Some(d_o), &rg, &nd, &mut dvt), true, false, seg);
-    sweep(spec, io(x, Some(d_o), &rg, &nd, &mut dkh), true, true, seg);
+    sweep(io(x, Some(d_o), &rg, &nd, &mut du), false, true);
+    sweep(io(x, Some(d_o), &rg, &nd, &mut dvt), true, false);
+    sweep(io(x, Some(d_o), &rg, &nd, &mut dkh), true, true);
     let (mut dq, mut dk, mut dv) = (
         vec![0.0; spec.dq_len()],
         vec![0.0; spec.dk_len()],
@@ -650,12 +678,12 @@ mod tests {
         );
     }
 
-    fn check(p: AttnProblem, seed: u64, seg: Option<usize>) {
+    fn check(p: AttnProblem, seed: u64, seg: Option<usize>, path: Path) {
         let spec = p.validate().expect("valid problem");
         let case = random_case(&spec, seed);
         let f = forward_f64(&spec, case.inputs()).expect("reference");
         let g = backward_f64(&spec, case.inputs(), &f.o, &case.d_o, &f.stats).expect("reference");
-        let e = run(&spec, &case.q, &case.k, &case.v, &case.d_o, seg);
+        let e = run(&spec, &case.q, &case.k, &case.v, &case.d_o, seg, path);
         close("o", &e.o, &f.o);
         close("den", &e.den, &f.stats);
         close("dq", &e.dq, &g.dq);
@@ -722,15 +750,22 @@ mod tests {
         }
     }
 
-    /// The order-1 causal forward's blocks and tiles (`order1_causal_forward`) on every causal option,
-    /// with segments of one chunk, of several, and longer than every sequence.
+    /// The order-1 kernels' schedule ([`order1_sweep`]) on every mask option, forward and backward: the
+    /// non-causal forward and backward (whole sums; key padding, an empty packed sequence) and the causal
+    /// forward as the kernels run them, and the causal backward as planned (both sweeps in blocks of
+    /// segments; NOTES_taylor.md, "Session 13"), with segments of one chunk, of several, and longer than
+    /// every sequence.
     #[test]
-    fn emulated_order1_causal_forward_matches_the_reference() {
+    fn emulated_order1_kernels_match_the_reference() {
         let mut n = 500u64;
         for seg in [64, 192, 256, 4096] {
             for (d, l2) in [(16, false), (32, true)] {
                 let f = fam(1, l2);
                 let cases = [
+                    AttnProblem::new(f, DType::F32, 2, 4, 2, 150, 197, d),
+                    AttnProblem::new(f, DType::F32, 2, 4, 2, 100, 180, d).with_key_lens(vec![129, 0]),
+                    AttnProblem::new(f, DType::F32, 4, 4, 2, 160, 190, d)
+                        .with_varlen(vec![0, 160, 160, 200, 330], vec![0, 190, 211, 251, 381]),
                     AttnProblem::new(f, DType::F32, 1, 2, 1, 93, 211, d).with_causal(Causal::TopLeft),
                     AttnProblem::new(f, DType::F32, 1, 2, 2, 300, 300, d).with_causal(Causal::TopLeft),
                     AttnProblem::new(f, DType::F32, 1, 3, 3, 230, 141, d).with_causal(Causal::TopLeft),
@@ -745,12 +780,7 @@ mod tests {
                 ];
                 for p in cases {
                     n += 1;
-                    let spec = p.validate().expect("valid problem");
-                    let case = random_case(&spec, n);
-                    let r = forward_f64(&spec, case.inputs()).expect("reference");
-                    let (o, den) = order1_causal_forward(&spec, &case.q, &case.k, &case.v, seg);
-                    close("o", &o, &r.o);
-                    close("den", &den, &r.stats);
+                    check(p, n, Some(seg), Path::Order1);
                 }
             }
         }
@@ -786,7 +816,7 @@ mod tests {
                     ];
                     for p in cases {
                         n += 1;
-                        check(p, n, seg);
+                        check(p, n, seg, Path::General);
                     }
                 }
             }
