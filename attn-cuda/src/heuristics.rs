@@ -173,10 +173,11 @@ pub(crate) fn ws_fwd_tile(d: usize) -> Option<Tile> {
 }
 
 /// Whether the warp-specialised forward replaces the wgmma one by default (runtime::WsMode::Measured):
-/// where it measured faster on the H100 (kernels/NOTES.md, version 8: bf16 forward, N = 4k and 16k,
-/// causal and not): at D = 128 for every score (1.00–1.31×), at D = 64 only for the geodesic score
-/// (0.96–1.18×; the other scores 0.72–1.03×, their three consumers' 192-row tiles balance causal
-/// work worse).
+/// where it measured faster on the H100 (kernels/NOTES.md, version 8, run s12b: bf16 forward, N = 4k
+/// and 16k, causal and not): at D = 128 (softmax 1.15–1.22×, geodesic 1.22–1.32×, cosine-sim and
+/// squared Lorentz 0.98–1.01×, one rule for the head dim), at D = 64 only for the geodesic score
+/// (0.94–1.19×; in run s12a, with ATTN_CUDA_WG_WS=1, softmax 0.72–1.03×, cosine-sim and squared
+/// Lorentz 0.79–0.99×).
 pub(crate) fn ws_fwd_measured_faster(d: usize, geodesic: bool) -> bool {
     d == 128 || (d == 64 && geodesic)
 }

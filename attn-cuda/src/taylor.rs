@@ -578,9 +578,7 @@ impl<'s> Call<'s> {
             p,
         )
     }
-}
 
-impl Call<'_> {
     /// The non-causal order-1 backward after prep_grads: per sweep, the whole sum of its sources (fold and
     /// prefix, copies hi and lo), then one probe kernel that writes finished gradients (dq from the keys'
     /// state; dk and dv from the queries'), with no f32 scratch rows and no finalize.

@@ -474,8 +474,8 @@ fn order1_sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, seg: us
                         b_run
                     };
                     while b_run < target {
-                        // Internal invariant (test-only module): the kernel folds whole chunks only (its
-                        // y tile's den column is 1 on every row); the emulation fails the test otherwise.
+                        // Internal invariant (test-only module): the kernel folds whole chunks only (no
+                        // row of a folded tile is past the sources); the emulation fails the test otherwise.
                         assert!(b_run + C <= sw.n_s, "a folded chunk is whole");
                         for s in b_run..b_run + C {
                             fold(&io, s, &mut cst, &mut lin);
