@@ -29,7 +29,9 @@
 //! A causal order-1 forward at D ≤ 64 runs one block per segment (longer segments than the general path,
 //! whose dense part grows with them): the block carries its segment's state in shared memory (f32, from
 //! the prefix's f32 sums; no storage-type copies), folds each whole chunk of 64 keys into it as its probe
-//! tiles pass, and takes only the keys past the last folded chunk densely.
+//! tiles pass, and takes only the keys past the last folded chunk densely. The causal order-1 backward
+//! at D ≤ 64 runs the same block structure twice (`taylor_order1_causal.cuh`): dq on the keys' sweep, dk
+//! and dv on the queries' reversed sweep (both reads of one state), writing finished gradients.
 //!
 //! Causal masks (top-left, bottom-right, `Nq ≠ Nk`), key padding, packed varlen and GQA/MQA are the
 //! prefix length `hi` of each probe: keys before `key_range(b, i).end` for a query, and for dK, dV the
@@ -313,6 +315,30 @@ impl<'s> Call<'s> {
             && rows_aligned(p.base.dv, s.dv_strides())
     }
 
+    /// The order-1 causal backward tiles (`taylor1_dq_causal`, `taylor1_dkdv_causal`): the order-1 folds of
+    /// both sweeps, a causal mask, D ≤ 64, dq, dk and dv rows 16-byte aligned.
+    fn order1_causal_backward(&self, p: &TaylorParams) -> bool {
+        let s = self.spec;
+        self.order1_fold(p, false)
+            && self.order1_fold(p, true)
+            && s.causal() != Causal::None
+            && s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM
+            && rows_aligned(p.base.dq, s.dq_strides())
+            && rows_aligned(p.base.dk, s.dk_strides())
+            && rows_aligned(p.base.dv, s.dv_strides())
+    }
+
+    /// Whether the sweep runs the order-1 causal block structure (one block per segment, which carries its
+    /// state): its segment length is then `order1_causal_seg_len`. A backward call (`d_o` set) asks
+    /// [`Call::order1_causal_backward`], a forward [`Call::order1_causal`].
+    fn order1_causal_sweep(&self, p: &TaylorParams, reverse: bool) -> bool {
+        if p.base.d_o != 0 {
+            self.order1_causal_backward(p)
+        } else {
+            !reverse && self.order1_causal(p)
+        }
+    }
+
     fn checker(&self, pass: Pass) -> Checker<'s> {
         Checker {
             spec: self.spec,
@@ -391,7 +417,7 @@ impl<'s> Call<'s> {
         let heads = s.batch() * s.heads_kv();
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
         let causal = s.causal() != Causal::None;
-        let seg = if !reverse && self.order1_causal(p) {
+        let seg = if self.order1_causal_sweep(p, reverse) {
             heuristics::order1_causal_seg_len(d, max_sources, heads)
         } else {
             heuristics::seg_len(d, order, max_sources, heads, s.dtype().size(), causal).ok_or_else(missing)?
@@ -579,18 +605,30 @@ impl<'s> Call<'s> {
         )
     }
 
-    /// The non-causal order-1 backward after prep_grads: per sweep, the whole sum of its sources (fold and
-    /// prefix, copies hi and lo), then one probe kernel that writes finished gradients (dq from the keys'
-    /// state; dk and dv from the queries'), with no f32 scratch rows and no finalize.
-    fn order1_backward_tiles(&self, p: &mut TaylorParams) -> Result<()> {
+    /// The order-1 backward after prep_grads, per sweep (dq; then dk and dv from the reversed one, both
+    /// reads of one state): its states, then one probe kernel that writes finished gradients, with no f32
+    /// scratch rows and no finalize. Not causal: the whole sum of each sweep's sources (copies hi and lo),
+    /// read by `taylor1_backward`'s blocks over all probe tiles. Causal (D ≤ 64): the prefix's f32 sums in
+    /// place (no copies) and one block per segment in `taylor1_forward_causal`'s structure.
+    fn order1_backward_tiles(&self, p: &mut TaylorParams, causal: bool) -> Result<()> {
         let s = self.spec;
         let d = s.head_dim();
         let dt = dtype_tag(s.dtype());
         let heads = s.batch() * s.heads_kv();
         for (reverse, stem, rows) in [(false, "dq", s.group() * s.seq_q()), (true, "dkdv", s.seq_k())] {
+            if reverse {
+                p.nd = p.nd_rev; // −T(ĝ)·o: cancels with v·T(ĝ) (taylor_prep_grads)
+                p.rev_raw = i32::from(p.base.l2norm == 0); // q raw in the state, the reads scale it
+            }
             let (_, entries) = self.geometry(p, reverse)?;
-            let _states = self.states(p, entries, 2)?;
-            self.run(
+            let _states = self.states(p, entries, if causal { 0 } else { 2 })?;
+            let launch = if causal {
+                Launch {
+                    name: format!("attn_taylor_order1_causal_{stem}_{dt}_d{d}"),
+                    grid: ((p.n_seg as usize).max(1), s.heads_kv(), s.batch()),
+                    smem: heuristics::order1_causal_bwd_smem(d),
+                }
+            } else {
                 Launch {
                     name: format!("attn_taylor_order1_{stem}_{dt}_d{d}"),
                     grid: (
@@ -599,9 +637,9 @@ impl<'s> Call<'s> {
                         s.batch(),
                     ),
                     smem: heuristics::order1_backward_smem(d),
-                },
-                p,
-            )?;
+                }
+            };
+            self.run(launch, p)?;
         }
         Ok(())
     }
@@ -672,9 +710,19 @@ pub(crate) fn backward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Backw
     let (_rg, rg) = call.scratch(rows_q)?;
     let (_nd, nd) = call.scratch(rows_q)?;
     (p.rg, p.nd) = (rg, nd);
+    // The order-1 kernels' reversed sweep holds ĝ rounded to the storage type: its −δ from the same ĝ.
+    let order1 = call.order1_backward(&p) || call.order1_causal_backward(&p);
+    let _nd_rev = if order1 {
+        let (buf, ptr) = call.scratch(rows_q)?;
+        p.nd_rev = ptr;
+        Some(buf)
+    } else {
+        None
+    };
     call.run(call.rows("prep_grads", false), &p)?;
-    if call.order1_backward(&p) {
-        return call.order1_backward_tiles(&mut p);
+    if order1 {
+        let causal = call.order1_causal_backward(&p);
+        return call.order1_backward_tiles(&mut p, causal);
     }
     let (_du, du) = call.scratch(rows_q * d)?;
     let (_dvt, dvt) = call.scratch(rows_k * m)?;

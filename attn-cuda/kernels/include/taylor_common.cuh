@@ -37,6 +37,8 @@ struct TaylorParams {
     // from the tiles they load).
     float* rg;      // 1/den_i, 0 for a row with no key              [total_q·Hq]
     float* nd;      // −δ_i = −ĝ_i·o_i                                [total_q·Hq]
+    float* nd_rev;  // −T(ĝ_i)·o_i, ĝ rounded to the storage type as the order-1 reversed sweeps hold it
+                    // (so that v_j·T(ĝ_i) + nd cancels exactly where o_i = v_j), or null   [total_q·Hq]
     float* acc_q;   // forward: [num, den] [..][M]; backward: dû [..][D]
     float* acc_kv;  // dṽ [total_k·Hkv][M]
     float* acc_k;   // dk̂ [total_k·Hkv][D]
@@ -57,7 +59,8 @@ struct TaylorParams {
     int f_pad;      // features per state row: 8 · taylor_tiles rounded up to kTaylorStepTiles
     int features;   // decode: feature rows of the state (8 · tiles)
     int copies;     // f16/bf16 state copies: 1 (hi) or 2 (hi, lo: a sweep with a gradient read)
-    int pad_;       // keeps the struct a whole number of 8-byte words on both sides
+    int rev_raw;    // order-1 reversed sweeps without qk_l2norm: x = q_raw (not scale·q), scale applied by the
+                    // reads, so that f there is the forward's f to f32 rounding (it matters where den → 0)
 };
 
 namespace attn {

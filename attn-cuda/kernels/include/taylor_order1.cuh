@@ -10,7 +10,8 @@
 //                    or reversed: the row factors rx, ry and y_last of TaylorRowRef are applied in
 //                    shared memory when they are not 1). Sᵀ = Yᵀ [1, X] chunk by chunk: the const
 //                    feature is a constant B fragment (1 in column 0), the den column of Y (y_last) an
-//                    A fragment built in registers from the per-row scalars: neither is a tile.
+//                    A fragment built in registers from the per-row scalars: neither is a tile. The den
+//                    column goes in as T and what T left of it (rows D and D + 1, one sum at the store).
 //   taylor1_forward  non-causal probe tiles: every probe reads the whole sum st[n_seg − 1] (the
 //                    prefix's storage-type copy): num, den = up·(a1 r_z (q_raw · S_lin) + a0 S_const),
 //                    o = num·(1/den), r_z = scale (/‖q‖), up = 2^e of the copy. A block reads the
@@ -47,14 +48,14 @@ __device__ __forceinline__ float taylor1_inv_norm(float ss, float eps) {
     return ss > eps * eps ? rsqrtf(ss) : 1.f / eps;
 }
 
-// Rows r < ROWS of a shared tile [ROWS][LD] (D columns) scaled in place, x ← T(f_r·x) with f_r = factor(r),
+// Rows r < ROWS of a shared tile [ROWS][LD] (the first D columns) scaled in place, x ← T(f_r·x) with f_r = factor(r),
 // times 1/max(‖x_r‖, eps) when `l2` (as the general loaders scale, in f32, rounded once). Each thread
 // takes 8 elements (16 bytes) of a row at a time; the D/8 threads of a row are adjacent lanes, which sum
 // the row's squares by shuffles, so there is no barrier inside. Every thread makes the same number of
 // passes (the shuffles need the whole warp).
-template <typename T, int ROWS, int D, class Factor>
+template <typename T, int ROWS, int D, int LD = SmemRow<D>::ld, class Factor>
 __device__ __forceinline__ void taylor1_scale_rows(T* tile, bool l2, float eps, Factor factor, int tid) {
-    constexpr int LD = SmemRow<D>::ld, CPR = D / 8, RPP = kTaylorThreads / CPR;
+    constexpr int CPR = D / 8, RPP = kTaylorThreads / CPR;
     static_assert(32 % CPR == 0 && ROWS % RPP == 0, "a row's threads in one warp; whole passes");
     const int ch = tid % CPR;
     for (int r = tid / CPR; r < ROWS; r += RPP) {
@@ -73,6 +74,16 @@ __device__ __forceinline__ void taylor1_scale_rows(T* tile, bool l2, float eps, 
         for (int e = 0; e < 8; ++e) v[e] *= f;
         store8<T>(tile + r * LD + 8 * ch, v);
     }
+}
+
+// The den rows' A fragment entries of two sources (values a, b): row g = 0 (v = D) holds them as T, row
+// g = 1 (v = D + 1) what T left of them, so that the two rows' sums carry the den column to about twice T's
+// precision (its terms cancel against the value rows' in a gradient read); other rows zero.
+template <typename T> __device__ __forceinline__ uint32_t taylor1_den_pair(float a, float b, int g) {
+    const uint32_t hi = pack2<T>(a, b);
+    if (g != 1) return g == 0 ? hi : 0u;
+    const float2 h = unpack2<T>(hi);
+    return pack2<T>(a - h.x, b - h.y);
 }
 
 // The fold's tiles. Mirrored by taylor::heuristics::{order1_fold_smem, order1_fold_split}.
@@ -135,7 +146,7 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
         yg = P.o_head;
         row0 = taylor_query_row(P, sw.si, sw.hk, 0, 0);
     }
-    const float rx = sw.rev ? P.scale : 1.f;
+    const float rx = sw.rev && tp.rev_raw == 0 ? P.scale : 1.f;  // (rev_raw: the reads apply the scale)
 
     // The copies of chunk c into stage c % S (rows past the segment zero-filled, their y_last 0), then
     // one commit (also past the last chunk, so that every iteration waits for the same group count).
@@ -215,11 +226,12 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
                 const int mt = part * MTB + m;
                 if (16 * mt < D) {
                     load_a_trans(a[m], y, LD, k0, 16 * mt, lane);
-                } else {  // the den row v = D (row g = 0 of this tile), y_last per source; rows past it zero
+                } else {  // the den row v = D (row g = 0 of this tile), y_last per source as T, and in
+                          // row D + 1 what T left of it (added to row D at the store); rows past it zero
                     const float* yl = sYl[st] + k0 + 2 * t4;
-                    a[m][0] = g == 0 ? pack2<T>(yl[0], yl[1]) : 0u;
+                    a[m][0] = taylor1_den_pair<T>(yl[0], yl[1], g);
                     a[m][1] = 0u;
-                    a[m][2] = g == 0 ? pack2<T>(yl[8], yl[9]) : 0u;
+                    a[m][2] = taylor1_den_pair<T>(yl[8], yl[9], g);
                     a[m][3] = 0u;
                 }
             }
@@ -244,16 +256,22 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
         const int n = warp + kTaylorWarps * j;
         if (n >= L::NT) continue;
 #pragma unroll
-        for (int m = 0; m < MTB; ++m)
+        for (int m = 0; m < MTB; ++m) {
+            // Row D + 1 (the den's remainders, lane + 4) into row D; every lane shuffles (n, part uniform).
+            const bool den_tile = 16 * (part * MTB + m) == D;
+            const float lo0 = __shfl_down_sync(0xffffffffu, acc[j][m][0], 4);
+            const float lo1 = __shfl_down_sync(0xffffffffu, acc[j][m][1], 4);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int v = 16 * (part * MTB + m) + g + 8 * r;
                 if (v >= L::M) continue;
-                const float a = acc[j][m][2 * r], c = acc[j][m][2 * r + 1];
+                const bool den = den_tile && r == 0;  // (then v = D: g = 0)
+                const float a = acc[j][m][2 * r] + (den ? lo0 : 0.f), c = acc[j][m][2 * r + 1] + (den ? lo1 : 0.f);
                 *reinterpret_cast<float2*>(out + (long long)v * tp.f_pad + 8 * n + 2 * t4) = make_float2(a, c);
                 if (isfinite(a)) mx = fmaxf(mx, fabsf(a));
                 if (isfinite(c)) mx = fmaxf(mx, fabsf(c));
             }
+        }
     }
     const int v_lo = 16 * part * MTB, v_hi = min(L::M, 16 * (part + 1) * MTB);
     const int f_zero = 8 * L::NT, n_zero = tp.f_pad - f_zero;
@@ -282,6 +300,39 @@ __device__ __forceinline__ void taylor1_row_inv_norms(float* inv, const T* q, in
             for (int e = 0; e < 8; e += 2) ss += v[e] * v[e] + v[e + 1] * v[e + 1];
         }
         inv[row] = flag_clamp && !(ss > eps * eps) ? -1.f / eps : taylor1_inv_norm(ss, eps);
+    }
+}
+
+// One row of J(x_raw)ᵀ y into dst (T): this thread's columns nn·8 + 2t4 + {0, 1} of the row (its quad holds
+// the row), y[nn] their values. Under the l2-norm, with inv = 1/max(‖x_raw‖, eps) (negative where eps clamps
+// the norm: no projection there, |inv|), (y − x̂ (x̂·y))·inv for x̂ = inv·x_raw; else y, and x is not read. dst
+// may be x (each element is read before its own lane writes it). Every lane of the warp calls it.
+template <typename T, int NO>
+__device__ __forceinline__ void taylor1_store_l2_grad(T* dst, const T* x, const float (&y)[NO][2], bool l2, float inv,
+                                                      int t4) {
+    float proj = 0.f;
+    if (l2) {  // (uniform: a call parameter)
+#pragma unroll
+        for (int nn = 0; nn < NO; ++nn) {
+            const float2 xr = unpack2<T>(*reinterpret_cast<const uint32_t*>(x + nn * 8 + 2 * t4));
+            proj += xr.x * y[nn][0] + xr.y * y[nn][1];
+        }
+        proj += __shfl_xor_sync(0xffffffffu, proj, 1);
+        proj += __shfl_xor_sync(0xffffffffu, proj, 2);
+        proj *= inv;  // x̂·y
+        if (!(inv > 0.f)) proj = 0.f;
+        inv = fabsf(inv);
+    }
+#pragma unroll
+    for (int nn = 0; nn < NO; ++nn) {
+        const int c = nn * 8 + 2 * t4;
+        float o0 = y[nn][0], o1 = y[nn][1];
+        if (l2) {
+            const float2 xr = unpack2<T>(*reinterpret_cast<const uint32_t*>(x + c));
+            o0 = (o0 - xr.x * inv * proj) * inv;
+            o1 = (o1 - xr.y * inv * proj) * inv;
+        }
+        *reinterpret_cast<uint32_t*>(dst + c) = pack2<T>(o0, o1);
     }
 }
 
@@ -469,323 +520,6 @@ __device__ __forceinline__ void taylor1_forward(const TaylorParams& tp) {
         taylor1_store_rows<T, D, 16 * RT>(P.o, sOo[st], sQ, wrow, np, lane);
     }
     cp_async_wait<0>();  // (only an empty group can be left)
-}
-
-// The causal forward's tiles. Mirrored by taylor::heuristics::order1_causal_smem.
-template <typename T, int D> struct Taylor1Causal {
-    static constexpr int BP = 16 * kTaylorWarps;         // probes per tile: one m16 row tile per warp
-    static constexpr int C = 64;                         // sources per block (folded chunk or dense block)
-    static constexpr int M = TaylorDims<D>::M, MP = TaylorDims<D>::MP;
-    static constexpr int NO = MP / 8;                    // n8 tiles of the columns v
-    static constexpr int MT = MP / 16;                   // m16 tiles of v in the fold
-    static constexpr int MG = D == 128 ? 3 : MT;         // of those per fold pass (its registers)
-    static constexpr int NT = 1 + D / 8;                 // n8 feature tiles of the fold: const, then linear
-    static constexpr int NPW = (NT + kTaylorWarps - 1) / kTaylorWarps;
-    static constexpr int LD = SmemRow<D>::ld;            // q and k rows, T
-    static constexpr int LDY = MP + 8;                   // v rows, T: columns D (den, 1) to MP − 1 constant
-    static constexpr int LDS = D + 8;                    // state rows, f32: linear features 0..D−1, const at D
-    static constexpr int CPR = D * 2 / 16;               // 16-byte copies per row
-    static constexpr int kQ = 0;                         // Q [2][BP][LD] T (then o)
-    static constexpr int kX = kQ + 2 * BP * LD * 2;      // X [2][C][LD] T
-    static constexpr int kY = kX + 2 * C * LD * 2;       // Y [2][C][LDY] T
-    static constexpr int kS = kY + 2 * C * LDY * 2;      // S [MP][LDS] f32: the running state
-    static constexpr int kSr = kS + MP * LDS * 4;        // S rounded to tf32 [MP][LDS]: the mma's B
-    static constexpr int kBytes = kSr + MP * LDS * 4;
-    static_assert(MT % MG == 0 && LDS % 16 == 8, "whole fold passes; B reads of S without bank conflicts");
-};
-
-// cp.async.wait_group with a run-time count n ≤ 2.
-__device__ __forceinline__ void cp_async_wait_n(int n) {
-    if (n <= 0) cp_async_wait<0>();
-    else if (n == 1) cp_async_wait<1>();
-    else cp_async_wait<2>();
-}
-
-// The smallest probe p in [0, n_p) with hi(p) > h ≥ 0 (n_p when none) of a causal forward sweep: hi(p) =
-// min(len_k, max(0, i + diag + 1)) for query i = p / G (Taylor specs have no window), so hi(p) > h iff
-// len_k > h and i ≥ h − diag.
-__device__ __forceinline__ int taylor1_first_probe_past(const TaylorSweep& sw, int h) {
-    if (sw.n_s <= h) return sw.n_p;
-    const long long p = (long long)sw.group * max(h - sw.si.diag, 0);
-    return (int)min(p, (long long)sw.n_p);
-}
-
-// x rounded to the nearest tf32 (ties away from zero) by integer arithmetic: two instructions where
-// cvt.rna.tf32.f32 takes several on sm_90 (finite x; the state sums are).
-__device__ __forceinline__ float round_tf32(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
-}
-
-// Causal forward, order 1 (f16/bf16, rows 16-byte aligned). Grid (n_seg, Hkv, B): block m takes the probes
-// whose state index is m (TaylorSweep::state_index: hi ∈ (mL, (m+1)L], and in block 0 also hi = 0), a
-// contiguous range since hi is nondecreasing, in tiles of BP. It carries the state of the sources [0, B)
-// in shared memory (f32, and a copy rounded to tf32 for the mma), from the prefix's st[m − 1] (B = mL; zero for m = 0), and per tile
-//   1. folds the whole 64-source chunks below the tile's smallest hi into it (B advances by 64 each):
-//      S[v][f] += Σ_s ỹ_s[v] φ_f(x̂_s), ỹ = [v, 1], on mma.sync (A = Ỹᵀ, B = [1, X̂]);
-//   2. num, den = a1 r_z (q_raw · S_lin) + a0 S_const on tf32 mma (q exact in tf32, S rounded to it);
-//   3. adds the sources [B, hi_p) densely: f(r_z (q_raw · x̂_s)) ỹ_s, on mma.sync as taylor_forward_tile;
-//   4. o = num·(1/den) (zero when hi_p = 0), den to the statistics.
-// Source blocks come by cp.async into two buffers; the block a tile's dense part ends on is kept for the
-// next tile's fold (top-left causal, G = 1: each chunk is read once), and the next tile's first dense
-// block is fetched during this tile's products when the other buffer is free. The next tile's q rows are
-// always in flight during this tile. x̂ = x_raw (·1/max(‖x_raw‖, eps) under qk_l2norm, rounded to T as
-// the fold's keys are).
-template <typename T, int D>
-__device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
-    using L = Taylor1Causal<T, D>;
-    constexpr int BP = L::BP, C = L::C, M = L::M, MP = L::MP, NO = L::NO, MT = L::MT, MG = L::MG, NT = L::NT;
-    constexpr int NPW = L::NPW, LD = L::LD, LDY = L::LDY, LDS = L::LDS, CPR = L::CPR;
-    constexpr int RPP = kTaylorThreads / CPR;
-
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    float* sS = reinterpret_cast<float*>(smem_raw + L::kS);
-    float* sSr = reinterpret_cast<float*>(smem_raw + L::kSr);
-    __shared__ float sInv[BP];
-    __shared__ long long sOo[2][BP], sStat[2][BP];
-    if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
-
-    const AttnParams& P = tp.base;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-    const TaylorSweep sw(tp, blockIdx.z, blockIdx.y);
-    const int m = blockIdx.x, seg = sw.seg;
-    if (m > 0 && m >= sw.n_seg) return;
-    const int pa = m == 0 ? 0 : taylor1_first_probe_past(sw, m * seg);
-    const int pb = m + 1 >= sw.n_seg ? sw.n_p : taylor1_first_probe_past(sw, (m + 1) * seg);
-    if (pa >= pb) return;
-    const bool l2 = P.l2norm != 0;
-    auto stage_q = [&](int st) { return reinterpret_cast<T*>(smem_raw + L::kQ) + st * BP * LD; };
-    auto buf_x = [&](int b) { return reinterpret_cast<T*>(smem_raw + L::kX) + b * C * LD; };
-    auto buf_y = [&](int b) { return reinterpret_cast<T*>(smem_raw + L::kY) + b * C * LDY; };
-    const T* x0 = static_cast<const T*>(P.k) + sw.si.k_off(P, 0, sw.hk);
-    const T* y0 = static_cast<const T*>(P.v) + sw.si.v_off(P, 0, sw.hk);
-
-    // The state S of the sources [0, B): st[m − 1] (the prefix's f32 sums, f = 0 the const feature,
-    // f = 8 + d the linear ones), zero for m = 0 and in the rows M ≤ v < MP.
-    const float* st_prev = m > 0 ? taylor_state_at(tp, blockIdx.z, blockIdx.y, m - 1) : nullptr;
-    for (int idx = tid; idx < MP * (D + 1); idx += kTaylorThreads) {
-        const int v = idx / (D + 1), c = idx % (D + 1);
-        const int f = c < D ? 8 + c : 0;
-        const float x = st_prev != nullptr && v < M ? st_prev[(long long)v * tp.f_pad + f] : 0.f;
-        sS[v * LDS + c] = x;
-        sSr[v * LDS + c] = round_tf32(x);
-    }
-    // Columns D..MP − 1 of both Y buffers: the den column (1), then zeros. The copies never write them.
-    for (int idx = tid; idx < 2 * C * (MP - D); idx += kTaylorThreads) {
-        const int b = idx / (C * (MP - D)), rest = idx % (C * (MP - D)), r = rest / (MP - D), c = D + rest % (MP - D);
-        buf_y(b)[r * LDY + c] = from_f32<T>(c == D ? 1.f : 0.f);
-    }
-
-    // Source block [s0, s0 + C) into buffer b (rows past n_s zero-filled), one commit.
-    auto issue_block = [&](int s0, int b) {
-        const int ch = tid % CPR;
-        T* x = buf_x(b);
-        T* y = buf_y(b);
-        for (int r = tid / CPR; r < C; r += RPP) {
-            const int s = s0 + r;
-            const bool valid = s < sw.n_s;
-            const T* xp = valid ? x0 + s * P.k_seq + 8 * ch : x0;
-            const T* yp = valid ? y0 + s * P.v_seq + 8 * ch : y0;
-            cp_async_16(x + r * LD + 8 * ch, xp, valid);
-            cp_async_16(y + r * LDY + 8 * ch, yp, valid);
-        }
-        cp_async_commit();
-    };
-    // The buffers: `cur` holds block `cached` (landed, keys scaled); the other one may hold block `pending`
-    // in flight (issued, not waited for). fetch(s0) makes `cur` hold block s0. Block-uniform.
-    int cur = 0, cached = -1, pending = -1;
-    auto fetch = [&](int s0) {
-        if (cached == s0) return;
-        if (pending != s0) {
-            if (pending >= 0) cp_async_wait<0>();  // (the other buffer's copies land before it is rewritten)
-            __syncthreads();                         // the other buffer is no longer read
-            issue_block(s0, cur ^ 1);
-        }
-        cur ^= 1;
-        cached = s0;
-        pending = -1;
-        cp_async_wait<0>();
-        __syncthreads();
-        if (l2) {
-            taylor1_scale_rows<T, C, D>(buf_x(cur), true, P.eps, [](int) { return 1.f; }, tid);
-            __syncthreads();
-        }
-    };
-
-    // The tile's [h_lo, h_hi] and the state boundary it reads: every whole chunk below h_lo folded.
-    auto bounds = [&](int t0, int b_run, int& h_lo, int& h_hi, int& target) {
-        const int np = min(BP, pb - t0);
-        h_lo = sw.hi(P, t0);
-        h_hi = sw.hi(P, t0 + np - 1);
-        target = h_lo > b_run ? b_run + C * ((h_lo - b_run) / C) : b_run;
-    };
-
-    const uint32_t one2 = g == 0 ? pack2<T>(1.f, 1.f) : 0u;  // B of the const feature: 1 in column 0
-    const int wrow = warp * 16;
-    int b_run = m * seg;
-    taylor1_issue_probes<T, D, BP>(tp, sw, stage_q(0), sOo[0], sStat[0], pa, pb, tid);
-    cp_async_commit();
-
-    for (int t0 = pa, n = 0; t0 < pb; t0 += BP, ++n) {
-        const int stq = n & 1;
-        T* sQ = stage_q(stq);
-        int h_lo, h_hi, target;
-        bounds(t0, b_run, h_lo, h_hi, target);
-        __syncthreads();  // the previous tile's reads of S, of its o rows (the other q stage) are done
-
-        // 1. Fold the chunks [b_run, target).
-        for (; b_run < target; b_run += C) {
-            fetch(b_run);
-            const T* x = buf_x(cur);
-            const T* y = buf_y(cur);
-#pragma unroll
-            for (int mg = 0; mg < MT; mg += MG) {
-                float fa[NPW][MG][4];
-#pragma unroll
-                for (int j = 0; j < NPW; ++j)
-#pragma unroll
-                    for (int mm = 0; mm < MG; ++mm)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) fa[j][mm][e] = 0.f;
-#pragma unroll
-                for (int k0 = 0; k0 < C; k0 += 16) {
-                    uint32_t a[MG][4];
-#pragma unroll
-                    for (int mm = 0; mm < MG; ++mm) load_a_trans(a[mm], y, LDY, k0, 16 * (mg + mm), lane);
-#pragma unroll
-                    for (int j = 0; j < NPW; ++j) {
-                        const int nt = warp + kTaylorWarps * j;
-                        if (nt >= NT) continue;  // warp-uniform
-                        uint32_t b[2] = {one2, one2};
-                        if (nt > 0) ldsm_x2_trans(b, x + (k0 + (lane & 15)) * LD + 8 * (nt - 1));
-#pragma unroll
-                        for (int mm = 0; mm < MG; ++mm) mma16816<T>(fa[j][mm], a[mm], b[0], b[1]);
-                    }
-                }
-                // S += the chunk's sums; each entry has one owner.
-#pragma unroll
-                for (int j = 0; j < NPW; ++j) {
-                    const int nt = warp + kTaylorWarps * j;
-                    if (nt >= NT) continue;
-#pragma unroll
-                    for (int mm = 0; mm < MG; ++mm)
-#pragma unroll
-                        for (int r = 0; r < 2; ++r) {
-                            const int at = (16 * (mg + mm) + g + 8 * r) * LDS;
-                            if (nt == 0) {
-                                if (t4 == 0) sS[at + D] += fa[j][mm][2 * r];
-                            } else {
-                                const int c = at + 8 * (nt - 1) + 2 * t4;
-                                const float2 old = *reinterpret_cast<const float2*>(sS + c);
-                                const float2 sum = make_float2(old.x + fa[j][mm][2 * r], old.y + fa[j][mm][2 * r + 1]);
-                                *reinterpret_cast<float2*>(sS + c) = sum;
-                                *reinterpret_cast<float2*>(sSr + c) = make_float2(round_tf32(sum.x), round_tf32(sum.y));
-                            }
-                        }
-                }
-            }
-        }
-
-        // The dense part starts on block b_run; the next tile's q rows go in flight now, and its first
-        // block past b_run when this tile needs no other block than b_run's and the other buffer is free.
-        if (b_run < h_hi) fetch(b_run);
-        const bool more = t0 + BP < pb;
-        if (more) {
-            taylor1_issue_probes<T, D, BP>(tp, sw, stage_q(stq ^ 1), sOo[stq ^ 1], sStat[stq ^ 1], t0 + BP, pb, tid);
-            cp_async_commit();
-            int n_lo, n_hi, n_target;
-            bounds(t0 + BP, b_run, n_lo, n_hi, n_target);
-            const int next = b_run + C;
-            if (pending < 0 && cached == b_run && h_hi <= next && next < sw.n_s && (n_target > b_run || n_hi > next)) {
-                issue_block(next, cur ^ 1);  // cur ^ 1: last read before fetch(b_run)'s barriers
-                pending = next;
-            }
-        }
-        // This tile's q rows have landed once at most the groups committed after them are in flight: the
-        // pending block (from this tile or the previous one) and the next tile's q rows.
-        cp_async_wait_n((pending >= 0 ? 1 : 0) + (more ? 1 : 0));
-        __syncthreads();
-
-        // r_z = scale (/‖q‖) of this warp's rows.
-        if (l2) {
-            taylor1_row_inv_norms<T, D, 16>(sInv, sQ, wrow, P.eps, lane);
-            __syncwarp();
-        }
-        float rz[2];
-        int hi[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = wrow + g + 8 * r, p = t0 + row;
-            rz[r] = P.scale * (l2 ? sInv[row] : 1.f);
-            hi[r] = p < pb ? sw.hi(P, p) : 0;
-        }
-
-        // 2. acc = Q_raw S_linᵀ on tf32 mma: the k16 A fragment of q (ldmatrix) splits into two k8 steps
-        // with k permuted (slot t4 ↔ column 2t4, slot t4 + 4 ↔ 2t4 + 1), and B reads S's columns alike.
-        float acc[NO][4];
-#pragma unroll
-        for (int nn = 0; nn < NO; ++nn)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nn][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[4];
-            load_a(a, sQ, LD, wrow, kk * 16, lane);
-            const float2 r0 = unpack2<T>(a[0]), r1 = unpack2<T>(a[1]), r2 = unpack2<T>(a[2]), r3 = unpack2<T>(a[3]);
-            const float a_lo[4] = {r0.x, r1.x, r0.y, r1.y}, a_hi[4] = {r2.x, r3.x, r2.y, r3.y};
-#pragma unroll
-            for (int nn = 0; nn < NO; ++nn) {
-                const float* sp = sSr + (8 * nn + g) * LDS + 16 * kk + 2 * t4;
-                const float2 b_lo = *reinterpret_cast<const float2*>(sp);
-                const float2 b_hi = *reinterpret_cast<const float2*>(sp + 8);
-                mma1688_tf32(acc[nn], a_lo, b_lo.x, b_lo.y);
-                mma1688_tf32(acc[nn], a_hi, b_hi.x, b_hi.y);
-            }
-        }
-#pragma unroll
-        for (int nn = 0; nn < NO; ++nn)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int v = 8 * nn + 2 * t4 + (e & 1);
-                acc[nn][e] = tp.a1 * rz[e / 2] * acc[nn][e] + tp.a0 * sS[v * LDS + D];
-            }
-
-        // 3. The dense part: the sources [b_run, hi_p), blocks of C from b_run.
-        for (int s0 = b_run; s0 < h_hi; s0 += C) {
-            fetch(s0);
-            const T* x = buf_x(cur);
-            const T* y = buf_y(cur);
-            float s[C / 8][4];
-            taylor_scores_mma<T, D, C>(s, sQ, LD, wrow, x, LD, lane);
-#pragma unroll
-            for (int nn = 0; nn < C / 8; ++nn)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2, col = s0 + nn * 8 + 2 * t4 + (e & 1);
-                    s[nn][e] = col < hi[r] ? taylor_f(tp, rz[r] * s[nn][e]) : 0.f;
-                }
-            taylor_weights_mma<T, C, MP>(acc, s, y, LDY, lane);
-        }
-        __syncwarp();  // this warp's q rows are read; o goes in their place
-
-        // 4. o = num·(1/den) staged as T in this warp's q rows, den to the statistics; 16-byte stores.
-        const int np = min(BP, pb - t0);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = wrow + g + 8 * r;
-            const float den_acc = __shfl_sync(0xffffffffu, acc[D / 8][2 * r], lane & ~3);
-            const bool empty = hi[r] == 0;
-            const float den = empty ? 0.f : den_acc;
-            const float inv = empty ? 0.f : 1.f / den;
-#pragma unroll
-            for (int nn = 0; nn < D / 8; ++nn)
-                *reinterpret_cast<uint32_t*>(sQ + row * LD + nn * 8 + 2 * t4) =
-                    pack2<T>(acc[nn][2 * r] * inv, acc[nn][2 * r + 1] * inv);
-            if (t4 == 0 && row < np) P.lse[sStat[stq][row]] = den;
-        }
-        __syncwarp();
-        taylor1_store_rows<T, D, 16>(P.o, sOo[stq], sQ, wrow, np, lane);
-    }
-    cp_async_wait<0>();  // (a block fetched ahead that no tile read may still be in flight)
 }
 
 }  // namespace attn

@@ -126,11 +126,7 @@ __device__ __forceinline__ void taylor1_backward(const TaylorParams& tp) {
         sConst[d] = has ? tp.a0 * up * both((long long)d * tp.f_pad) : 0.f;
     }
     const int wrow = warp * 16 * RT;
-    // The quad's sum of a row's values (its four lanes hold the row's columns).
-    auto quad_sum = [](float s) {
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        return s + __shfl_xor_sync(0xffffffffu, s, 2);
-    };
+    const float xs = KEYS && tp.rev_raw != 0 ? P.scale : 1.f;  // the keys' state: x = q raw (rev_raw), or scale·q̂
 
     for (int t = blockIdx.x, n = 0; t < n_tiles; t += gridDim.x, ++n) {
         const int st = n & 1;
@@ -154,34 +150,18 @@ __device__ __forceinline__ void taylor1_backward(const TaylorParams& tp) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int row = wrow + 16 * rt + g + 8 * r;
-                const float fz = KEYS ? sRg[st][row] : sRg[st][row] * P.scale;  // live (keys); rg·scale
-                const float fd = KEYS ? sRg[st][row] : sNd[st][row] * P.scale;  // the den row's factor
+                // live·xs (keys: U's x is q raw under rev_raw, the scale applied here); rg·scale
+                const float fz = KEYS ? sRg[st][row] * xs : sRg[st][row] * P.scale;
+                const float fd = KEYS ? sRg[st][row] * xs : sNd[st][row] * P.scale;  // the den row's factor
                 const float cz = tp.a1 * up * fz;
-                float inv = 1.f, proj = 0.f;
-                if (l2) {
-                    inv = sInv[row];
-#pragma unroll
-                    for (int nn = 0; nn < NO; ++nn) {
-                        const int c = nn * 8 + 2 * t4;
-                        const float2 xr = unpack2<T>(*reinterpret_cast<const uint32_t*>(sX + row * LD + c));
-                        const float2 dn = *reinterpret_cast<const float2*>(sDen + c);
-                        proj += xr.x * (cz * acc[rt][nn][2 * r] + fd * dn.x) +
-                                xr.y * (cz * acc[rt][nn][2 * r + 1] + fd * dn.y);
-                    }
-                    // x̂·x = inv·Σ x_raw·x (every lane shuffles); no projection where eps clamps the norm
-                    proj = quad_sum(proj) * inv;
-                    if (!(inv > 0.f)) proj = 0.f;
-                    inv = fabsf(inv);
-                }
+                float y[NO][2];
 #pragma unroll
                 for (int nn = 0; nn < NO; ++nn) {
-                    const int c = nn * 8 + 2 * t4;
-                    const float2 xr = unpack2<T>(*reinterpret_cast<const uint32_t*>(sX + row * LD + c));
-                    const float2 dn = *reinterpret_cast<const float2*>(sDen + c);
-                    const float x0 = cz * acc[rt][nn][2 * r] + fd * dn.x, x1 = cz * acc[rt][nn][2 * r + 1] + fd * dn.y;
-                    *reinterpret_cast<uint32_t*>(sZ + row * LD + c) =
-                        pack2<T>((x0 - xr.x * inv * proj) * inv, (x1 - xr.y * inv * proj) * inv);
+                    const float2 dn = *reinterpret_cast<const float2*>(sDen + nn * 8 + 2 * t4);
+                    y[nn][0] = cz * acc[rt][nn][2 * r] + fd * dn.x;
+                    y[nn][1] = cz * acc[rt][nn][2 * r + 1] + fd * dn.y;
                 }
+                taylor1_store_l2_grad<T, NO>(sZ + row * LD, sX + row * LD, y, l2, l2 ? sInv[row] : 1.f, t4);
             }
 
         if constexpr (KEYS) {
@@ -195,7 +175,7 @@ __device__ __forceinline__ void taylor1_backward(const TaylorParams& tp) {
                 for (int r = 0; r < 2; ++r) {
                     const int row = wrow + 16 * rt + g + 8 * r;
                     const float live = sRg[st][row];
-                    const float cz = tp.a1 * up * (l2 ? fabsf(sInv[row]) : 1.f);
+                    const float cz = tp.a1 * up * xs * (l2 ? fabsf(sInv[row]) : 1.f);
 #pragma unroll
                     for (int nn = 0; nn < NO; ++nn) {
                         const int c = nn * 8 + 2 * t4;

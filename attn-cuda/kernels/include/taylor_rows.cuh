@@ -2,7 +2,7 @@
 // scalars (the sweeps read q, k, v, dO themselves and take the l2-norms from their tiles), and turn
 // the sweeps' f32 sums back into outputs.
 //   prep_grads     rg_i = 1/den_i, ĝ_i = rg_i·dO_i, δ_i = ĝ_i·o_i: g̃_i = [ĝ_i, −δ_i]   → rg, nd = −δ
-//                  (both 0 for a row with no key)
+//                  (both 0 for a row with no key); with nd_rev also −T(ĝ_i)·o_i (ĝ rounded to T)
 //   finalize_fwd   o_i = num_i / den_i, stats = den_i                          (o = 0, den = 0 for an empty row)
 //   finalize_dq    dq = J(q)ᵀ (scale·dû_i)       J: the l2-norm's Jacobian, the identity without qk_l2norm
 //   finalize_dkdv  dk = J(k)ᵀ dk̂_j, dv = dṽ_j[0..Dv)                           (0 for keys past key_lens)
@@ -52,18 +52,27 @@ __device__ __forceinline__ void taylor_prep_grads(const TaylorParams& tp) {
     if (i >= si.len_q) return;
     const long long row = taylor_query_row(p, si, h / p.group, i, h % p.group);
     if (si.key_hi(p, i) == 0) {  // no allowed key: no gradient flows through this row
-        if (lane == 0) tp.rg[row] = tp.nd[row] = 0.f;
+        if (lane == 0) {
+            tp.rg[row] = tp.nd[row] = 0.f;
+            if (tp.nd_rev != nullptr) tp.nd_rev[row] = 0.f;
+        }
         return;
     }
     const float inv = 1.f / p.lse[si.stats_index(p, h, i)];
     const T* o = static_cast<const T*>(p.o) + si.o_off(p, i, h);
     const T* g = static_cast<const T*>(p.d_o) + si.o_off(p, i, h);
-    float delta = 0.f;
-    for (int d = lane; d < p.head_dim; d += 32) delta += to_f32(g[d]) * inv * to_f32(o[d]);
+    float delta = 0.f, delta_r = 0.f;
+    for (int d = lane; d < p.head_dim; d += 32) {
+        const float gh = to_f32(g[d]) * inv;
+        delta += gh * to_f32(o[d]);
+        delta_r += to_f32(from_f32<T>(gh)) * to_f32(o[d]);
+    }
     delta = taylor_warp_sum(delta);
+    delta_r = taylor_warp_sum(delta_r);
     if (lane == 0) {
         tp.rg[row] = inv;
         tp.nd[row] = -delta;
+        if (tp.nd_rev != nullptr) tp.nd_rev[row] = -delta_r;
     }
 }
 

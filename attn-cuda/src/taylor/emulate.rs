@@ -406,7 +406,7 @@ fn sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, seg: Option<us
 ///   grad:  out[e] = a1 Σ_v w[v] lin[v][e] + Σ a1 (w·y_s) x_s[e]
 /// Not causal (`taylor1_forward`, and `taylor1_backward`'s two reads: dû with w = [rg·dO, nd] over the
 /// keys' state, dk̂ and dṽ over the queries'): B = hi = n_s, the whole sum. Causal (`taylor1_forward_causal`
-/// on the forward sweep; on the reversed one too, the plan for a causal order-1 backward): block m of each
+/// and `taylor1_dq_causal` on the forward sweep, `taylor1_dkdv_causal` on the reversed one): block m of each
 /// (batch entry, kv head) takes the probes with hi ∈ (mL, (m+1)L] (block 0 also hi = 0; the last one every
 /// probe past) in tiles of 64, starting from the prefix state of the sources [0, mL); per tile it folds
 /// the whole 64-source chunks below the tile's smallest hi into the state (B advancing by 64), then each
@@ -467,7 +467,14 @@ fn order1_sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, seg: us
                 let mut b_run = start;
                 for t0 in (pa..pb).step_by(BP) {
                     let np = BP.min(pb - t0);
-                    let h_lo = sw.hi(spec, t0);
+                    // The reversed sweep never folds the chunk of its last source (the first queries stay
+                    // dense for every key: taylor_order1_causal.cuh).
+                    let cap = if rev {
+                        C * (sw.n_s.saturating_sub(1) / C)
+                    } else {
+                        sw.n_s
+                    };
+                    let h_lo = sw.hi(spec, t0).min(cap);
                     let target = if h_lo > b_run {
                         b_run + C * ((h_lo - b_run) / C)
                     } else {

@@ -360,6 +360,18 @@ pub(crate) fn order1_causal_smem(d: usize) -> usize {
     (2 * bp * ld + 2 * c * ld + 2 * c * (width_padded(d) + 8)) * 2 + 2 * width_padded(d) * ld * 4
 }
 
+/// Dynamic shared memory of the order-1 causal backward (`Taylor1Causal::kBytesBwd`): two stages of two
+/// probe tiles (dO and q, or k and v), two source blocks (x `[64][D + 8]`, y `[64][MP + 8]`) in the
+/// storage type, and the state `[MP][D + 8]` in f32 (no rounded copy: the reads round it themselves).
+///
+/// ```text
+/// D = 64: (4·64·72 + 2·64·72 + 2·64·88)·2 + 80·72·4 = 100 864
+/// ```
+pub(crate) fn order1_causal_bwd_smem(d: usize) -> usize {
+    let (bp, c, ld) = (DENSE_PROBES, ORDER1_CHUNK, d + 8);
+    (4 * bp * ld + 2 * c * ld + 2 * c * (width_padded(d) + 8)) * 2 + width_padded(d) * ld * 4
+}
+
 /// Bytes of one state entry: the f32 sum, and for f16/bf16 its storage-type copies (hi and lo).
 fn state_entry_bytes(elem: usize) -> usize {
     if elem == 4 {
@@ -424,6 +436,7 @@ mod tests {
         assert_eq!(order1_forward_blocks(1024, 64, 512, 132), 1);
         assert_eq!(order1_forward_blocks(0, 64, 4, 132), 1);
         assert_eq!(order1_causal_smem(64), 105_472);
+        assert_eq!(order1_causal_bwd_smem(64), 100_864);
         assert_eq!(order1_causal_seg_len(64, 16_384, 32), 512);
         assert_eq!(order1_causal_seg_len(64, 1024, 512), 512);
         assert_eq!(order1_causal_seg_len(64, 1 << 20, 8), 1024);
@@ -475,6 +488,7 @@ mod tests {
             assert!(order1_backward_smem(d) <= 163 * 1024, "D = {d}");
             if d <= ORDER1_CAUSAL_MAX_DIM {
                 assert!(order1_causal_smem(d) <= 163 * 1024, "D = {d}");
+                assert!(order1_causal_bwd_smem(d) <= 163 * 1024, "D = {d}");
             }
             // The order-1 fold splits the m16 tiles of the columns (the last one opens at v = D) evenly.
             assert_eq!((width_padded(d) / 16) % order1_fold_split(d), 0, "D = {d}");

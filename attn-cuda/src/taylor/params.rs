@@ -16,6 +16,8 @@ pub(crate) struct TaylorParams {
     pub rg: u64,
     /// Backward: `−δ = −(dO/den)·o` per query row.
     pub nd: u64,
+    /// −T(ĝ_i)·o_i for the order-1 reversed sweeps (0: not written).
+    pub nd_rev: u64,
     pub acc_q: u64,
     pub acc_kv: u64,
     pub acc_k: u64,
@@ -46,8 +48,9 @@ pub(crate) struct TaylorParams {
     pub features: i32,
     /// f16/bf16 state copies: 1 (hi) or 2 (hi and lo, for a sweep with a gradient read).
     pub copies: i32,
-    /// Keeps the struct a whole number of 8-byte words on both sides.
-    pub pad_: i32,
+    /// 1: an order-1 reversed sweep without qk_l2norm folds q raw and its reads apply the scale (so
+    /// that its f is the forward's to f32 rounding, which matters where a denominator nears 0).
+    pub rev_raw: i32,
 }
 
 // SAFETY: `TaylorParams` is `#[repr(C)]`, made of `AttnParams` (itself `#[repr(C)]` integers and floats,
@@ -90,10 +93,10 @@ mod tests {
     use attn_core::{AttnProblem, DType, Family, TaylorParams as Taylor};
 
     #[test]
-    fn params_are_the_attn_params_then_eleven_pointers_and_twelve_scalars() {
+    fn params_are_the_attn_params_then_twelve_pointers_and_twelve_scalars() {
         assert_eq!(
             std::mem::size_of::<TaylorParams>(),
-            std::mem::size_of::<AttnParams>() + 11 * 8 + 12 * 4
+            std::mem::size_of::<AttnParams>() + 12 * 8 + 12 * 4
         );
         assert_eq!(std::mem::size_of::<TaylorParams>() % 8, 0);
         assert_eq!(std::mem::align_of::<TaylorParams>(), 8);
