@@ -86,6 +86,46 @@ template <typename T> __device__ __forceinline__ uint32_t taylor1_den_pair(float
     return pack2<T>(a - h.x, b - h.y);
 }
 
+// The sources' rows of a sweep (TaylorSweep::source) as affine functions of the source index: key s at
+// x0 + s·xs, y0 + s·ys; reversed, query row q = i·G + g = n_s − 1 − s at x0 + i·xs + g·xg, y0 + i·ys + g·yg
+// (y0 null without dO), its scalars (rg, nd) at scratch row row0 + q.
+template <typename T> struct Taylor1SourceRows {
+    const T* x0;
+    const T* y0;
+    long long xs, ys, xg, yg, row0;
+    __device__ __forceinline__ Taylor1SourceRows(const AttnParams& P, const TaylorSweep& sw) : xg(0), yg(0), row0(0) {
+        if (!sw.rev) {
+            x0 = static_cast<const T*>(P.k) + sw.si.k_off(P, 0, sw.hk);
+            y0 = static_cast<const T*>(P.v) + sw.si.v_off(P, 0, sw.hk);
+            xs = P.k_seq;
+            ys = P.v_seq;
+        } else {
+            const int h0 = sw.hk * sw.group;
+            x0 = static_cast<const T*>(P.q) + sw.si.q_off(P, 0, h0);
+            y0 = P.d_o != nullptr ? static_cast<const T*>(P.d_o) + sw.si.o_off(P, 0, h0) : nullptr;
+            xs = P.q_seq;
+            xg = P.q_head;
+            ys = P.o_seq;
+            yg = P.o_head;
+            row0 = taylor_query_row(P, sw.si, sw.hk, 0, 0);
+        }
+    }
+    // The 16-byte copy ch of source s < n_s: its x and y rows (y left as it is without dO) and, reversed
+    // (rev = sw.rev, a constant where the caller knows it), its query row q.
+    __device__ __forceinline__ void at(bool rev, const TaylorSweep& sw, int s, int ch, const T*& xp, const T*& yp,
+                                       int& q) const {
+        if (!rev) {
+            xp = x0 + s * xs + 8 * ch;
+            yp = y0 + s * ys + 8 * ch;
+        } else {
+            q = sw.n_s - 1 - s;
+            const int i = q / sw.group, gg = q - i * sw.group;
+            xp = x0 + i * xs + gg * xg + 8 * ch;
+            if (y0 != nullptr) yp = y0 + i * ys + gg * yg + 8 * ch;
+        }
+    }
+};
+
 // The fold's tiles. Mirrored by taylor::heuristics::{order1_fold_smem, order1_fold_split}.
 template <typename T, int D> struct Taylor1Fold {
     static constexpr int C = 64;       // sources per chunk
@@ -125,27 +165,8 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
     auto stage_x = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kStage); };
     auto stage_y = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kStage) + C * LD; };
 
-    // The sources' rows (TaylorSweep::source) as affine functions of the source index: key j at
-    // x0 + j·xs, y0 + j·ys (rx = ry = y_last = 1); reversed, query row q = i·G + g (q = n_s − 1 − s) at
-    // x0 + i·xs + g·xg, y0 + i·ys + g·yg, rx = scale, ry and y_last from rg, nd at scratch row row0 + q.
-    const T* x0;
-    const T* y0;
-    long long xs, ys, xg = 0, yg = 0, row0 = 0;
-    if (!sw.rev) {
-        x0 = static_cast<const T*>(P.k) + sw.si.k_off(P, 0, sw.hk);
-        y0 = static_cast<const T*>(P.v) + sw.si.v_off(P, 0, sw.hk);
-        xs = P.k_seq;
-        ys = P.v_seq;
-    } else {
-        const int h0 = sw.hk * sw.group;
-        x0 = static_cast<const T*>(P.q) + sw.si.q_off(P, 0, h0);
-        y0 = P.d_o != nullptr ? static_cast<const T*>(P.d_o) + sw.si.o_off(P, 0, h0) : nullptr;
-        xs = P.q_seq;
-        xg = P.q_head;
-        ys = P.o_seq;
-        yg = P.o_head;
-        row0 = taylor_query_row(P, sw.si, sw.hk, 0, 0);
-    }
+    // The sources' rows; rx = ry = y_last = 1 for keys; reversed rx = scale, ry and y_last from rg, nd.
+    const Taylor1SourceRows<T> src(P, sw);
     const float rx = sw.rev && tp.rev_raw == 0 ? P.scale : 1.f;  // (rev_raw: the reads apply the scale)
 
     // The copies of chunk c into stage c % S (rows past the segment zero-filled, their y_last 0), then
@@ -162,19 +183,9 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
                 const bool valid = s < s_hi;
                 const T* xp = stand_in;
                 const T* yp = stand_in;
-                bool has_y = false;
                 int q = 0;
-                if (valid && !sw.rev) {
-                    xp = x0 + s * xs + 8 * ch;
-                    yp = y0 + s * ys + 8 * ch;
-                    has_y = true;
-                } else if (valid) {
-                    q = sw.n_s - 1 - s;
-                    const int i = q / sw.group, gg = q - i * sw.group;
-                    xp = x0 + i * xs + gg * xg + 8 * ch;
-                    has_y = y0 != nullptr;
-                    if (has_y) yp = y0 + i * ys + gg * yg + 8 * ch;
-                }
+                const bool has_y = valid && src.y0 != nullptr;
+                if (valid) src.at(sw.rev, sw, s, ch, xp, yp, q);
                 cp_async_16(x + r * LD + 8 * ch, xp, valid);
                 cp_async_16(y + r * LD + 8 * ch, yp, has_y);
                 if (ch == 0) {
@@ -183,8 +194,8 @@ __device__ __forceinline__ void taylor1_fold(const TaylorParams& tp) {
                     } else {
                         const float* fs = reinterpret_cast<const float*>(stand_in);
                         const bool has_rg = valid && tp.rg != nullptr, has_nd = valid && tp.nd != nullptr;
-                        cp_async_4(&sRy[st][r], has_rg ? tp.rg + row0 + q : fs, has_rg);
-                        cp_async_4(&sYl[st][r], has_nd ? tp.nd + row0 + q : fs, has_nd);
+                        cp_async_4(&sRy[st][r], has_rg ? tp.rg + src.row0 + q : fs, has_rg);
+                        cp_async_4(&sYl[st][r], has_nd ? tp.nd + src.row0 + q : fs, has_nd);
                     }
                 }
             }

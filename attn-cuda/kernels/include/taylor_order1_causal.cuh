@@ -68,6 +68,10 @@ template <typename T, int D> struct Taylor1Causal {
     static constexpr int kYb = kXb + 2 * C * LD * 2;
     static constexpr int kSb = kYb + 2 * C * LDY * 2;
     static constexpr int kBytesBwd = kSb + MP * LDS * 4;
+    // Stage st of the probe tiles at byte offset k (kQ, kA or kB).
+    static __device__ __forceinline__ T* stage(unsigned char* smem, int k, int st) {
+        return reinterpret_cast<T*>(smem + k) + st * BP * LD;
+    }
     static_assert(MT % MG == 0 && LDS % 16 == 8, "whole fold passes; B reads of S without bank conflicts");
 };
 
@@ -113,9 +117,7 @@ template <typename T, int D, bool REV, bool ROUNDED> struct Taylor1CausalSources
     float* Sr;            // [MP][LDS] (ROUNDED)
     float (*ry)[C];       // REV: rg of each buffer's rows
     float (*yl)[C];       // REV: nd of each buffer's rows (Y's columns D, D + 1 hold it as T and remainder)
-    const T* x0;          // the sources' rows as affine functions of the index (TaylorSweep::source):
-    const T* y0;          // key s at x0 + s·xs, y0 + s·ys; reversed, query row q = i·G + g = n_s − 1 − s
-    long long xs, ys, xg, yg, row0;  // at x0 + i·xs + g·xg, y0 + i·ys + g·yg, its scalars at row0 + q
+    Taylor1SourceRows<T> rows;  // the sources' rows
     int tid, cur, cached, pending, b_run, cap;
     bool l2;
 
@@ -126,7 +128,7 @@ template <typename T, int D, bool REV, bool ROUNDED> struct Taylor1CausalSources
     __device__ __forceinline__ Taylor1CausalSources(const TaylorParams& tp_, const TaylorSweep& sw_, unsigned char* smem,
                                                     int k_x, int k_y, int k_s, int k_sr, float (*ry_)[C],
                                                     float (*yl_)[C], int m)
-        : tp(tp_), sw(sw_), ry(ry_), yl(yl_), tid(threadIdx.x), cur(0), cached(-1), pending(-1) {
+        : tp(tp_), sw(sw_), ry(ry_), yl(yl_), rows(tp_.base, sw_), tid(threadIdx.x), cur(0), cached(-1), pending(-1) {
         const AttnParams& P = tp.base;
         xb = reinterpret_cast<T*>(smem + k_x);
         yb = reinterpret_cast<T*>(smem + k_y);
@@ -137,22 +139,6 @@ template <typename T, int D, bool REV, bool ROUNDED> struct Taylor1CausalSources
         // REV: the chunk of the last source is never folded (the prefix's st[m − 1] ends at mL ≤ that chunk's
         // start too: L is a multiple of C and m < n_seg).
         cap = REV ? C * ((sw.n_s - 1) / C) : sw.n_s;
-        xg = yg = row0 = 0;
-        if (!REV) {
-            x0 = static_cast<const T*>(P.k) + sw.si.k_off(P, 0, sw.hk);
-            y0 = static_cast<const T*>(P.v) + sw.si.v_off(P, 0, sw.hk);
-            xs = P.k_seq;
-            ys = P.v_seq;
-        } else {
-            const int h0 = sw.hk * sw.group;
-            x0 = static_cast<const T*>(P.q) + sw.si.q_off(P, 0, h0);
-            y0 = static_cast<const T*>(P.d_o) + sw.si.o_off(P, 0, h0);
-            xs = P.q_seq;
-            xg = P.q_head;
-            ys = P.o_seq;
-            yg = P.o_head;
-            row0 = taylor_query_row(P, sw.si, sw.hk, 0, 0);
-        }
         const float* st_prev = m > 0 ? taylor_state_at(tp, blockIdx.z, blockIdx.y, m - 1) : nullptr;
         for (int idx = tid; idx < MP * (D + 1); idx += kTaylorThreads) {
             const int v = idx / (D + 1), c = idx % (D + 1);
@@ -177,24 +163,16 @@ template <typename T, int D, bool REV, bool ROUNDED> struct Taylor1CausalSources
         for (int r = tid / CPR; r < C; r += RPP) {
             const int s = s0 + r;
             const bool valid = s < sw.n_s;
-            const T* xp = x0;
-            const T* yp = y0;
+            const T* xp = rows.x0;
+            const T* yp = rows.y0;
             int q = 0;
-            if (valid && !REV) {
-                xp = x0 + s * xs + 8 * ch;
-                yp = y0 + s * ys + 8 * ch;
-            } else if (valid) {
-                q = sw.n_s - 1 - s;
-                const int i = q / sw.group, gg = q - i * sw.group;
-                xp = x0 + i * xs + gg * xg + 8 * ch;
-                yp = y0 + i * ys + gg * yg + 8 * ch;
-            }
+            if (valid) rows.at(REV, sw, s, ch, xp, yp, q);
             cp_async_16(xp_ + r * LD + 8 * ch, xp, valid);
             cp_async_16(yp_ + r * LDY + 8 * ch, yp, valid);
             if (REV && ch == 0) {
                 const float* fs = tp.rg;  // a valid address for the zero fills
-                cp_async_4(&ry[b][r], valid ? tp.rg + row0 + q : fs, valid);
-                cp_async_4(&yl[b][r], valid ? tp.nd + row0 + q : fs, valid);
+                cp_async_4(&ry[b][r], valid ? tp.rg + rows.row0 + q : fs, valid);
+                cp_async_4(&yl[b][r], valid ? tp.nd + rows.row0 + q : fs, valid);
             }
         }
         cp_async_commit();
@@ -426,6 +404,26 @@ __device__ __forceinline__ void taylor1_state_cols_tf32(float (&acc)[D / 8][4], 
     }
 }
 
+// The probe rows of the tile at t0 (BP rows, zero past pb) into the tiles a and b ([BP][LD] each; b only with
+// copy_b) by cp.async, thread tid taking the 16 bytes ch = tid % CPR of the rows tid / CPR + k·RPP.
+// rows(p, r, valid, ch, ap, bp) moves the copy sources ap, bp (a0, b0 on entry: valid addresses, which the
+// zero-filling copies of a probe past pb keep) to probe p's rows and records what else it needs in slot r.
+template <typename T, int D, int BP, class Rows>
+__device__ __forceinline__ void taylor1_issue_pair(T* a, T* b, const T* a0, const T* b0, int t0, int pb, bool copy_b,
+                                                   Rows rows, int tid) {
+    constexpr int LD = SmemRow<D>::ld, CPR = D * 2 / 16, RPP = kTaylorThreads / CPR;
+    const int ch = tid % CPR;
+    for (int r = tid / CPR; r < BP; r += RPP) {
+        const int p = t0 + r;
+        const bool valid = p < pb;
+        const T* ap = a0;
+        const T* bp = b0;
+        rows(p, r, valid, ch, ap, bp);
+        cp_async_16(a + r * LD + 8 * ch, ap, valid);
+        if (copy_b) cp_async_16(b + r * LD + 8 * ch, bp, valid);
+    }
+}
+
 // Causal forward (f16/bf16, rows 16-byte aligned), the structure above with the q tiles as probes; per tile
 //   2. num, den = a1 r_z (q_raw · S_lin) + a0 S_const on tf32 mma (S rounded to it);
 //   3. the sources [B, hi_p) densely: f(r_z (q_raw · x̂_s)) ỹ_s, on mma.sync as taylor_forward_tile;
@@ -449,7 +447,7 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
     if (!taylor1_causal_range(sw, blockIdx.x, pa, pb)) return;
     Taylor1CausalSources<T, D, false, true> src(tp, sw, smem_raw, L::kX, L::kY, L::kS, L::kSr, nullptr, nullptr,
                                                 blockIdx.x);
-    auto stage_q = [&](int st) { return reinterpret_cast<T*>(smem_raw + L::kQ) + st * BP * LD; };
+    auto stage_q = [&](int st) { return L::stage(smem_raw, L::kQ, st); };
     const bool l2 = P.l2norm != 0;
     const int wrow = warp * 16;
 
@@ -524,8 +522,7 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
 template <typename T, int D>
 __device__ __forceinline__ void taylor1_dq_causal(const TaylorParams& tp) {
     using L = Taylor1Causal<T, D>;
-    constexpr int BP = L::BP, C = L::C, NO = D / 8, LD = L::LD, LDY = L::LDY, LDS = L::LDS, CPR = L::CPR;
-    constexpr int RPP = kTaylorThreads / CPR;
+    constexpr int BP = L::BP, C = L::C, NO = D / 8, LD = L::LD, LDY = L::LDY, LDS = L::LDS;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ float sInv[BP];
@@ -540,22 +537,15 @@ __device__ __forceinline__ void taylor1_dq_causal(const TaylorParams& tp) {
     if (!taylor1_causal_range(sw, blockIdx.x, pa, pb)) return;
     Taylor1CausalSources<T, D, false, false> src(tp, sw, smem_raw, L::kXb, L::kYb, L::kSb, L::kSb, nullptr, nullptr,
                                                  blockIdx.x);
-    auto stage_a = [&](int st) { return reinterpret_cast<T*>(smem_raw + L::kA) + st * BP * LD; };
-    auto stage_b = [&](int st) { return reinterpret_cast<T*>(smem_raw + L::kB) + st * BP * LD; };
+    auto stage_a = [&](int st) { return L::stage(smem_raw, L::kA, st); };
+    auto stage_b = [&](int st) { return L::stage(smem_raw, L::kB, st); };
     const bool l2 = P.l2norm != 0;
     const int wrow = warp * 16;
 
-    // The tile at t0 into stage st: dO rows (and q rows under qk_l2norm) by cp.async (zero past pb), rg, nd
-    // and the dq offsets. Probe p = i·G + g is query i of head hk·G + g.
+    // The tile at t0 into stage st: dO rows (and q rows under qk_l2norm), rg, nd and the dq offsets. Probe
+    // p = i·G + g is query i of head hk·G + g.
     auto issue = [&](int t0, int st) {
-        const int ch = tid % CPR;
-        T* a = stage_a(st);
-        T* b = stage_b(st);
-        for (int r = tid / CPR; r < BP; r += RPP) {
-            const int p = t0 + r;
-            const bool valid = p < pb;
-            const T* ap = static_cast<const T*>(P.d_o);
-            const T* bp = static_cast<const T*>(P.q);
+        auto rows = [&](int p, int r, bool valid, int ch, const T*& ap, const T*& bp) {
             const int i = sw.group == 1 ? p : p / sw.group, gg = p - i * sw.group, h = sw.hk * sw.group + gg;
             if (valid) {
                 ap += sw.si.o_off(P, i, h) + 8 * ch;
@@ -567,9 +557,9 @@ __device__ __forceinline__ void taylor1_dq_causal(const TaylorParams& tp) {
                 cp_async_4(&sNd[st][r], tp.nd + row, valid);
                 if (valid) sOff[st][r] = sw.si.dq_off(P, i, h);
             }
-            cp_async_16(a + r * LD + 8 * ch, ap, valid);
-            if (l2) cp_async_16(b + r * LD + 8 * ch, bp, valid);
-        }
+        };
+        taylor1_issue_pair<T, D, BP>(stage_a(st), stage_b(st), static_cast<const T*>(P.d_o), static_cast<const T*>(P.q),
+                                     t0, pb, l2, rows, tid);
     };
     taylor1_causal_tiles(src, pa, pb, issue, [&](int t0, int stq, int h_hi) {
         T* sW = stage_a(stq);
@@ -640,7 +630,6 @@ template <typename T, int D>
 __device__ __forceinline__ void taylor1_dkdv_causal(const TaylorParams& tp) {
     using L = Taylor1Causal<T, D>;
     constexpr int BP = L::BP, C = L::C, NO = D / 8, LD = L::LD, LDY = L::LDY, LDS = L::LDS, CPR = L::CPR;
-    constexpr int RPP = kTaylorThreads / CPR;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ float sInv[BP];
@@ -666,33 +655,25 @@ __device__ __forceinline__ void taylor1_dkdv_causal(const TaylorParams& tp) {
     if (!taylor1_causal_range(sw, blockIdx.x, pa, pb)) return;
     Taylor1CausalSources<T, D, true, false> src(tp, sw, smem_raw, L::kXb, L::kYb, L::kSb, L::kSb, sRy, sYl,
                                                 blockIdx.x);
-    auto stage_a = [&](int st) { return reinterpret_cast<T*>(smem_raw + L::kA) + st * BP * LD; };
-    auto stage_b = [&](int st) { return reinterpret_cast<T*>(smem_raw + L::kB) + st * BP * LD; };
+    auto stage_a = [&](int st) { return L::stage(smem_raw, L::kA, st); };
+    auto stage_b = [&](int st) { return L::stage(smem_raw, L::kB, st); };
     const bool l2 = P.l2norm != 0;
     const int wrow = warp * 16;
 
-    // The tile at t0 into stage st: k and v rows by cp.async (zero past pb), the dk and dv offsets.
+    // The tile at t0 into stage st: k and v rows, the dk and dv offsets.
     auto issue = [&](int t0, int st) {
-        const int ch = tid % CPR;
-        T* a = stage_a(st);
-        T* b = stage_b(st);
-        for (int r = tid / CPR; r < BP; r += RPP) {
-            const int p = t0 + r;
-            const bool valid = p < pb;
-            const T* ap = static_cast<const T*>(P.k);
-            const T* bp = static_cast<const T*>(P.v);
-            if (valid) {
-                const int j = sw.n_p - 1 - p;
-                ap += sw.si.k_off(P, j, sw.hk) + 8 * ch;
-                bp += sw.si.v_off(P, j, sw.hk) + 8 * ch;
-                if (ch == 0) {
-                    sOk[st][r] = sw.si.dk_off(P, j, sw.hk);
-                    sOv[st][r] = sw.si.dv_off(P, j, sw.hk);
-                }
+        auto rows = [&](int p, int r, bool valid, int ch, const T*& ap, const T*& bp) {
+            if (!valid) return;
+            const int j = sw.n_p - 1 - p;
+            ap += sw.si.k_off(P, j, sw.hk) + 8 * ch;
+            bp += sw.si.v_off(P, j, sw.hk) + 8 * ch;
+            if (ch == 0) {
+                sOk[st][r] = sw.si.dk_off(P, j, sw.hk);
+                sOv[st][r] = sw.si.dv_off(P, j, sw.hk);
             }
-            cp_async_16(a + r * LD + 8 * ch, ap, valid);
-            cp_async_16(b + r * LD + 8 * ch, bp, valid);
-        }
+        };
+        taylor1_issue_pair<T, D, BP>(stage_a(st), stage_b(st), static_cast<const T*>(P.k), static_cast<const T*>(P.v),
+                                     t0, pb, true, rows, tid);
     };
     taylor1_causal_tiles(src, pa, pb, issue, [&](int t0, int stq, int h_hi) {
         T* sZ = stage_a(stq);
