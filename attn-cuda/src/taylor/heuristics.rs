@@ -321,8 +321,8 @@ fn blocks_per_head(probes: usize, d: usize, per_sm: usize, heads: usize, sms: us
     (per_sm * sms / heads.max(1)).clamp(1, tiles)
 }
 
-/// Head dims of the order-1 causal forward (`Taylor1Causal`): at D = 128 its f32 state and tiles would
-/// exceed sm_80's 163 KB of shared memory.
+/// Head dims of the order-1 causal kernels, forward and backward (`Taylor1Causal`): at D = 128 their f32
+/// state and tiles would exceed sm_80's 163 KB of shared memory.
 pub(crate) const ORDER1_CAUSAL_MAX_DIM: usize = 64;
 
 /// Segment length of the order-1 causal forward, whose blocks each take the probes of one segment and
