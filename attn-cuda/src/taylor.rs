@@ -251,6 +251,20 @@ fn order1_kernels_on() -> bool {
     *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1").map_or(true, |v| v.trim() != "0"))
 }
 
+/// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
+/// of `heuristics::order1_causal_seg_len`, for measuring it; anything else is ignored.
+fn order1_causal_seg_override() -> Option<usize> {
+    static SEG: OnceLock<Option<usize>> = OnceLock::new();
+    *SEG.get_or_init(|| {
+        let l = std::env::var("ATTN_CUDA_TAYLOR1_SEG")
+            .ok()?
+            .trim()
+            .parse::<usize>()
+            .ok()?;
+        (l >= 64 && l % 64 == 0).then_some(l)
+    })
+}
+
 /// A tensor whose every row starts 16 bytes aligned (base address and strides), as the order-1 kernels'
 /// 16-byte copies need; `ptr` 0 (no tensor) qualifies.
 fn rows_aligned(ptr: u64, s: Strides) -> bool {
@@ -418,7 +432,8 @@ impl<'s> Call<'s> {
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
         let causal = s.causal() != Causal::None;
         let seg = if self.order1_causal_sweep(p, reverse) {
-            heuristics::order1_causal_seg_len(d, max_sources, heads)
+            order1_causal_seg_override()
+                .unwrap_or_else(|| heuristics::order1_causal_seg_len(d, max_sources, heads))
         } else {
             heuristics::seg_len(d, order, max_sources, heads, s.dtype().size(), causal).ok_or_else(missing)?
         };
