@@ -317,40 +317,19 @@ impl<'s> Call<'s> {
             && rows_aligned(p.base.o, s.o_strides())
     }
 
-    /// The order-1 backward tiles (`taylor1_backward`): the order-1 folds of both sweeps, no causal mask,
-    /// dq, dk and dv rows 16-byte aligned.
-    fn order1_backward(&self, p: &TaylorParams) -> bool {
+    /// Which order-1 backward kernels run: `Some(false)` `taylor1_backward` (no causal mask), `Some(true)`
+    /// `taylor1_dq_causal` and `taylor1_dkdv_causal` (a causal mask, D ≤ 64), `None` the general ones.
+    /// Both need the order-1 folds of both sweeps and dq, dk, dv rows 16-byte aligned.
+    fn order1_backward(&self, p: &TaylorParams) -> Option<bool> {
         let s = self.spec;
-        self.order1_fold(p, false)
+        let causal = s.causal() != Causal::None;
+        let on = self.order1_fold(p, false)
             && self.order1_fold(p, true)
-            && s.causal() == Causal::None
+            && (!causal || s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM)
             && rows_aligned(p.base.dq, s.dq_strides())
             && rows_aligned(p.base.dk, s.dk_strides())
-            && rows_aligned(p.base.dv, s.dv_strides())
-    }
-
-    /// The order-1 causal backward tiles (`taylor1_dq_causal`, `taylor1_dkdv_causal`): the order-1 folds of
-    /// both sweeps, a causal mask, D ≤ 64, dq, dk and dv rows 16-byte aligned.
-    fn order1_causal_backward(&self, p: &TaylorParams) -> bool {
-        let s = self.spec;
-        self.order1_fold(p, false)
-            && self.order1_fold(p, true)
-            && s.causal() != Causal::None
-            && s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM
-            && rows_aligned(p.base.dq, s.dq_strides())
-            && rows_aligned(p.base.dk, s.dk_strides())
-            && rows_aligned(p.base.dv, s.dv_strides())
-    }
-
-    /// Whether the sweep runs the order-1 causal block structure (one block per segment, which carries its
-    /// state): its segment length is then `order1_causal_seg_len`. A backward call (`d_o` set) asks
-    /// [`Call::order1_causal_backward`], a forward [`Call::order1_causal`].
-    fn order1_causal_sweep(&self, p: &TaylorParams, reverse: bool) -> bool {
-        if p.base.d_o != 0 {
-            self.order1_causal_backward(p)
-        } else {
-            !reverse && self.order1_causal(p)
-        }
+            && rows_aligned(p.base.dv, s.dv_strides());
+        on.then_some(causal)
     }
 
     fn checker(&self, pass: Pass) -> Checker<'s> {
@@ -416,10 +395,11 @@ impl<'s> Call<'s> {
         }
     }
 
-    /// The geometry of a sweep (`reverse`: queries → keys) set in `p`: segment length, segments and
-    /// features per state row; returns `(probes, states)`, the most probes of a (batch entry, kv head)
-    /// and the state entries of all of them.
-    fn geometry(&self, p: &mut TaylorParams, reverse: bool) -> Result<(usize, usize)> {
+    /// The geometry of a sweep (`reverse`: queries → keys) set in `p`: segment length (`causal_blocks`: the
+    /// order-1 causal kernels', one block per segment carrying its state), segments and features per state
+    /// row; returns `(probes, states)`, the most probes of a (batch entry, kv head) and the state entries of
+    /// all of them.
+    fn geometry(&self, p: &mut TaylorParams, reverse: bool, causal_blocks: bool) -> Result<(usize, usize)> {
         let s = self.spec;
         let (d, g) = (s.head_dim(), s.group());
         let order = p.order as u8;
@@ -431,7 +411,7 @@ impl<'s> Call<'s> {
         let heads = s.batch() * s.heads_kv();
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
         let causal = s.causal() != Causal::None;
-        let seg = if self.order1_causal_sweep(p, reverse) {
+        let seg = if causal_blocks {
             order1_causal_seg_override()
                 .unwrap_or_else(|| heuristics::order1_causal_seg_len(d, max_sources, heads))
         } else {
@@ -526,7 +506,7 @@ impl<'s> Call<'s> {
         let dt = dtype_tag(s.dtype());
         let elem = s.dtype().size();
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
-        let (max_probes, entries) = self.geometry(p, reverse)?;
+        let (max_probes, entries) = self.geometry(p, reverse, false)?;
         let dense_per_block = if elem == 4 {
             heuristics::ROWS_PER_BLOCK
         } else {
@@ -578,8 +558,9 @@ impl<'s> Call<'s> {
         let s = self.spec;
         let d = s.head_dim();
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
-        let (max_probes, entries) = self.geometry(p, false)?;
-        if self.order1_causal(p) {
+        let causal_blocks = self.order1_causal(p);
+        let (max_probes, entries) = self.geometry(p, false, causal_blocks)?;
+        if causal_blocks {
             let _states = self.states(p, entries, 0)?;
             return self.run(
                 Launch {
@@ -635,7 +616,7 @@ impl<'s> Call<'s> {
                 p.nd = p.nd_rev; // −T(ĝ)·o: cancels with v·T(ĝ) (taylor_prep_grads)
                 p.rev_raw = i32::from(p.base.l2norm == 0); // q raw in the state, the reads scale it
             }
-            let (_, entries) = self.geometry(p, reverse)?;
+            let (_, entries) = self.geometry(p, reverse, causal)?;
             let _states = self.states(p, entries, if causal { 0 } else { 2 })?;
             let launch = if causal {
                 Launch {
@@ -726,8 +707,8 @@ pub(crate) fn backward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Backw
     let (_nd, nd) = call.scratch(rows_q)?;
     (p.rg, p.nd) = (rg, nd);
     // The order-1 kernels' reversed sweep holds ĝ rounded to the storage type: its −δ from the same ĝ.
-    let order1 = call.order1_backward(&p) || call.order1_causal_backward(&p);
-    let _nd_rev = if order1 {
+    let order1 = call.order1_backward(&p);
+    let _nd_rev = if order1.is_some() {
         let (buf, ptr) = call.scratch(rows_q)?;
         p.nd_rev = ptr;
         Some(buf)
@@ -735,8 +716,7 @@ pub(crate) fn backward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Backw
         None
     };
     call.run(call.rows("prep_grads", false), &p)?;
-    if order1 {
-        let causal = call.order1_causal_backward(&p);
+    if let Some(causal) = order1 {
         return call.order1_backward_tiles(&mut p, causal);
     }
     let (_du, du) = call.scratch(rows_q * d)?;

@@ -333,13 +333,15 @@ __device__ __forceinline__ void taylor1_causal_tiles(Src& src, int pa, int pb, I
     cp_async_wait<0>();  // (a block fetched ahead that no tile read may still be in flight)
 }
 
-// acc[nn] = Z_raw · S[v][0..D)ᵀ for the n8 tiles nn < NO of v (16 rows of z [..][LD] from wrow; k = d) on
-// tf32 mma: the k16 A fragment of z (ldmatrix) splits into two k8 steps with k permuted (slot t4 ↔
-// column 2t4, slot t4 + 4 ↔ 2t4 + 1), and B reads S's rows alike (k contiguous: float2). S as it is
-// (already rounded: the forward's Sr), or (SPLIT) as round_tf32(S) + the remainder, two products.
-template <typename T, int D, int NO, bool SPLIT>
-__device__ __forceinline__ void taylor1_state_rows_tf32(float (&acc)[NO][4], const T* z, int wrow, const float* S,
-                                                        int lane) {
+// acc[nn] = Z_raw · B for the n8 tiles nn < NO (16 rows of z [..][LD] from wrow, k over D) on tf32 mma, B
+// from the state S [..][D + 8]: its rows (COLS = false: B[k = d][n = v] = S[v][d], k contiguous, float2
+// reads) or its columns (COLS: B[k = v][n = e] = S[v][e], v < D). The k16 A fragment of z (ldmatrix)
+// splits into two k8 steps with k permuted (slot t4 ↔ column 2t4, slot t4 + 4 ↔ 2t4 + 1), and B is read
+// alike. S as it is (already rounded: the forward's Sr), or (SPLIT) as round_tf32(S) + the remainder,
+// two products.
+template <typename T, int D, int NO, bool COLS, bool SPLIT>
+__device__ __forceinline__ void taylor1_state_tf32(float (&acc)[NO][4], const T* z, int wrow, const float* S,
+                                                   int lane) {
     constexpr int LD = SmemRow<D>::ld, LDS = D + 8;
     const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
@@ -354,52 +356,34 @@ __device__ __forceinline__ void taylor1_state_rows_tf32(float (&acc)[NO][4], con
         const float a_lo[4] = {r0.x, r1.x, r0.y, r1.y}, a_hi[4] = {r2.x, r3.x, r2.y, r3.y};
 #pragma unroll
         for (int nn = 0; nn < NO; ++nn) {
-            const float* sp = S + (8 * nn + g) * LDS + 16 * kk + 2 * t4;
-            const float2 b_lo = *reinterpret_cast<const float2*>(sp);
-            const float2 b_hi = *reinterpret_cast<const float2*>(sp + 8);
-            if constexpr (SPLIT) {
-                const float h0 = round_tf32(b_lo.x), h1 = round_tf32(b_lo.y), h2 = round_tf32(b_hi.x),
-                            h3 = round_tf32(b_hi.y);
-                mma1688_tf32(acc[nn], a_lo, b_lo.x - h0, b_lo.y - h1);
-                mma1688_tf32(acc[nn], a_hi, b_hi.x - h2, b_hi.y - h3);
-                mma1688_tf32(acc[nn], a_lo, h0, h1);
-                mma1688_tf32(acc[nn], a_hi, h2, h3);
+            float b[4];  // k = 2t4, 2t4 + 1, 8 + 2t4, 9 + 2t4 of this step; n = 8nn + g
+            if constexpr (COLS) {
+                const float* sp = S + (16 * kk + 2 * t4) * LDS + 8 * nn + g;
+                b[0] = sp[0];
+                b[1] = sp[LDS];
+                b[2] = sp[8 * LDS];
+                b[3] = sp[9 * LDS];
             } else {
-                mma1688_tf32(acc[nn], a_lo, b_lo.x, b_lo.y);
-                mma1688_tf32(acc[nn], a_hi, b_hi.x, b_hi.y);
+                const float* sp = S + (8 * nn + g) * LDS + 16 * kk + 2 * t4;
+                const float2 lo = *reinterpret_cast<const float2*>(sp);
+                const float2 hi = *reinterpret_cast<const float2*>(sp + 8);
+                b[0] = lo.x;
+                b[1] = lo.y;
+                b[2] = hi.x;
+                b[3] = hi.y;
             }
-        }
-    }
-}
-
-// acc[nn] = W_raw · S[0..D)[e] for the n8 tiles nn of e < D (16 rows of w [..][LD] from wrow; k = v < D) on
-// tf32 mma, S as round_tf32(S) + the remainder (two products): B reads S's columns (k = v its rows).
-template <typename T, int D>
-__device__ __forceinline__ void taylor1_state_cols_tf32(float (&acc)[D / 8][4], const T* w, int wrow, const float* S,
-                                                        int lane) {
-    constexpr int LD = SmemRow<D>::ld, LDS = D + 8;
-    const int g = lane / 4, t4 = lane % 4;
+            if constexpr (SPLIT) {
+                float h[4];
 #pragma unroll
-    for (int nn = 0; nn < D / 8; ++nn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nn][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        load_a(a, w, LD, wrow, kk * 16, lane);
-        const float2 r0 = unpack2<T>(a[0]), r1 = unpack2<T>(a[1]), r2 = unpack2<T>(a[2]), r3 = unpack2<T>(a[3]);
-        const float a_lo[4] = {r0.x, r1.x, r0.y, r1.y}, a_hi[4] = {r2.x, r3.x, r2.y, r3.y};
-#pragma unroll
-        for (int nn = 0; nn < D / 8; ++nn) {
-            const float* sp = S + (16 * kk + 2 * t4) * LDS + 8 * nn + g;
-            const float b[4] = {sp[0], sp[LDS], sp[8 * LDS], sp[9 * LDS]};  // k = 2t4, 2t4 + 1, 8 + 2t4, 9 + 2t4
-            float h[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) h[e] = round_tf32(b[e]);
-            mma1688_tf32(acc[nn], a_lo, b[0] - h[0], b[1] - h[1]);
-            mma1688_tf32(acc[nn], a_hi, b[2] - h[2], b[3] - h[3]);
-            mma1688_tf32(acc[nn], a_lo, h[0], h[1]);
-            mma1688_tf32(acc[nn], a_hi, h[2], h[3]);
+                for (int e = 0; e < 4; ++e) h[e] = round_tf32(b[e]);
+                mma1688_tf32(acc[nn], a_lo, b[0] - h[0], b[1] - h[1]);
+                mma1688_tf32(acc[nn], a_hi, b[2] - h[2], b[3] - h[3]);
+                mma1688_tf32(acc[nn], a_lo, h[0], h[1]);
+                mma1688_tf32(acc[nn], a_hi, h[2], h[3]);
+            } else {
+                mma1688_tf32(acc[nn], a_lo, b[0], b[1]);
+                mma1688_tf32(acc[nn], a_hi, b[2], b[3]);
+            }
         }
     }
 }
@@ -470,7 +454,7 @@ __device__ __forceinline__ void taylor1_forward_causal(const TaylorParams& tp) {
 
         // 2. acc = Q_raw S_linᵀ on tf32 mma, then [num, den] = a1 r_z acc + a0 S_const.
         float acc[NO][4];
-        taylor1_state_rows_tf32<T, D, NO, false>(acc, sQ, wrow, src.Sr, lane);
+        taylor1_state_tf32<T, D, NO, false, false>(acc, sQ, wrow, src.Sr, lane);
 #pragma unroll
         for (int nn = 0; nn < NO; ++nn)
 #pragma unroll
@@ -580,7 +564,7 @@ __device__ __forceinline__ void taylor1_dq_causal(const TaylorParams& tp) {
 
         // 2. dû = a1 (rg (dO_raw · S_lin[0..Dv)) + nd S_lin[Dv]).
         float acc[NO][4];
-        taylor1_state_cols_tf32<T, D>(acc, sW, wrow, src.S, lane);
+        taylor1_state_tf32<T, D, NO, true, true>(acc, sW, wrow, src.S, lane);
 #pragma unroll
         for (int nn = 0; nn < NO; ++nn)
 #pragma unroll
@@ -695,8 +679,8 @@ __device__ __forceinline__ void taylor1_dkdv_causal(const TaylorParams& tp) {
 
         // 2. dṽ = a0 U_const + a1 r_z (k_raw · U_lin), dk̂ = a1 (v_raw · U_lin[0..Dv) + U_lin[Dv]).
         float dvt[NO][4], dkh[NO][4];
-        taylor1_state_rows_tf32<T, D, NO, true>(dvt, sZ, wrow, src.S, lane);
-        taylor1_state_cols_tf32<T, D>(dkh, sV, wrow, src.S, lane);
+        taylor1_state_tf32<T, D, NO, false, true>(dvt, sZ, wrow, src.S, lane);
+        taylor1_state_tf32<T, D, NO, true, true>(dkh, sV, wrow, src.S, lane);
 #pragma unroll
         for (int nn = 0; nn < NO; ++nn)
 #pragma unroll
