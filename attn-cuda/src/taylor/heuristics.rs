@@ -348,28 +348,32 @@ pub(crate) fn order1_causal_seg_len(d: usize, n_s: usize, heads: usize) -> usize
     l
 }
 
-/// Dynamic shared memory of the order-1 causal forward (`Taylor1Causal::kBytes`): two q tiles and two
-/// source blocks (x `[64][D + 8]`, y `[64][MP + 8]`) in the storage type, and the state `[MP][D + 8]` in
-/// f32 twice (the sums, and their tf32 rounding for the mma).
+/// Dynamic shared memory of an order-1 causal kernel (`Taylor1Causal`): `tiles` probe tiles `[64][D + 8]`
+/// and two source blocks (x `[64][D + 8]`, y `[64][MP + 8]`) in the storage type, and `states` copies of
+/// the state `[MP][D + 8]` in f32.
+fn order1_causal_layout(d: usize, tiles: usize, states: usize) -> usize {
+    let (bp, c, ld) = (DENSE_PROBES, ORDER1_CHUNK, d + 8);
+    (tiles * bp * ld + 2 * c * ld + 2 * c * (width_padded(d) + 8)) * 2 + states * width_padded(d) * ld * 4
+}
+
+/// Dynamic shared memory of the order-1 causal forward (`Taylor1Causal::kBytes`): two q tiles, and the
+/// state twice (the sums, and their tf32 rounding for the mma).
 ///
 /// ```text
 /// D = 64: (2·64·72 + 2·64·72 + 2·64·88)·2 + 2·80·72·4 = 105 472
 /// ```
 pub(crate) fn order1_causal_smem(d: usize) -> usize {
-    let (bp, c, ld) = (DENSE_PROBES, ORDER1_CHUNK, d + 8);
-    (2 * bp * ld + 2 * c * ld + 2 * c * (width_padded(d) + 8)) * 2 + 2 * width_padded(d) * ld * 4
+    order1_causal_layout(d, 2, 2)
 }
 
 /// Dynamic shared memory of the order-1 causal backward (`Taylor1Causal::kBytesBwd`): two stages of two
-/// probe tiles (dO and q, or k and v), two source blocks (x `[64][D + 8]`, y `[64][MP + 8]`) in the
-/// storage type, and the state `[MP][D + 8]` in f32 (no rounded copy: the reads round it themselves).
+/// probe tiles (dO and q, or k and v), and the state once (the reads round it themselves).
 ///
 /// ```text
 /// D = 64: (4·64·72 + 2·64·72 + 2·64·88)·2 + 80·72·4 = 100 864
 /// ```
 pub(crate) fn order1_causal_bwd_smem(d: usize) -> usize {
-    let (bp, c, ld) = (DENSE_PROBES, ORDER1_CHUNK, d + 8);
-    (4 * bp * ld + 2 * c * ld + 2 * c * (width_padded(d) + 8)) * 2 + width_padded(d) * ld * 4
+    order1_causal_layout(d, 4, 1)
 }
 
 /// Bytes of one state entry: the f32 sum, and for f16/bf16 its storage-type copies (hi and lo).
