@@ -187,9 +187,12 @@ pub(crate) const WS_SCALAR_STAGES: usize = 3;
 
 /// Dynamic shared memory of the warp-specialised forward: [`wg_fwd_smem`]'s layout, whose scalars
 /// hold the [`WS_SCALAR_STAGES`] stages of 1/‖k‖ or k0, plus as many of log γ_j for the hyperbolic
-/// scores (`lorentz`).
-pub(crate) fn ws_fwd_smem(t: Tile, d: usize, elem: usize, lorentz: bool) -> usize {
-    wg_fwd_smem(t, d, elem) + if lorentz { WS_SCALAR_STAGES * t.bn * 4 } else { 0 }
+/// scores (`lorentz`), plus a third K stage where the producer scales K (`scaled_k`: cosine-sim,
+/// `kKs` in flash_fwd_ws.cuh).
+pub(crate) fn ws_fwd_smem(t: Tile, d: usize, elem: usize, lorentz: bool, scaled_k: bool) -> usize {
+    wg_fwd_smem(t, d, elem)
+        + if lorentz { WS_SCALAR_STAGES * t.bn * 4 } else { 0 }
+        + if scaled_k { t.bn * d * elem } else { 0 }
 }
 
 /// Threads of a warp-specialised Hopper forward block: the consumers' `bm · 2` and the producer's 128.
@@ -366,7 +369,7 @@ mod tests {
         assert!(wg_fwd_tile(32).is_none() && wg_fwd_tile(256).is_none());
         for d in [64, 128] {
             let t = ws_fwd_tile(d).expect("warp-specialised tile");
-            let bytes = ws_fwd_smem(t, d, 2, true);
+            let bytes = ws_fwd_smem(t, d, 2, true, false).max(ws_fwd_smem(t, d, 2, false, true));
             // The scalar ring in the place of the wgmma forward's scalars.
             assert!(WS_SCALAR_STAGES * t.bn <= 2 * t.bn + t.bm, "{t:?}");
             // Plus the kernel's static 1 KiB (its barriers, aligned).

@@ -42,6 +42,30 @@ __device__ __forceinline__ void load_tile_sw128(T* smem, const T* base, long lon
                                                                           base);
 }
 
+// Multiply the rows of a tile that this thread copied with load_tile_sw128 (the same threads, the same
+// chunks: once its copies have landed a thread needs no other thread's) by their factors scale[r]
+// (f32), rounding back to T: cosine-sim's k̂ = k/max(‖k‖, eps), as l2-normalise-then-attend rounds it.
+template <typename T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void scale_tile_rows_sw128(T* smem, const float* scale, int tid) {
+    constexpr int kChunksPerRow = D / 8;
+    constexpr int kRowsPerPass = THREADS / kChunksPerRow;
+    const int r = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+    unsigned char* at = reinterpret_cast<unsigned char*>(smem) + sw128_offset<ROWS>(r, col);
+#pragma unroll 4
+    for (int pass = 0; pass < ROWS / kRowsPerPass; ++pass) {
+        const float f = scale[r + pass * kRowsPerPass];
+        uint4* chunk = reinterpret_cast<uint4*>(at + pass * kRowsPerPass * 128);
+        uint4 x = *chunk;
+        uint32_t* w = reinterpret_cast<uint32_t*>(&x);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const T* pair = reinterpret_cast<const T*>(&w[e]);
+            w[e] = pack2<T>(to_f32(pair[0]) * f, to_f32(pair[1]) * f);
+        }
+        *chunk = x;
+    }
+}
+
 // A consumer warp of the Hopper forwards (flash_fwd_wg, flash_fwd_ws) before its first key block: its
 // two rows (of the 16 from wrow) and their key ranges, O = 0, the running state, and for cosine-sim
 // with fused norms 1/‖q‖ of the rows (from the inv-norm row kernel).

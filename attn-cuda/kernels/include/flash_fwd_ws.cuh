@@ -6,14 +6,19 @@
 //   warpgroups 0..NC−1: consumers, rows 64w..64w+63 (so every per-warp helper of the other forward
 //     kernels applies unchanged); after setmaxnreg 232 registers each for NC = 2 (D = 128), 160 for
 //     NC = 3 (D = 64);
-//   warpgroup NC: producer (40 or 24 registers); cp.async of Q once and of K_j, V_j into two stages
-//     each, and of the key block's scalars (1/‖k‖; k0, log γ) into three, then it exits.
+//   warpgroup NC: producer (40 or 32 registers); cp.async of Q once and of K_j, V_j into two stages
+//     each, and of the key block's scalars (1/‖k‖; k0, log γ) into three, then it exits. For
+//     cosine-sim with the l2-norm it scales K in place, one block behind its copies (issue K_j, wait
+//     for K_{j−1} and its 1/‖k‖ to land, scale its own chunks of K_{j−1}, arrive, issue V_{j−1}),
+//     with three K stages so that the copy of K_j does not wait for the block the consumers are on:
+//     k̂ rounded to T as l2-normalise-then-attend rounds it, and the consumers' scores read no
+//     per-key scalar (kernels/NOTES.md, session 15).
 // No block barrier after the start: each stage has a full barrier (the producer's 128 threads arrive
-// when their copies have landed) and an empty one (every consumer thread arrives when it is done
-// with it); the producer waits on empty before refilling a stage. The key scalars are read by the
-// scores after S_j, so they have their own ring of three stages (released after the scores): K_j's
-// stage is free as soon as S_j is done, as for softmax, and the producer's refill of scalar stage
-// j+2 mod 3 waits for the scores of block j−1, long done.
+// when their copies have landed) and an empty one (each consumer warp arrives once, from lane 0,
+// when it is done with it); the producer waits on empty before refilling a stage. The hyperbolic
+// key scalars are read by the scores after S_j, so they have their own ring of three stages
+// (released after the scores): K_j's stage is free as soon as S_j is done, as for softmax, and the
+// producer's refill of scalar stage j+2 mod 3 waits for the scores of block j−1, long done.
 //
 // Consumer warpgroup, per key block j (the same overlap of softmax and P·V as flash_fwd_wg):
 //   wait K_j and V_{j−1} full
@@ -32,10 +37,10 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int MT = 1;
     constexpr int kNc = BM / 64;  // consumer warpgroups; the producer is warpgroup kNc
-    constexpr int kConsumers = BM * 2, kProducers = 128;
+    constexpr int kConsumers = BM * 2, kProducers = 128, kConsumerWarps = kConsumers / 32;
     // Registers after setmaxnreg: the block holds 65536 / (BM·2 + 128) per thread at entry (the
     // launch bound); the producer gives most of its share to the consumers.
-    constexpr int kProducerRegs = kNc == 2 ? 40 : 24, kConsumerRegs = kNc == 2 ? 232 : 160;
+    constexpr int kProducerRegs = kNc == 2 ? 40 : 32, kConsumerRegs = kNc == 2 ? 232 : 160;
     static_assert(BM == 128 || BM == 192, "two or three consumer warpgroups");
     static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= 65536, "register file");
     constexpr int NT = BN / 8;  // n8 tiles of S per warp
@@ -43,25 +48,28 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     static_assert(BN % 64 == 0 && BN <= kProducers, "whole sw128 row groups; one scalar per producer thread");
     constexpr int kCs = 3;  // stages of the key scalars
     static_assert(kCs * BN <= 2 * BN + BM, "the scalar ring fits wg_fwd_smem's scalars");
+    // Stages of K: cosine-sim's producer scales K_j a block after copying it, so K_j's copy is
+    // issued while K_{j−1} and K_{j−2} may both still be in use (host: ws_fwd_smem's scaled_k).
+    constexpr int kKs = Score::kNorms ? 3 : 2;
 
     // The same layout as flash_fwd_wg (host: heuristics::wg_fwd_smem), stages in place of buffers.
     extern __shared__ __align__(1024) unsigned char smem_ws[];
     unsigned char* base = smem_ws + ((1024u - (smem_addr(smem_ws) & 1023u)) & 1023u);
     T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
-    T* sK = sQ + BM * D;                 // [2][BN × D] sw128
-    T* sV = sK + 2 * BN * D;             // [2][BN × D] sw128
+    T* sK = sQ + BM * D;                 // [kKs][BN × D] sw128
+    T* sV = sK + kKs * BN * D;           // [2][BN × D] sw128
     float* sRk = reinterpret_cast<float*>(sV + 2 * BN * D);  // [3][BN] cosine: 1/‖k‖
     float* sK0 = sRk;                                         // [3][BN] hyperbolic: k0
     float* sLg = sRk + 2 * BN + BM;  // [3][BN] hyperbolic midpoint: log γ_j (host: ws_fwd_smem)
-    // full_q; full_k[2], full_v[2] (producer arrivals; full_k also covers the scalars loaded with
-    // K_j); empty_k[2], empty_v[2], empty_c[3] (consumer arrivals).
-    __shared__ __align__(8) uint64_t bars[12];
+    // full_q; full_k[kKs], full_v[2] (producer arrivals; full_k also covers the scalars loaded
+    // with K_j); empty_k[kKs], empty_v[2], empty_c[3] (consumer arrivals).
+    __shared__ __align__(8) uint64_t bars[1 + 2 * kKs + 4 + kCs];
     uint64_t* full_q = bars;
     uint64_t* full_k = bars + 1;
-    uint64_t* full_v = bars + 3;
-    uint64_t* empty_k = bars + 5;
-    uint64_t* empty_v = bars + 7;
-    uint64_t* empty_c = bars + 9;
+    uint64_t* full_v = full_k + kKs;
+    uint64_t* empty_k = full_v + 2;
+    uint64_t* empty_v = empty_k + kKs;
+    uint64_t* empty_c = empty_v + 2;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int b = blockIdx.z, h = blockIdx.y;
@@ -70,19 +78,21 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
     if (tid == 0) {
         mbar_init(full_q, kProducers);
-        for (int s = 0; s < 2; ++s) {
+        for (int s = 0; s < kKs; ++s) {
             mbar_init(full_k + s, kProducers);
-            mbar_init(full_v + s, kProducers);
-            mbar_init(empty_k + s, kConsumers);
-            mbar_init(empty_v + s, kConsumers);
+            mbar_init(empty_k + s, kConsumerWarps);
         }
-        for (int c = 0; c < kCs; ++c) mbar_init(empty_c + c, kConsumers);
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(full_v + s, kProducers);
+            mbar_init(empty_v + s, kConsumerWarps);
+        }
+        for (int c = 0; c < kCs; ++c) mbar_init(empty_c + c, kConsumerWarps);
     }
     __syncthreads();
 
-    const bool norms = Score::kNorms && p.l2norm;
+    const bool norms = Score::kNorms && p.l2norm;  // the producer scales K_j by 1/‖k‖ (k̂ in T)
     const bool midpoint = Score::kLorentz && p.midpoint;
-    const bool cols = norms || Score::kLorentz;  // key scalars to load and release
+    const bool cols = Score::kLorentz;  // key scalars the consumers read and release
 
     if (wg == kNc) {  // producer
         regs_dec<kProducerRegs>();
@@ -92,16 +102,52 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
         const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
         load_tile_sw128<T, BM, D, kProducers>(sQ, q, p.q_seq, i0, si.len_q, pt);
         mbar_arrive_cp_async(full_q);
-        for (int it = 0; it < n_count; ++it) {
-            const int s = it & 1, use = it >> 1, n = n_first + it, c = it % kCs, use_c = it / kCs;
-            if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
-            load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
-            if (cols && use_c > 0) mbar_wait(empty_c + c, (use_c - 1) & 1);
-            load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + c * BN, sLg + c * BN, norms, midpoint, pt);
-            mbar_arrive_cp_async(full_k + s);
+        auto load_v = [&](int it) {
+            const int s = it & 1, use = it >> 1;
             if (use > 0) mbar_wait(empty_v + s, (use - 1) & 1);
-            load_tile_sw128<T, BN, D, kProducers>(sV + s * BN * D, v, p.v_seq, n * BN, si.len_k, pt);
+            load_tile_sw128<T, BN, D, kProducers>(sV + s * BN * D, v, p.v_seq, (n_first + it) * BN, si.len_k, pt);
             mbar_arrive_cp_async(full_v + s);
+        };
+        if (norms) {
+            // Cosine-sim: K_j is scaled one block behind its copy (issue K_j, then scale K_{j−1}, whose
+            // copies landed while the consumers ran a block), so the wait for the copies stays off the
+            // consumers' path; V_{j−1} follows K_{j−1}. Three K stages: K_j's copy waits for S_{j−3},
+            // so scaling K_{j−1} is not held up by the consumers' S_{j−2}. k̂ = k/‖k‖ in place (each
+            // thread its own chunks; the named barrier shares the factors), made visible to the
+            // consumers' wgmma.
+            auto scale_k = [&](int it) {
+                asm volatile("bar.sync 1, %0;\n" ::"n"(kProducers) : "memory");
+                scale_tile_rows_sw128<T, BN, D, kProducers>(sK + (it % kKs) * BN * D, sRk + (it % kCs) * BN, pt);
+                fence_proxy_async();
+                mbar_arrive(full_k + it % kKs);
+            };
+            for (int it = 0; it < n_count; ++it) {
+                const int s = it % kKs, use = it / kKs, n = n_first + it;
+                if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
+                load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
+                load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + (it % kCs) * BN, sLg, true, false, pt);
+                cp_async_commit();
+                if (it > 0) {
+                    cp_async_wait<1>();  // everything but K_j: K_{j−1} and its factors
+                    scale_k(it - 1);
+                    load_v(it - 1);
+                }
+            }
+            if (n_count > 0) {
+                cp_async_wait<0>();
+                scale_k(n_count - 1);
+                load_v(n_count - 1);
+            }
+        } else {
+            for (int it = 0; it < n_count; ++it) {
+                const int s = it % kKs, use = it / kKs, n = n_first + it, c = it % kCs, use_c = it / kCs;
+                if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
+                load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
+                if (cols && use_c > 0) mbar_wait(empty_c + c, (use_c - 1) & 1);
+                load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + c * BN, sLg + c * BN, false, midpoint, pt);
+                mbar_arrive_cp_async(full_k + s);
+                load_v(it);
+            }
         }
         cp_async_wait<0>();
         return;
@@ -118,27 +164,28 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     mbar_wait(full_q, 0);
     uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
     for (int it = 0; it < n_count; ++it) {
-        const int n = n_first + it, s = it & 1, c = it % kCs;
-        mbar_wait(full_k + s, (it >> 1) & 1);
-        if (it > 0) mbar_wait(full_v + (s ^ 1), ((it - 1) >> 1) & 1);
+        const int n = n_first + it, s = it % kKs, c = it % kCs, vp = (it - 1) & 1;  // vp: V_{j−1}'s stage
+        mbar_wait(full_k + s, (it / kKs) & 1);
+        if (it > 0) mbar_wait(full_v + vp, ((it - 1) >> 1) & 1);
         fence_proxy_async();  // the producer's cp.async writes, visible to the wgmma reads
 
         float sc[MT][NT][4];
-        ops.products(sc[0], acc_o[0], pa, s, s ^ 1, it > 0);  // no P·V in block 0
+        ops.products(sc[0], acc_o[0], pa, s, vp, it > 0);  // no P·V in block 0
         wg_wait<1>();
         fence_regs<NT>(sc[0]);
-        mbar_arrive(empty_k + s);
+        mbar_arrive_warp(empty_k + s, lane);
 
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
         float alpha[MT][2];
-        fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, norms, sc, m, l, alpha, rq, row, lo, hi,
+        // K_j holds k̂ already: the scores see unit key norms (rq still scales the rows).
+        fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, false, sc, m, l, alpha, rq, row, lo, hi,
                                            sRk + c * BN, sK0 + c * BN, sLg + c * BN, t4);
-        if (cols) mbar_arrive(empty_c + c);
+        if (cols) mbar_arrive_warp(empty_c + c, lane);
         wg_wait<0>();
         fence_regs<DT>(acc_o[0]);
         fence_regs<BN / 16>(pa);
-        if (it > 0) mbar_arrive(empty_v + (s ^ 1));
+        if (it > 0) mbar_arrive_warp(empty_v + vp, lane);
         wg_fwd_next_p<T, Score, D, BN>(p, acc_o[0], alpha[0], sc[0], pa);
     }
     if (n_count > 0) {  // the last block's P·V

@@ -49,6 +49,13 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// One arrival for the calling warp (a barrier counted in warps): lane 0 arrives once every lane has
+// reached it (__syncwarp orders the lanes' earlier accesses before the arrival), so a release costs
+// one shared-memory atomic per warp rather than 32.
+__device__ __forceinline__ void mbar_arrive_warp(uint64_t* bar, int lane) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+}
 // The barrier counts this thread's arrival once every cp.async it issued so far has completed
 // (.noinc: the arrival is one of the count given to mbar_init).
 __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
