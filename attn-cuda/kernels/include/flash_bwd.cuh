@@ -112,16 +112,19 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
         });
     } else if (fast) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int nt = 0; nt < NT; ++nt) {
+            // This thread's two columns of the n8 tile: one 8-byte load of their 1/‖k‖ for all rows.
+            const float2 rk2 = norms ? *reinterpret_cast<const float2*>(sRk + nt * 8 + 2 * t4) : make_float2(1.f, 1.f);
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int r = e / 2;
-                    const float rk = norms ? sRk[nt * 8 + 2 * t4 + (e & 1)] : 1.f;
+                    const float rk = (e & 1) ? rk2.y : rk2.x;
                     const float pr = exp2_fast(fmaf(s[mt][nt][e] * rk, cq[mt][r], -lse2[mt][r]));
                     s[mt][nt][e] = pr * (dp[mt][nt][e] - delta[mt][r]) * rk;
                 }
+        }
     } else {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -159,16 +162,22 @@ template <int MT, int QT>
 __device__ __forceinline__ void dkdv_fast_p(const AttnParams& p, bool norms, float (&st)[MT][QT][4],
                                             const float (&rk)[MT][2], const float* sRq, const float* sLse, int t4) {
     const float c0 = p.scale * kLog2e;
+    float ck[MT][2];  // c0 times the key's 1/‖k‖
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt) ck[mt][0] = c0 * rk[mt][0], ck[mt][1] = c0 * rk[mt][1];
 #pragma unroll
-        for (int qt = 0; qt < QT; ++qt)
+    for (int qt = 0; qt < QT; ++qt) {
+        // This thread's two query columns: one 8-byte load each of 1/‖q‖ and the LSE.
+        const float2 rq2 = norms ? *reinterpret_cast<const float2*>(sRq + qt * 8 + 2 * t4) : make_float2(1.f, 1.f);
+        const float2 lse2 = *reinterpret_cast<const float2*>(sLse + qt * 8 + 2 * t4);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int cl = qt * 8 + 2 * t4 + (e & 1);
-                const float f = norms ? c0 * sRq[cl] * rk[mt][e / 2] : c0;
-                st[mt][qt][e] = exp2_fast(fmaf(st[mt][qt][e], f, -sLse[cl]));
+                const float f = norms ? ck[mt][e / 2] * ((e & 1) ? rq2.y : rq2.x) : c0;
+                st[mt][qt][e] = exp2_fast(fmaf(st[mt][qt][e], f, -((e & 1) ? lse2.y : lse2.x)));
             }
+    }
 }
 
 // dpt: dPᵀ → dS'ᵀ = Pᵀ ∘ (dPᵀ − δ_i) (cosine: ·rq_i), with st holding Pᵀ.
@@ -176,15 +185,17 @@ template <int MT, int QT>
 __device__ __forceinline__ void dkdv_fast_ds(bool norms, const float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
                                              const float* sRq, const float* sDelta, int t4) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int qt = 0; qt < QT; ++qt) {
+        const float2 rq2 = norms ? *reinterpret_cast<const float2*>(sRq + qt * 8 + 2 * t4) : make_float2(1.f, 1.f);
+        const float2 d2 = *reinterpret_cast<const float2*>(sDelta + qt * 8 + 2 * t4);
 #pragma unroll
-        for (int qt = 0; qt < QT; ++qt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int cl = qt * 8 + 2 * t4 + (e & 1);
-                const float ds = st[mt][qt][e] * (dpt[mt][qt][e] - sDelta[cl]);
-                dpt[mt][qt][e] = norms ? ds * sRq[cl] : ds;
+                const float ds = st[mt][qt][e] * (dpt[mt][qt][e] - ((e & 1) ? d2.y : d2.x));
+                dpt[mt][qt][e] = norms ? ds * ((e & 1) ? rq2.y : rq2.x) : ds;
             }
+    }
 }
 
 // dK/dV kernels, one streamed query block of 8·QT queries at i0 (query head h): st holds Sᵀ = K Qᵀ,
