@@ -177,7 +177,9 @@ pub(crate) fn ws_fwd_tile(d: usize) -> Option<Tile> {
 /// and 16k, causal and not): at D = 128 (softmax 1.15–1.22×, geodesic 1.22–1.32×, cosine-sim and
 /// squared Lorentz 0.98–1.01×, one rule for the head dim), at D = 64 only for the geodesic score
 /// (0.94–1.19×; in run s12a, with ATTN_CUDA_WG_WS=1, softmax 0.72–1.03×, cosine-sim and squared
-/// Lorentz 0.79–0.99×).
+/// Lorentz 0.79–0.99×). Session 15 (runs s15c–d, NOTES.md): cosine-sim's ws forward at D = 128 is now
+/// 4.25 ms against the wgmma one's 4.62 at N = 16k; at D = 64 it is faster at 16k (5.37 against 5.72)
+/// but slower causal (4k: 1.28 against 1.07), so D = 64 stays on the wgmma forward.
 pub(crate) fn ws_fwd_measured_faster(d: usize, geodesic: bool) -> bool {
     d == 128 || (d == 64 && geodesic)
 }
