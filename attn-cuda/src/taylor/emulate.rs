@@ -4,7 +4,8 @@
 //! each segment boundary, the fold's slabs and segments, the ordered prefix, the reads' probe tiles and
 //! their state range, and the finalize kernels (the f16/bf16 forward kernel computes the same dense and
 //! state parts of each probe in one pass); and the order-1 kernels' own schedule ([`order1_sweep`]),
-//! with a causal order-1 backward in that schedule that no kernel implements yet. The tests run it on random specs and compare every output
+//! including the causal order-1 backward of `taylor_order1_causal.cuh` (the reversed sweep that never
+//! folds the chunk of its last source). The tests run it on random specs and compare every output
 //! with attn-cpu-ref: what it checks is the decomposition the kernels implement (which sources each
 //! probe gets from which kernel), not the mma fragment plumbing, which only the GPU suite can check.
 
