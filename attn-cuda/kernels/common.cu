@@ -1,6 +1,9 @@
 // Row kernels shared by every family's backward, for f32, f16 and bf16 storage. One warp per row.
 //   attn_bwd_delta_{dt}:       δ_i = dO_i · o_i (f32, statistics layout)
 //   attn_inv_norm_{q,k}_{dt}:  r = 1 / max(‖x‖, eps) per row (f32, indexed by dq/dk offset / D)
+//   attn_normalise_{q,k}_{dt}: r as above, and x̂ = x·r rounded to the storage type into p.dq / p.dk
+//                              at the dq/dk offsets (the host points them at scratch): the rows the
+//                              Hopper kernels of cosine-sim read (backend.rs)
 //   attn_l2norm_bwd_{q,k}_{dt}: dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖ where ‖x‖ > eps, else dx̂ / eps
 //                              (x̂ = x / max(‖x‖, eps)); reads dx̂ from the f32 scratch
 //   attn_dbias_reduce_{dt}:    dbias[bb, bh, i, j] = Σ over broadcast dims of dS[b, h, i, j]
@@ -12,13 +15,75 @@
 
 namespace attn {
 
-template <typename T>
-__device__ __forceinline__ float row_sum_sq(const T* x, int D, int lane) {
-    float s = 0.f;
-    for (int d = lane; d < D; d += 32) {
-        const float v = to_f32(x[d]);
-        s += v * v;
+// The elements of a row that a lane holds in the row kernels below (one warp per row). kVec: E
+// consecutive elements from lane·E, one vector access per row and lane — 16-bit rows of D = 32·E
+// (E = 2, 4, 8), 16-byte aligned on the tensor-core path (backend.rs checks pointers and strides),
+// and their f32 scratch rows; otherwise d = lane + 32·i for i < E = 8 (D ≤ 256), d < D.
+template <int Bytes> struct LaneWord;
+template <> struct LaneWord<4> { using type = uint32_t; };
+template <> struct LaneWord<8> { using type = uint2; };
+template <> struct LaneWord<16> { using type = uint4; };
+
+template <int E, bool kVec>
+struct LaneRow {
+    static constexpr int kE = E;
+    int lane, D;
+    __device__ __forceinline__ int col(int i) const { return kVec ? lane * E + i : lane + 32 * i; }
+    __device__ __forceinline__ bool has(int i) const { return kVec || col(i) < D; }
+
+    template <typename T>
+    __device__ __forceinline__ void load(const T* row, float (&v)[E]) const {
+        if constexpr (kVec && sizeof(T) == 2) {
+            using W = typename LaneWord<2 * E>::type;
+            const W w = *reinterpret_cast<const W*>(row + lane * E);
+            const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+            for (int i = 0; i < E; ++i) v[i] = to_f32(e[i]);
+        } else if constexpr (kVec) {
+#pragma unroll
+            for (int i = 0; i < E; i += 2) {
+                const float2 w = *reinterpret_cast<const float2*>(row + lane * E + i);
+                v[i] = w.x, v[i + 1] = w.y;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < E; ++i) v[i] = has(i) ? to_f32(row[col(i)]) : 0.f;
+        }
     }
+
+    template <typename T>
+    __device__ __forceinline__ void store(T* row, const float (&v)[E]) const {
+        if constexpr (kVec && sizeof(T) == 2) {
+            using W = typename LaneWord<2 * E>::type;
+            W w;
+            T* e = reinterpret_cast<T*>(&w);
+#pragma unroll
+            for (int i = 0; i < E; ++i) e[i] = from_f32<T>(v[i]);
+            *reinterpret_cast<W*>(row + lane * E) = w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < E; ++i)
+                if (has(i)) row[col(i)] = from_f32<T>(v[i]);
+        }
+    }
+};
+
+// f(LaneRow) with the vector layout where T is 16-bit and D ∈ {64, 128, 256}, else the strided one.
+template <typename T, class F>
+__device__ __forceinline__ void with_lane_row(int D, int lane, F&& f) {
+    if constexpr (sizeof(T) == 2) {
+        if (D == 64) return f(LaneRow<2, true>{lane, D});
+        if (D == 128) return f(LaneRow<4, true>{lane, D});
+        if (D == 256) return f(LaneRow<8, true>{lane, D});
+    }
+    f(LaneRow<8, false>{lane, D});
+}
+
+template <int E>
+__device__ __forceinline__ float dot_lanes(const float (&a)[E], const float (&b)[E]) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) s = fmaf(a[i], b[i], s);
     return warp_sum(s);
 }
 
@@ -29,29 +94,38 @@ __device__ __forceinline__ void bwd_delta(const AttnParams& p) {
     const SeqInfo si(p, b);
     if (i >= si.len_q) return;
     const long long off = si.o_off(p, i, h);
-    const T* o = static_cast<const T*>(p.o) + off;
-    const T* g = static_cast<const T*>(p.d_o) + off;
-    float s = 0.f;
-    for (int d = lane; d < p.head_dim; d += 32) s += to_f32(o[d]) * to_f32(g[d]);
-    s = warp_sum(s);
-    if (lane == 0) p.delta[si.stats_index(p, h, i)] = s;
+    with_lane_row<T>(p.head_dim, lane, [&](auto lr) {
+        constexpr int E = decltype(lr)::kE;
+        float o[E], g[E];
+        lr.load(static_cast<const T*>(p.o) + off, o);
+        lr.load(static_cast<const T*>(p.d_o) + off, g);
+        const float s = dot_lanes(o, g);
+        if (lane == 0) p.delta[si.stats_index(p, h, i)] = s;
+    });
 }
 
-// Rows of q (kQuery) or k: reciprocal norms into p.rq / p.rk.
-template <typename T, bool kQuery>
+// Rows of q (kQuery) or k: reciprocal norms into p.rq / p.rk; with kWrite also the normalised row
+// x̂ = x·r, rounded to T, into p.dq / p.dk (scratch of the dq / dk layout).
+template <typename T, bool kQuery, bool kWrite>
 __device__ __forceinline__ void inv_norm_rows(const AttnParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = blockIdx.z, h = blockIdx.y, n = blockIdx.x * kSimtRows + warp;
     const SeqInfo si(p, b);
     if (n >= (kQuery ? si.len_q : si.key_rows(p))) return;
     const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
-    const float r = 1.f / fmaxf(sqrtf(row_sum_sq(x, p.head_dim, lane)), p.eps);
-    if (lane == 0) {
-        if (kQuery)
-            p.rq[si.dq_off(p, n, h) / p.head_dim] = r;
-        else
-            p.rk[si.dk_off(p, n, h) / p.head_dim] = r;
-    }
+    const long long off = kQuery ? si.dq_off(p, n, h) : si.dk_off(p, n, h);
+    with_lane_row<T>(p.head_dim, lane, [&](auto lr) {
+        constexpr int E = decltype(lr)::kE;
+        float v[E];
+        lr.load(x, v);
+        const float r = 1.f / fmaxf(sqrtf(dot_lanes(v, v)), p.eps);
+        if (lane == 0) (kQuery ? p.rq : p.rk)[off / p.head_dim] = r;
+        if (kWrite) {
+#pragma unroll
+            for (int i = 0; i < E; ++i) v[i] *= r;
+            lr.store(static_cast<T*>(kQuery ? p.dq : p.dk) + off, v);
+        }
+    });
 }
 
 template <typename T, bool kQuery>
@@ -60,21 +134,25 @@ __device__ __forceinline__ void l2norm_bwd_rows(const AttnParams& p) {
     const int b = blockIdx.z, h = blockIdx.y, n = blockIdx.x * kSimtRows + warp;
     const SeqInfo si(p, b);
     if (n >= (kQuery ? si.len_q : si.key_rows(p))) return;
-    const int D = p.head_dim;
     const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
     const long long off = kQuery ? si.dq_off(p, n, h) : si.dk_off(p, n, h);
-    const float* dxh = (kQuery ? p.dq_acc : p.dk_acc) + off;
-    T* dx = static_cast<T*>(kQuery ? p.dq : p.dk) + off;
-    const float norm = sqrtf(row_sum_sq(x, D, lane));
-    if (norm > p.eps) {
-        float dot = 0.f;
-        for (int d = lane; d < D; d += 32) dot += to_f32(x[d]) * dxh[d];
-        const float inv = 1.f / norm;
-        const float xd = warp_sum(dot) * inv;  // x̂ · dx̂
-        for (int d = lane; d < D; d += 32) dx[d] = from_f32<T>((dxh[d] - to_f32(x[d]) * inv * xd) * inv);
-    } else {
-        for (int d = lane; d < D; d += 32) dx[d] = from_f32<T>(dxh[d] / p.eps);
-    }
+    with_lane_row<T>(p.head_dim, lane, [&](auto lr) {
+        constexpr int E = decltype(lr)::kE;
+        float xv[E], g[E];
+        lr.load(x, xv);
+        lr.load((kQuery ? p.dq_acc : p.dk_acc) + off, g);  // dx̂
+        const float norm = sqrtf(dot_lanes(xv, xv));
+        if (norm > p.eps) {
+            const float inv = 1.f / norm;
+            const float xd = dot_lanes(xv, g) * inv;  // x̂ · dx̂
+#pragma unroll
+            for (int i = 0; i < E; ++i) g[i] = (g[i] - xv[i] * inv * xd) * inv;
+        } else {
+#pragma unroll
+            for (int i = 0; i < E; ++i) g[i] /= p.eps;
+        }
+        lr.store(static_cast<T*>(kQuery ? p.dq : p.dk) + off, g);
+    });
 }
 
 template <typename T>
@@ -103,10 +181,16 @@ __device__ __forceinline__ void dbias_reduce(const AttnParams& p) {
         attn::bwd_delta<T>(p);                                                                                     \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128) attn_inv_norm_q_##DT(const __grid_constant__ AttnParams p) {  \
-        attn::inv_norm_rows<T, true>(p);                                                                           \
+        attn::inv_norm_rows<T, true, false>(p);                                                                    \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128) attn_inv_norm_k_##DT(const __grid_constant__ AttnParams p) {  \
-        attn::inv_norm_rows<T, false>(p);                                                                          \
+        attn::inv_norm_rows<T, false, false>(p);                                                                   \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) attn_normalise_q_##DT(const __grid_constant__ AttnParams p) { \
+        attn::inv_norm_rows<T, true, true>(p);                                                                     \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) attn_normalise_k_##DT(const __grid_constant__ AttnParams p) { \
+        attn::inv_norm_rows<T, false, true>(p);                                                                    \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128)                                                              \
         attn_l2norm_bwd_q_##DT(const __grid_constant__ AttnParams p) {                                              \

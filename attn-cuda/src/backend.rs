@@ -425,37 +425,64 @@ impl CudaAttn {
         p.bias = bias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
         let kernel = dispatch::flash_kernel(spec, Stage::Forward, kernels.hopper)?;
         let scratch = self.hyperbolic_rows(spec, &kernels, &mut p, op)?;
-        // The Hopper forward reads cosine-sim's reciprocal norms from the row kernels (the mma.sync
-        // one computes them in its tiles).
+        // The Hopper forward reads cosine-sim's 1/‖q‖ and k̂ from the row kernels (the mma.sync one
+        // computes the norms in its tiles).
         let norms = if kernel.hopper && l2norm_qk(spec) {
-            self.inv_norm_rows(spec, &kernels, &mut p, op)?
+            Some(self.norm_rows::<T>(spec, &kernels, &mut p, op, (false, true))?)
         } else {
-            Vec::new()
+            None
         };
+        let p = norms.as_ref().map_or(p, |n| n.hat(self, &p));
         kernels.launch(&self.stream, &kernel, &p, op)?;
         drop((scratch, norms));
         Ok(())
     }
 
     /// Cosine-sim with l2-normalised q and k: allocate 1/‖q‖ and 1/‖k‖ (f32, one per row, indexed by
-    /// the dq/dk offset / D), point `p` at them and enqueue the row kernels that fill them. Returns the
-    /// buffers, to be kept until the kernels that read them are enqueued.
-    fn inv_norm_rows(
+    /// the dq/dk offset / D), point `p` at them and enqueue the row kernels that fill them; with
+    /// `hat` = (queries, keys) those row kernels also write q̂ or k̂ (the storage type, laid out as dq
+    /// or dk) into scratch, which [`NormScratch::hat`] points a copy of `p` at. Returns the buffers, to
+    /// be kept until the kernels that read them are enqueued.
+    fn norm_rows<T: DeviceElem>(
         &self,
         spec: &AttnSpec,
         kernels: &Kernels,
         p: &mut AttnParams,
         op: Op,
-    ) -> Result<Vec<CudaSlice<f32>>> {
+        hat: (bool, bool),
+    ) -> Result<NormScratch<T>> {
         let s = &self.stream;
-        // SAFETY (each uninitialised allocation): the inv-norm kernels enqueued below write every q row
-        // and every k row dk holds before any kernel reads them; the kernels read no other entry.
+        // SAFETY (each uninitialised allocation): the row kernels enqueued below write 1/‖x‖ (and x̂)
+        // for every q row and every k row dk holds before any kernel reads them; the kernels read
+        // no other entry.
         let rq = unsafe { s.alloc::<f32>((spec.total_q() * spec.heads_q()).max(1)) }?;
         let rk = unsafe { s.alloc::<f32>((spec.total_k() * spec.heads_kv()).max(1)) }?;
         (p.rq, p.rk) = (rq.device_ptr(s).0, rk.device_ptr(s).0);
-        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::InvNormQ), p, op)?;
-        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::InvNormK), p, op)?;
-        Ok(vec![rq, rk])
+        let hat_rows = |queries: bool, write: bool| -> Result<Option<CudaSlice<T>>> {
+            let which = match (queries, write) {
+                (true, false) => RowKernel::InvNormQ,
+                (false, false) => RowKernel::InvNormK,
+                (true, true) => RowKernel::NormaliseQ,
+                (false, true) => RowKernel::NormaliseK,
+            };
+            let mut pn = *p;
+            let buf = if write {
+                let len = if queries { spec.dq_len() } else { spec.dk_len() };
+                let buf = unsafe { s.alloc::<T>(len.max(1)) }?;
+                *(if queries { &mut pn.dq } else { &mut pn.dk }) = buf.device_ptr(s).0;
+                Some(buf)
+            } else {
+                None
+            };
+            kernels.launch(s, &dispatch::row_kernel(spec, which), &pn, op)?;
+            Ok(buf)
+        };
+        let (q_hat, k_hat) = (hat_rows(true, hat.0)?, hat_rows(false, hat.1)?);
+        Ok(NormScratch {
+            _norms: vec![rq, rk],
+            q_hat,
+            k_hat,
+        })
     }
 
     /// Hyperbolic only: allocate the per-row scalar scratch, point `p` at it and enqueue the row
@@ -557,11 +584,23 @@ impl CudaAttn {
             p.dq_acc = dq_acc.device_ptr(s).0;
             scratch.push(dq_acc);
         }
+        let flash = if fused {
+            vec![dispatch::flash_kernel(spec, Stage::BwdFused, kernels.hopper)?]
+        } else {
+            vec![
+                dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper)?,
+                dispatch::flash_kernel(spec, Stage::BwdDkdv, kernels.hopper)?,
+            ]
+        };
+        // Cosine-sim: the Hopper kernels read q̂ and k̂ (NormScratch::hat); the mma.sync ones scale by
+        // the reciprocal norms in their tiles; the l2-norm's row kernels read the raw rows.
+        let mut norm_scratch = None;
         if norms {
             let dk_acc = unsafe { s.alloc::<f32>(spec.dk_len().max(1)) }?;
             p.dk_acc = dk_acc.device_ptr(s).0;
             scratch.push(dk_acc);
-            scratch.extend(self.inv_norm_rows(spec, &kernels, &mut p, op)?);
+            let hopper = flash.iter().any(|k| k.hopper);
+            norm_scratch = Some(self.norm_rows::<T>(spec, &kernels, &mut p, op, (hopper, hopper))?);
         }
         if spec.bias().is_some() {
             // Zeroed: the dQ kernel writes dS only where the mask allows a pair.
@@ -579,18 +618,18 @@ impl CudaAttn {
             p.dq_rowsum = rowsum.device_ptr(s).0;
             scratch.push(rowsum);
         }
+        let p_hat = norm_scratch.as_ref().map_or(p, |n| n.hat(self, &p));
         let launch = |k: dispatch::Kernel| kernels.launch(s, &k, &p, op);
         launch(dispatch::row_kernel(spec, RowKernel::Delta))?;
+        for k in &flash {
+            kernels.launch(s, k, if k.hopper { &p_hat } else { &p }, op)?;
+        }
         if fused {
-            launch(dispatch::flash_kernel(spec, Stage::BwdFused, kernels.hopper)?)?;
             if hyperbolic_fused {
                 launch(dispatch::row_kernel(spec, RowKernel::HypDqStore))?;
             } else if !norms {
                 launch(dispatch::row_kernel(spec, RowKernel::DqStore))?;
             }
-        } else {
-            launch(dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper)?)?;
-            launch(dispatch::flash_kernel(spec, Stage::BwdDkdv, kernels.hopper)?)?;
         }
         if norms {
             launch(dispatch::row_kernel(spec, RowKernel::L2normBwdQ))?;
@@ -600,6 +639,7 @@ impl CudaAttn {
             launch(dispatch::row_kernel(spec, RowKernel::DbiasReduce))?;
         }
         drop(scratch);
+        drop(norm_scratch);
         drop(hyperbolic);
         drop(delta);
         Ok(())
@@ -644,6 +684,30 @@ impl<T: DeviceElem> AttnBackend<CudaSlice<T>, CudaSlice<f32>> for CudaAttn {
                 dbias: io.dbias.map(|b| b as Out<'_, T>),
             },
         )
+    }
+}
+
+/// Cosine-sim's row scratch: 1/‖q‖ and 1/‖k‖ (f32), and for the Hopper kernels the normalised rows
+/// q̂, k̂ in the storage type, laid out as dq and dk. Kept until the kernels that read it are enqueued
+/// (cudarc frees in stream order).
+struct NormScratch<T: DeviceElem> {
+    _norms: Vec<CudaSlice<f32>>,
+    q_hat: Option<CudaSlice<T>>,
+    k_hat: Option<CudaSlice<T>>,
+}
+
+impl<T: DeviceElem> NormScratch<T> {
+    /// `p` with its queries and keys read from q̂ and k̂ where those were written (dq, dk strides).
+    fn hat(&self, a: &CudaAttn, p: &AttnParams) -> AttnParams {
+        let s = &a.stream;
+        let mut ph = *p;
+        if let Some(q) = &self.q_hat {
+            (ph.q, ph.q_batch, ph.q_seq, ph.q_head) = (q.device_ptr(s).0, p.dq_batch, p.dq_seq, p.dq_head);
+        }
+        if let Some(k) = &self.k_hat {
+            (ph.k, ph.k_batch, ph.k_seq, ph.k_head) = (k.device_ptr(s).0, p.dk_batch, p.dk_seq, p.dk_head);
+        }
+        ph
     }
 }
 

@@ -269,8 +269,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         let (kind, threads, smem) = match ws {
             Some(t) => {
                 tile = t;
-                let cosine = matches!(spec.family(), FamilySpec::CosineSim { .. });
-                let smem = heuristics::ws_fwd_smem(t, d, elem, lorentz, cosine);
+                let smem = heuristics::ws_fwd_smem(t, d, elem, lorentz);
                 ("ws".to_string(), heuristics::ws_threads(t), smem)
             }
             None => {
@@ -378,6 +377,10 @@ pub(crate) enum RowKernel {
     Delta,
     InvNormQ,
     InvNormK,
+    /// 1/‖q‖ and q̂ (into `p.dq`): cosine-sim's queries for the Hopper backward.
+    NormaliseQ,
+    /// 1/‖k‖ and k̂ (into `p.dk`): cosine-sim's keys for the Hopper kernels.
+    NormaliseK,
     L2normBwdQ,
     L2normBwdK,
     DbiasReduce,
@@ -406,6 +409,8 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
         RowKernel::Delta => ("bwd_delta", over_q),
         RowKernel::InvNormQ => ("inv_norm_q", over_q),
         RowKernel::InvNormK => ("inv_norm_k", over_k),
+        RowKernel::NormaliseQ => ("normalise_q", over_q),
+        RowKernel::NormaliseK => ("normalise_k", over_k),
         RowKernel::L2normBwdQ => ("l2norm_bwd_q", over_q),
         RowKernel::L2normBwdK => ("l2norm_bwd_k", over_k),
         RowKernel::DqStore => ("dq_store", over_q),

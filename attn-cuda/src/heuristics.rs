@@ -188,13 +188,10 @@ pub(crate) fn ws_fwd_measured_faster(d: usize, geodesic: bool) -> bool {
 pub(crate) const WS_SCALAR_STAGES: usize = 3;
 
 /// Dynamic shared memory of the warp-specialised forward: [`wg_fwd_smem`]'s layout, whose scalars
-/// hold the [`WS_SCALAR_STAGES`] stages of 1/‖k‖ or k0, plus as many of log γ_j for the hyperbolic
-/// scores (`lorentz`), plus a third K stage where the producer scales K (`scaled_k`: cosine-sim,
-/// `kKs` in flash_fwd_ws.cuh).
-pub(crate) fn ws_fwd_smem(t: Tile, d: usize, elem: usize, lorentz: bool, scaled_k: bool) -> usize {
-    wg_fwd_smem(t, d, elem)
-        + if lorentz { WS_SCALAR_STAGES * t.bn * 4 } else { 0 }
-        + if scaled_k { t.bn * d * elem } else { 0 }
+/// hold the [`WS_SCALAR_STAGES`] stages of k0, plus as many of log γ_j for the hyperbolic scores
+/// (`lorentz`).
+pub(crate) fn ws_fwd_smem(t: Tile, d: usize, elem: usize, lorentz: bool) -> usize {
+    wg_fwd_smem(t, d, elem) + if lorentz { WS_SCALAR_STAGES * t.bn * 4 } else { 0 }
 }
 
 /// Threads of a warp-specialised Hopper forward block: the consumers' `bm · 2` and the producer's 128.
@@ -250,7 +247,7 @@ pub(crate) fn wg_dq_smem(t: Tile, d: usize, elem: usize) -> usize {
 }
 
 /// Dynamic shared memory of the Hopper dK/dV kernel: 1 KiB of slack, K and V, two Q and two dO
-/// buffers, and LSE, δ, 1/‖q‖ (hyperbolic: q0) for two query blocks.
+/// buffers, and LSE, δ and q0 (hyperbolic; 1 for the others) for two query blocks.
 ///
 /// ```text
 /// D = 128, bf16: 1024 + (2·128 + 4·64)·128·2 + 6·64·4 = 133 632 bytes
@@ -260,13 +257,13 @@ pub(crate) fn wg_dkdv_smem(t: Tile, d: usize, elem: usize) -> usize {
 }
 
 /// Dynamic shared memory of the fused Hopper backward: the dK/dV kernel's, dS'ᵀ of one query block
-/// (the A operand of its dQ product) and, for cosine-sim, max(‖q‖, eps) of two query blocks.
+/// (the A operand of its dQ product) and, for the hyperbolic scores, k0 of the resident keys.
 ///
 /// ```text
-/// D = 128, bf16: 133 632 + 128·64·2 + 2·64·4 = 150 528 bytes
+/// D = 128, bf16: 133 632 + 128·64·2 + 128·4 = 150 528 bytes
 /// ```
 pub(crate) fn wg_fused_smem(t: Tile, d: usize, elem: usize) -> usize {
-    wg_dkdv_smem(t, d, elem) + t.bn * t.bm * elem + 2 * t.bm * 4
+    wg_dkdv_smem(t, d, elem) + t.bn * t.bm * elem + t.bn * 4
 }
 
 /// Tile experiments of the Hopper forward, `(D, bm, bn)`: bf16 softmax kernels
@@ -371,7 +368,7 @@ mod tests {
         assert!(wg_fwd_tile(32).is_none() && wg_fwd_tile(256).is_none());
         for d in [64, 128] {
             let t = ws_fwd_tile(d).expect("warp-specialised tile");
-            let bytes = ws_fwd_smem(t, d, 2, true, false).max(ws_fwd_smem(t, d, 2, false, true));
+            let bytes = ws_fwd_smem(t, d, 2, true);
             // The scalar ring in the place of the wgmma forward's scalars.
             assert!(WS_SCALAR_STAGES * t.bn <= 2 * t.bn + t.bm, "{t:?}");
             // Plus the kernel's static 1 KiB (its barriers, aligned).

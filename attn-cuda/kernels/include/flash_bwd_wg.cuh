@@ -17,6 +17,10 @@
 // K_{j−1} is still read while K_{j+1} lands, so K takes three buffers, V two. Load groups: 0 = {Q,
 // dO, K_0, V_0}, j + 1 = {K_{j+1}, V_{j+1}} (committed in block j), all landed at the top of j + 1.
 //
+// Cosine-sim with the l2-norm: Q and K are the host's normalised copies q̂ and k̂ (rounded to T, as
+// l2-normalise-then-attend has them; backend.rs), so the per-element code is softmax's and the
+// products give the normalised gradients dq̂, dk̂, stored in f32 and projected by the row kernels.
+//
 // dK/dV: one block = BN / 64 warpgroups = one (batch b, kv head, key tile of BN keys); K and V stay,
 // blocks of BM queries (every query head of the GQA group, every query tile that sees these keys)
 // stream through two buffers. Per query block: barrier; issue Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared ×
@@ -43,16 +47,15 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
     T* sdO = sQ + BM * D;                // [BM × D] sw128
     T* sK = sdO + BM * D;                // [3][BN × D] sw128
     T* sV = sK + 3 * BN * D;             // [2][BN × D] sw128
-    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * D);  // [3][BN] cosine: 1/‖k‖
-    float* sK0 = sRk;                                         // [3][BN] hyperbolic: k0
-    float* sLg = sRk + 3 * BN;                                // [3][BN] hyperbolic midpoint: log γ_j
+    float* sK0 = reinterpret_cast<float*>(sV + 2 * BN * D);  // [3][BN] hyperbolic: k0
+    float* sLg = sK0 + 3 * BN;                                // [3][BN] hyperbolic midpoint: log γ_j
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int b = blockIdx.z, h = blockIdx.y;
     const SeqInfo si(p, b);
     int i0, hk, n_first, n_count;
     if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
-    const bool norms = Score::kNorms && p.l2norm;
+    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dq_store writes dq̂ in f32
     const bool midpoint = Score::kLorentz && p.midpoint;
 
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
@@ -63,7 +66,7 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
         const int kb = it % 3, n = n_first + it;
         load_tile_sw128<T, BN, D, kWgThreads>(sK + kb * BN * D, k, p.k_seq, n * BN, si.len_k, tid);
         load_tile_sw128<T, BN, D, kWgThreads>(sV + (it & 1) * BN * D, v, p.v_seq, n * BN, si.len_k, tid);
-        load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + kb * BN, sLg + kb * BN, norms, midpoint, tid);
+        load_key_scalars<Score, BN, D>(p, si, hk, n, sK0 + kb * BN, sLg + kb * BN, false, midpoint, tid);
     };
     load_tile_sw128<T, BM, D, kWgThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
     load_tile_sw128<T, BM, D, kWgThreads>(sdO, d_o, p.o_seq, i0, si.len_q, tid);
@@ -74,7 +77,7 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
     const int wrow = warp * 16;
     int row[MT][2], lo[MT][2], hi[MT][2];
     float lse2[MT][2], delta[MT][2], rq[MT][2], cq[MT][2];
-    bwd_q_rows<Score, D, MT>(p, si, h, i0, wrow, g, norms, row, lo, hi, lse2, delta, rq, cq);
+    bwd_q_rows<Score, D, MT>(p, si, h, i0, wrow, g, false, row, lo, hi, lse2, delta, rq, cq);
     float acc_dq[MT][DT][4];
     float a[MT][2] = {{0.f, 0.f}};  // hyperbolic: Σ_j w_ij k0_j, thread-partial
     zero(acc_dq[0]);
@@ -117,8 +120,8 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
         fence_regs<NT>(dp[0]);
 
         const int j0 = n * BN;
-        dq_block_ds<T, Score, MT, NT>(p, si, h, j0, si.tile_full(p, i0, i0 + BM, j0, j0 + BN), norms, s, dp, a, rq, cq,
-                                      lse2, delta, row, lo, hi, sRk + kb * BN, sK0 + kb * BN, sLg + kb * BN, t4);
+        dq_block_ds<T, Score, MT, NT>(p, si, h, j0, si.tile_full(p, i0, i0 + BM, j0, j0 + BN), false, s, dp, a, rq, cq,
+                                      lse2, delta, row, lo, hi, sK0 + kb * BN, sK0 + kb * BN, sLg + kb * BN, t4);
         wg_wait<0>();
         fence_regs<DT>(acc_dq[0]);
         fence_regs<BN / 16>(ads);
@@ -175,9 +178,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     T* sdS = sdO + kBufs * BM * D;       // kDq: [BN × BM] sw128, dS'ᵀ (rows = keys)
     float* sLse = reinterpret_cast<float*>(sdS + (kDq ? BN * BM : 0));  // [kBufs][BM] log2 units
     float* sDelta = sLse + kBufs * BM;                                   // [kBufs][BM]
-    float* sRq = sDelta + kBufs * BM;                                    // [kBufs][BM] (hyperbolic: q0)
-    float* sNq = sRq + kBufs * BM;  // kDq, cosine-sim: [kBufs][BM] max(‖q‖, eps) = 1 / sRq
-    float* sKey0 = sNq;             // kDq, hyperbolic: [BN] k0 of the tile's keys (BN = kBufs·BM)
+    float* sRq = sDelta + kBufs * BM;                                    // [kBufs][BM] 1 (hyperbolic: q0)
+    float* sKey0 = sRq + kBufs * BM;  // kDq, hyperbolic: [BN] k0 of the tile's keys (BN = kBufs·BM)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int b = blockIdx.z, hk = blockIdx.y;
@@ -189,7 +191,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     const int q_end = si.query_hi(p, j1);
     const int m_count = q_end > m_first * BM ? (q_end - 1) / BM - m_first + 1 : 0;
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
-    const bool norms = Score::kNorms && p.l2norm;
+    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dkdv_store writes dk̂ in f32
     const bool midpoint = Score::kLorentz && p.midpoint;
     auto head_of = [&](int it) { return hk * p.group + it / m_count; };
     auto row0_of = [&](int it) { return (m_first + it % m_count) * BM; };
@@ -211,7 +213,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
         if (tid < BM) {
             const int i = i0 + tid;
             const bool valid = i < si.len_q;
-            float lse = lse_log2(p, si, h, i), rq = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
+            float lse = lse_log2(p, si, h, i), rq = 1.f;
             if constexpr (Score::kLorentz) {
                 lse -= p.hyp_lse * kLog2e;
                 rq = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
@@ -219,7 +221,6 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
             sLse[buf * BM + tid] = lse;
             sDelta[buf * BM + tid] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             sRq[buf * BM + tid] = rq;
-            if (kDq && norms) sNq[buf * BM + tid] = 1.f / rq;
         }
     };
     if (iters > 0) load_q(0);
@@ -229,7 +230,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     const int wrow = warp * 16;
     int key[MT][2];
     float rk[MT][2], lg[MT][2], bsum[MT][2], csum[MT][2];
-    bwd_k_rows<Score, D, MT>(p, si, hk, j0 + wrow, g, norms, midpoint, key, rk, lg, bsum, csum);
+    bwd_k_rows<Score, D, MT>(p, si, hk, j0 + wrow, g, false, midpoint, key, rk, lg, bsum, csum);
     float acc_dk[MT][AT][4], acc_dv[MT][AT][4];
     zero(acc_dk[0]);
     zero(acc_dv[0]);
@@ -287,11 +288,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
         wg_wait<1>();
         fence_regs<QT>(st[0]);
         if (split) {
-            dkdv_fast_p<MT, QT>(p, norms, st, rk, sRq + buf * BM, sLse + buf * BM, t4);
+            dkdv_fast_p<MT, QT>(p, false, st, rk, sRq + buf * BM, sLse + buf * BM, t4);
         } else {
             wg_wait<0>();
             fence_regs<QT>(dpt[0]);
-            dkdv_block_pds<T, Score, MT, QT>(p, si, h, i0, full, norms, st, dpt, bsum, csum, rk, lg, key,
+            dkdv_block_pds<T, Score, MT, QT>(p, si, h, i0, full, false, st, dpt, bsum, csum, rk, lg, key,
                                              sRq + buf * BM, sLse + buf * BM, sDelta + buf * BM, t4);
         }
         uint32_t ap[BM / 16][4], ads[BM / 16][4];
@@ -303,25 +304,18 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
         wg_commit();
         wg_wait<1>();  // dPᵀ
         fence_regs<QT>(dpt[0]);
-        if (split) dkdv_fast_ds<MT, QT>(norms, st, dpt, sRq + buf * BM, sDelta + buf * BM, t4);
+        if (split) dkdv_fast_ds<MT, QT>(false, st, dpt, sRq + buf * BM, sDelta + buf * BM, t4);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) pack_a<T>(ads[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
         if constexpr (kDq) {
-            // dS'ᵀ into shared memory for dQ. dK took dS·(1/‖q_i‖) (cosine-sim); dQ takes dS·(1/‖k_j‖).
+            // dS'ᵀ into shared memory for dQ (the same dS' as dK's: no factor of either side).
             unsigned char* ds = reinterpret_cast<unsigned char*>(sdS);
 #pragma unroll
             for (int qt = 0; qt < QT; ++qt)
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    float x0 = dpt[0][qt][2 * r], x1 = dpt[0][qt][2 * r + 1];
-                    if (norms) {
-                        const int cl = buf * BM + qt * 8 + 2 * t4;
-                        x0 *= sNq[cl] * rk[0][r];
-                        x1 *= sNq[cl + 1] * rk[0][r];
-                    }
+                for (int r = 0; r < 2; ++r)
                     *reinterpret_cast<uint32_t*>(ds + sw128_offset<BN>(wrow + g + 8 * r, qt * 8 + 2 * t4)) =
-                        pack2<T>(x0, x1);
-                }
+                        pack2<T>(dpt[0][qt][2 * r], dpt[0][qt][2 * r + 1]);
         }
         wg_fence();
 #pragma unroll

@@ -42,30 +42,6 @@ __device__ __forceinline__ void load_tile_sw128(T* smem, const T* base, long lon
                                                                           base);
 }
 
-// Multiply the rows of a tile that this thread copied with load_tile_sw128 (the same threads, the same
-// chunks: once its copies have landed a thread needs no other thread's) by their factors scale[r]
-// (f32), rounding back to T: cosine-sim's k̂ = k/max(‖k‖, eps), as l2-normalise-then-attend rounds it.
-template <typename T, int ROWS, int D, int THREADS>
-__device__ __forceinline__ void scale_tile_rows_sw128(T* smem, const float* scale, int tid) {
-    constexpr int kChunksPerRow = D / 8;
-    constexpr int kRowsPerPass = THREADS / kChunksPerRow;
-    const int r = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
-    unsigned char* at = reinterpret_cast<unsigned char*>(smem) + sw128_offset<ROWS>(r, col);
-#pragma unroll 4
-    for (int pass = 0; pass < ROWS / kRowsPerPass; ++pass) {
-        const float f = scale[r + pass * kRowsPerPass];
-        uint4* chunk = reinterpret_cast<uint4*>(at + pass * kRowsPerPass * 128);
-        uint4 x = *chunk;
-        uint32_t* w = reinterpret_cast<uint32_t*>(&x);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const T* pair = reinterpret_cast<const T*>(&w[e]);
-            w[e] = pack2<T>(to_f32(pair[0]) * f, to_f32(pair[1]) * f);
-        }
-        *chunk = x;
-    }
-}
-
 // A consumer warp of the Hopper forwards (flash_fwd_wg, flash_fwd_ws) before its first key block: its
 // two rows (of the 16 from wrow) and their key ranges, O = 0, the running state, and for cosine-sim
 // with fused norms 1/‖q‖ of the rows (from the inv-norm row kernel).
@@ -157,9 +133,8 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
     T* sK = sQ + BM * D;                 // [2][BN × D] sw128
     T* sV = sK + 2 * BN * D;             // [2][BN × D] sw128
-    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * D);  // [2][BN] cosine: 1/‖k‖
-    float* sK0 = sRk;                                         // [2][BN] hyperbolic: k0
-    float* sLg = sRk + 2 * BN + BM;                           // [2][BN] hyperbolic midpoint: log γ_j
+    float* sK0 = reinterpret_cast<float*>(sV + 2 * BN * D);  // [2][BN] hyperbolic: k0
+    float* sLg = sK0 + 2 * BN + BM;                           // [2][BN] hyperbolic midpoint: log γ_j
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int b = blockIdx.z, h = blockIdx.y;
@@ -170,12 +145,12 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
     const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
-    const bool norms = Score::kNorms && p.l2norm;
+    const bool norms = Score::kNorms && p.l2norm;  // K holds k̂ (the host's copy); rows scaled by 1/‖q‖
     const bool midpoint = Score::kLorentz && p.midpoint;
     auto load_k = [&](int it) {
         const int buf = it & 1;
         load_tile_sw128<T, BN, D, kWgThreads>(sK + buf * BN * D, k, p.k_seq, (n_first + it) * BN, si.len_k, tid);
-        load_key_scalars<Score, BN, D>(p, si, hk, n_first + it, sRk + buf * BN, sLg + buf * BN, norms, midpoint, tid);
+        load_key_scalars<Score, BN, D>(p, si, hk, n_first + it, sK0 + buf * BN, sLg + buf * BN, false, midpoint, tid);
     };
     auto load_v = [&](int it) {
         load_tile_sw128<T, BN, D, kWgThreads>(sV + (it & 1) * BN * D, v, p.v_seq, (n_first + it) * BN, si.len_k,
@@ -213,8 +188,8 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
         float alpha[MT][2];
-        fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, norms, s, m, l, alpha, rq, row, lo, hi,
-                                           sRk + buf * BN, sK0 + buf * BN, sLg + buf * BN, t4);
+        fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, false, s, m, l, alpha, rq, row, lo, hi,
+                                           sK0 + buf * BN, sK0 + buf * BN, sLg + buf * BN, t4);
         wg_wait<0>();
         fence_regs<DT>(acc_o[0]);
         fence_regs<BN / 16>(pa);

@@ -7,12 +7,9 @@
 //     kernels applies unchanged); after setmaxnreg 232 registers each for NC = 2 (D = 128), 160 for
 //     NC = 3 (D = 64);
 //   warpgroup NC: producer (40 or 32 registers); cp.async of Q once and of K_j, V_j into two stages
-//     each, and of the key block's scalars (1/‖k‖; k0, log γ) into three, then it exits. For
-//     cosine-sim with the l2-norm it scales K in place, one block behind its copies (issue K_j, wait
-//     for K_{j−1} and its 1/‖k‖ to land, scale its own chunks of K_{j−1}, arrive, issue V_{j−1}),
-//     with three K stages so that the copy of K_j does not wait for the block the consumers are on:
-//     k̂ rounded to T as l2-normalise-then-attend rounds it, and the consumers' scores read no
-//     per-key scalar (kernels/NOTES.md, session 15).
+//     each, and of the hyperbolic key scalars (k0, log γ) into three, then it exits. Cosine-sim
+//     with the l2-norm reads K as the host's normalised copy k̂ (backend.rs; rounded to T as
+//     l2-normalise-then-attend has it), so its scores read no per-key scalar; 1/‖q‖ scales the rows.
 // No block barrier after the start: each stage has a full barrier (the producer's 128 threads arrive
 // when their copies have landed) and an empty one (each consumer warp arrives once, from lane 0,
 // when it is done with it); the producer waits on empty before refilling a stage. The hyperbolic
@@ -48,9 +45,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     static_assert(BN % 64 == 0 && BN <= kProducers, "whole sw128 row groups; one scalar per producer thread");
     constexpr int kCs = 3;  // stages of the key scalars
     static_assert(kCs * BN <= 2 * BN + BM, "the scalar ring fits wg_fwd_smem's scalars");
-    // Stages of K: cosine-sim's producer scales K_j a block after copying it, so K_j's copy is
-    // issued while K_{j−1} and K_{j−2} may both still be in use (host: ws_fwd_smem's scaled_k).
-    constexpr int kKs = Score::kNorms ? 3 : 2;
+    constexpr int kKs = 2;  // stages of K
 
     // The same layout as flash_fwd_wg (host: heuristics::wg_fwd_smem), stages in place of buffers.
     extern __shared__ __align__(1024) unsigned char smem_ws[];
@@ -58,9 +53,8 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
     T* sK = sQ + BM * D;                 // [kKs][BN × D] sw128
     T* sV = sK + kKs * BN * D;           // [2][BN × D] sw128
-    float* sRk = reinterpret_cast<float*>(sV + 2 * BN * D);  // [3][BN] cosine: 1/‖k‖
-    float* sK0 = sRk;                                         // [3][BN] hyperbolic: k0
-    float* sLg = sRk + 2 * BN + BM;  // [3][BN] hyperbolic midpoint: log γ_j (host: ws_fwd_smem)
+    float* sK0 = reinterpret_cast<float*>(sV + 2 * BN * D);  // [3][BN] hyperbolic: k0
+    float* sLg = sK0 + 2 * BN + BM;  // [3][BN] hyperbolic midpoint: log γ_j (host: ws_fwd_smem)
     // full_q; full_k[kKs], full_v[2] (producer arrivals; full_k also covers the scalars loaded
     // with K_j); empty_k[kKs], empty_v[2], empty_c[3] (consumer arrivals).
     __shared__ __align__(8) uint64_t bars[1 + 2 * kKs + 4 + kCs];
@@ -90,7 +84,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     }
     __syncthreads();
 
-    const bool norms = Score::kNorms && p.l2norm;  // the producer scales K_j by 1/‖k‖ (k̂ in T)
+    const bool norms = Score::kNorms && p.l2norm;  // K holds k̂ (the host's copy); rows scaled by 1/‖q‖
     const bool midpoint = Score::kLorentz && p.midpoint;
     const bool cols = Score::kLorentz;  // key scalars the consumers read and release
 
@@ -108,46 +102,14 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
             load_tile_sw128<T, BN, D, kProducers>(sV + s * BN * D, v, p.v_seq, (n_first + it) * BN, si.len_k, pt);
             mbar_arrive_cp_async(full_v + s);
         };
-        if (norms) {
-            // Cosine-sim: K_j is scaled one block behind its copy (issue K_j, then scale K_{j−1}, whose
-            // copies landed while the consumers ran a block), so the wait for the copies stays off the
-            // consumers' path; V_{j−1} follows K_{j−1}. Three K stages: K_j's copy waits for S_{j−3},
-            // so scaling K_{j−1} is not held up by the consumers' S_{j−2}. k̂ = k/‖k‖ in place (each
-            // thread its own chunks; the named barrier shares the factors), made visible to the
-            // consumers' wgmma.
-            auto scale_k = [&](int it) {
-                asm volatile("bar.sync 1, %0;\n" ::"n"(kProducers) : "memory");
-                scale_tile_rows_sw128<T, BN, D, kProducers>(sK + (it % kKs) * BN * D, sRk + (it % kCs) * BN, pt);
-                fence_proxy_async();
-                mbar_arrive(full_k + it % kKs);
-            };
-            for (int it = 0; it < n_count; ++it) {
-                const int s = it % kKs, use = it / kKs, n = n_first + it;
-                if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
-                load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
-                load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + (it % kCs) * BN, sLg, true, false, pt);
-                cp_async_commit();
-                if (it > 0) {
-                    cp_async_wait<1>();  // everything but K_j: K_{j−1} and its factors
-                    scale_k(it - 1);
-                    load_v(it - 1);
-                }
-            }
-            if (n_count > 0) {
-                cp_async_wait<0>();
-                scale_k(n_count - 1);
-                load_v(n_count - 1);
-            }
-        } else {
-            for (int it = 0; it < n_count; ++it) {
-                const int s = it % kKs, use = it / kKs, n = n_first + it, c = it % kCs, use_c = it / kCs;
-                if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
-                load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
-                if (cols && use_c > 0) mbar_wait(empty_c + c, (use_c - 1) & 1);
-                load_key_scalars<Score, BN, D>(p, si, hk, n, sRk + c * BN, sLg + c * BN, false, midpoint, pt);
-                mbar_arrive_cp_async(full_k + s);
-                load_v(it);
-            }
+        for (int it = 0; it < n_count; ++it) {
+            const int s = it % kKs, use = it / kKs, n = n_first + it, c = it % kCs, use_c = it / kCs;
+            if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
+            load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
+            if (cols && use_c > 0) mbar_wait(empty_c + c, (use_c - 1) & 1);
+            load_key_scalars<Score, BN, D>(p, si, hk, n, sK0 + c * BN, sLg + c * BN, false, midpoint, pt);
+            mbar_arrive_cp_async(full_k + s);
+            load_v(it);
         }
         cp_async_wait<0>();
         return;
@@ -178,9 +140,9 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
         float alpha[MT][2];
-        // K_j holds k̂ already: the scores see unit key norms (rq still scales the rows).
+        // K_j holds k̂: the scores see unit key norms (rq still scales the rows).
         fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, false, sc, m, l, alpha, rq, row, lo, hi,
-                                           sRk + c * BN, sK0 + c * BN, sLg + c * BN, t4);
+                                           sK0 + c * BN, sK0 + c * BN, sLg + c * BN, t4);
         if (cols) mbar_arrive_warp(empty_c + c, lane);
         wg_wait<0>();
         fence_regs<DT>(acc_o[0]);
