@@ -11,7 +11,7 @@
 //       dV, and dQ with its row sums reduced into f32 scratch), finished by attn_hyp_dq_store_{dt}
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
 //   attn_hyp_rows_{q,k}_{f32,f16,bf16}: the per-row scalars every kernel above reads, one warp per
-//       row, sums in f64 and rounded once to f32:
+//       row (simt_f32.cuh's LaneRow loads), sums in f64 and rounded once to f32:
 //       q rows: q0 = √(1/c + ‖q‖²) and ‖q‖ (stats_index);
 //       k rows: k0 and ‖k‖, and for the Einstein midpoint γ_j = 1/√(1 − min(c‖v_j‖², KLEIN_MAX_NORM2)):
 //       log γ_j and its gradient factor c γ_j² (0 where the clamp is active), at key_index.
@@ -26,13 +26,14 @@
 
 namespace attn {
 
-template <typename T>
-__device__ __forceinline__ double row_sum_sq_f64(const T* x, int D, int lane) {
+// Σ x_d² of a row in f64 (each lane's elements, then the warp), the elements read as LaneRow lays them.
+template <class LR, typename T>
+__device__ __forceinline__ double row_sum_sq_f64(const LR& lr, const T* x) {
+    float v[LR::kE];
+    lr.load(x, v);
     double s = 0.0;
-    for (int d = lane; d < D; d += 32) {
-        const double v = to_f32(x[d]);
-        s += v * v;
-    }
+#pragma unroll
+    for (int i = 0; i < LR::kE; ++i) s = fma((double)v[i], (double)v[i], s);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     return s;
@@ -47,11 +48,14 @@ __device__ __forceinline__ void hyp_rows(const AttnParams& p) {
     const int D = p.head_dim;
     const double c = p.curvature;
     const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
-    const double s2 = row_sum_sq_f64(x, D, lane);
+    double s2 = 0.0, n2 = 0.0;
+    with_lane_row<T>(D, lane, [&](auto lr) {
+        s2 = row_sum_sq_f64(lr, x);
+        if (!kQuery && p.midpoint) n2 = c * row_sum_sq_f64(lr, static_cast<const T*>(p.v) + si.v_off(p, n, h));
+    });
     const long long at = kQuery ? si.stats_index(p, h, n) : si.key_index(p, h, n);
     float lg = 0.f, dg = 0.f;
     if (!kQuery && p.midpoint) {
-        const double n2 = c * row_sum_sq_f64(static_cast<const T*>(p.v) + si.v_off(p, n, h), D, lane);
         const bool clamped = n2 > kKleinMaxNorm2;
         const double m2 = fmin(n2, kKleinMaxNorm2);
         lg = (float)(-0.5 * log1p(-m2));

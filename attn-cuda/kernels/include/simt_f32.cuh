@@ -6,6 +6,8 @@
 //   dQ        (warp = query i):  dq_i = scale·Σ_j dS'_ij k_j (k̂_j for cosine), dS to the bias scratch
 //   dK, dV    (warp = key j):    dv_j = Σ_{h∈group} Σ_i P_ij dO_i,  dk_j = scale·Σ Σ dS'_ij q_i
 #pragma once
+#include <cstdint>
+
 #include "mask.h"
 #include "online_softmax.h"
 #include "score.h"
@@ -19,6 +21,79 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
+}
+
+// The elements of a row that a lane holds in the row kernels (common.cu, hyperbolic.cu; one warp per
+// row). kVec: E
+// consecutive elements from lane·E, one vector access per row and lane — 16-bit rows of D = 32·E
+// (E = 2, 4, 8), 16-byte aligned on the tensor-core path (backend.rs checks pointers and strides),
+// and their f32 scratch rows; otherwise d = lane + 32·i for i < E = 8 (D ≤ 256), d < D.
+template <int Bytes> struct LaneWord;
+template <> struct LaneWord<4> { using type = uint32_t; };
+template <> struct LaneWord<8> { using type = uint2; };
+template <> struct LaneWord<16> { using type = uint4; };
+
+template <int E, bool kVec>
+struct LaneRow {
+    static constexpr int kE = E;
+    int lane, D;
+    __device__ __forceinline__ int col(int i) const { return kVec ? lane * E + i : lane + 32 * i; }
+    __device__ __forceinline__ bool has(int i) const { return kVec || col(i) < D; }
+
+    template <typename T>
+    __device__ __forceinline__ void load(const T* row, float (&v)[E]) const {
+        if constexpr (kVec && sizeof(T) == 2) {
+            using W = typename LaneWord<2 * E>::type;
+            const W w = *reinterpret_cast<const W*>(row + lane * E);
+            const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+            for (int i = 0; i < E; ++i) v[i] = to_f32(e[i]);
+        } else if constexpr (kVec) {
+#pragma unroll
+            for (int i = 0; i < E; i += 2) {
+                const float2 w = *reinterpret_cast<const float2*>(row + lane * E + i);
+                v[i] = w.x, v[i + 1] = w.y;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < E; ++i) v[i] = has(i) ? to_f32(row[col(i)]) : 0.f;
+        }
+    }
+
+    template <typename T>
+    __device__ __forceinline__ void store(T* row, const float (&v)[E]) const {
+        if constexpr (kVec && sizeof(T) == 2) {
+            using W = typename LaneWord<2 * E>::type;
+            W w;
+            T* e = reinterpret_cast<T*>(&w);
+#pragma unroll
+            for (int i = 0; i < E; ++i) e[i] = from_f32<T>(v[i]);
+            *reinterpret_cast<W*>(row + lane * E) = w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < E; ++i)
+                if (has(i)) row[col(i)] = from_f32<T>(v[i]);
+        }
+    }
+};
+
+// f(LaneRow) with the vector layout where T is 16-bit and D ∈ {64, 128, 256}, else the strided one.
+template <typename T, class F>
+__device__ __forceinline__ void with_lane_row(int D, int lane, F&& f) {
+    if constexpr (sizeof(T) == 2) {
+        if (D == 64) return f(LaneRow<2, true>{lane, D});
+        if (D == 128) return f(LaneRow<4, true>{lane, D});
+        if (D == 256) return f(LaneRow<8, true>{lane, D});
+    }
+    f(LaneRow<8, false>{lane, D});
+}
+
+template <int E>
+__device__ __forceinline__ float dot_lanes(const float (&a)[E], const float (&b)[E]) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) s = fmaf(a[i], b[i], s);
+    return warp_sum(s);
 }
 
 // Row kernel after the fused Hopper backward, one warp per query row: dq_i from the f32 dQ scratch
