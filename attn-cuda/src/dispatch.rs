@@ -539,21 +539,16 @@ mod tests {
             // scores).
             let (bm, threads) = if d == 128 { (128, 384) } else { (192, 512) };
             assert_eq!((k.grid, k.threads, k.hopper), ((1, 4, 2), threads, true), "{k:?}");
-            // The scalars hold three stages; the hyperbolic scores add three of log γ; cosine-sim
-            // has a third K stage (its producer scales K a block after copying it).
+            // The scalars hold three stages; the hyperbolic scores add three of log γ. Two K and two
+            // V stages for every score (cosine-sim reads k̂ from the row kernels).
             let lorentz = if matches!(family, Family::Hyperbolic(_)) {
                 3 * 128 * 4
             } else {
                 0
             };
-            let k_stages = if matches!(family, Family::CosineSim(_)) {
-                3
-            } else {
-                2
-            };
             assert_eq!(
                 k.smem,
-                1024 + (bm + (k_stages + 2) * 128) * d * 2 + (2 * 128 + bm) * 4 + lorentz
+                1024 + (bm + 4 * 128) * d * 2 + (2 * 128 + bm) * 4 + lorentz
             );
             // The backward is not warp-specialised; with ATTN_CUDA_WG_WS=0, the wgmma forward.
             let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
