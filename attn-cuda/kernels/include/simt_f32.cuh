@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "mask.h"
+#include "mma.h"
 #include "online_softmax.h"
 #include "score.h"
 
@@ -27,7 +28,8 @@ __device__ __forceinline__ float warp_sum(float x) {
 // row). kVec: E
 // consecutive elements from lane·E, one vector access per row and lane — 16-bit rows of D = 32·E
 // (E = 2, 4, 8), 16-byte aligned on the tensor-core path (backend.rs checks pointers and strides),
-// and their f32 scratch rows; otherwise d = lane + 32·i for i < E = 8 (D ≤ 256), d < D.
+// and their f32 scratch rows; otherwise d = lane + 32·i for i < E = kSimtChunks (D ≤ 256), d < D, the
+// layout of the f32 SIMT kernels below (load_row).
 template <int Bytes> struct LaneWord;
 template <> struct LaneWord<4> { using type = uint32_t; };
 template <> struct LaneWord<8> { using type = uint2; };
@@ -85,7 +87,7 @@ __device__ __forceinline__ void with_lane_row(int D, int lane, F&& f) {
         if (D == 128) return f(LaneRow<4, true>{lane, D});
         if (D == 256) return f(LaneRow<8, true>{lane, D});
     }
-    f(LaneRow<8, false>{lane, D});
+    f(LaneRow<kSimtChunks, false>{lane, D});
 }
 
 template <int E>
@@ -121,11 +123,7 @@ __device__ __forceinline__ void dq_acc_store_rows(const AttnParams& p) {
 }
 
 __device__ __forceinline__ void load_row(float (&x)[kSimtChunks], const float* row, int D, int lane) {
-#pragma unroll
-    for (int c = 0; c < kSimtChunks; ++c) {
-        const int d = lane + 32 * c;
-        x[c] = d < D ? row[d] : 0.f;
-    }
+    LaneRow<kSimtChunks, false>{lane, D}.load(row, x);
 }
 
 __device__ __forceinline__ float row_dot(const float (&x)[kSimtChunks], const float* row, int D, int lane) {

@@ -8,6 +8,8 @@
 //! folds the chunk of its last source). The tests run it on random specs and compare every output
 //! with attn-cpu-ref: what it checks is the decomposition the kernels implement (which sources each
 //! probe gets from which kernel), not the mma fragment plumbing, which only the GPU suite can check.
+//! Compiled for the tests only (`#[cfg(test)]` in taylor.rs): its `panic!` and `assert!`s guard the
+//! emulation's own invariants and fail the test that drives it; no user input reaches them.
 
 use super::heuristics::{self, state_tile};
 use attn_core::{AttnSpec, Causal, FamilySpec, SeqLengths};
