@@ -1,5 +1,6 @@
 // Row kernels shared by every family's backward, for f32, f16 and bf16 storage. One warp per row.
-//   attn_bwd_delta_{dt}:       δ_i = dO_i · o_i (f32, statistics layout)
+//   attn_bwd_delta_{dt}:       δ_i = dO_i · o_i (f32, statistics layout), and after the stats_len
+//                              values of δ the LSE in log2 units (the warp-specialised dK/dV kernel's)
 //   attn_inv_norm_{q,k}_{dt}:  r = 1 / max(‖x‖, eps) per row (f32, indexed by dq/dk offset / D)
 //   attn_normalise_{q,k}_{dt}: r as above, and x̂ = x·r rounded to the storage type into p.dq / p.dk
 //                              at the dq/dk offsets (the host points them at scratch): the rows the
@@ -11,6 +12,7 @@
 //                              reduces dQ into the f32 scratch)
 #include "include/mask.h"
 #include "include/mma.h"
+#include "include/online_softmax.h"
 #include "include/simt_f32.cuh"
 
 namespace attn {
@@ -28,7 +30,14 @@ __device__ __forceinline__ void bwd_delta(const AttnParams& p) {
         lr.load(static_cast<const T*>(p.o) + off, o);
         lr.load(static_cast<const T*>(p.d_o) + off, g);
         const float s = dot_lanes(o, g);
-        if (lane == 0) p.delta[si.stats_index(p, h, i)] = s;
+        if (lane == 0) {
+            const long long at = si.stats_index(p, h, i);
+            p.delta[at] = s;
+            // The LSE in log2 units (+∞ for a row with no key: P = 0), after δ (the host allocates both
+            // halves): what the warp-specialised dK/dV kernel's producer copies with cp.async.
+            const float lse = p.lse[at];
+            p.delta[(long long)p.total_q * p.heads_q + at] = lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e;
+        }
     });
 }
 

@@ -6,6 +6,7 @@
 // and backward (wgmma, sm_90a only) at head dims 64 and 128: attn_cosine_sim_{fwd,bwd_dq,bwd_dkdv}_wg_{dt}_d{D}.
 #include "include/flash_bwd.cuh"
 #include "include/flash_bwd_wg.cuh"
+#include "include/flash_bwd_ws.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
 #include "include/flash_fwd_ws.cuh"
@@ -53,3 +54,7 @@ ATTN_FLASH_BWD_FUSED_WG_ALL(attn_cosine_sim, attn::CosineScore)
 
 // The warp-specialised Hopper forward (sm_90a only): attn_cosine_sim_fwd_ws_{dt}_d{64,128}.
 ATTN_FLASH_FWD_WS_ALL(attn_cosine_sim, attn::CosineScore)
+
+// The warp-specialised Hopper backward (sm_90a only): attn_cosine_sim_bwd_{dq,dkdv}_ws_{dt}_d{64,128}.
+ATTN_FLASH_BWD_WS_ALL(attn_cosine_sim, attn::CosineScore)
+ATTN_FLASH_BWD_DQ_WS_ALL(attn_cosine_sim, attn::CosineScore)

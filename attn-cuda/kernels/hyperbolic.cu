@@ -22,6 +22,7 @@
 #include "include/flash_fwd_wg.cuh"
 #include "include/flash_fwd_ws.cuh"
 #include "include/flash_bwd_wg.cuh"
+#include "include/flash_bwd_ws.cuh"
 #include "include/hyp_simt.cuh"
 
 namespace attn {
@@ -167,3 +168,7 @@ ATTN_HYP_SIMT(geodesic, attn::GeodesicScore)
 // The warp-specialised Hopper forward (sm_90a only): attn_hyperbolic_sq_lorentz, attn_hyperbolic_geodesic_fwd_ws_{dt}_d{64,128}.
 ATTN_FLASH_FWD_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_FWD_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
+
+// The warp-specialised Hopper dQ kernels (sm_90a only): attn_hyperbolic_{sq_lorentz,geodesic}_bwd_dq_ws_{dt}_d{64,128}.
+ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
+ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)

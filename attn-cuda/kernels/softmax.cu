@@ -4,6 +4,7 @@
 // attn_softmax_bwd_{dq,dkdv}_wg_{dt}_d{D}.
 #include "include/flash_bwd.cuh"
 #include "include/flash_bwd_wg.cuh"
+#include "include/flash_bwd_ws.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
 #include "include/flash_fwd_ws.cuh"
@@ -63,3 +64,7 @@ ATTN_FLASH_BWD_FUSED_WG_ALL(attn_softmax, attn::SoftmaxScore)
 
 // The warp-specialised Hopper forward (sm_90a only): attn_softmax_fwd_ws_{dt}_d{64,128}.
 ATTN_FLASH_FWD_WS_ALL(attn_softmax, attn::SoftmaxScore)
+
+// The warp-specialised Hopper backward (sm_90a only): attn_softmax_bwd_{dq,dkdv}_ws_{dt}_d{64,128}.
+ATTN_FLASH_BWD_WS_ALL(attn_softmax, attn::SoftmaxScore)
+ATTN_FLASH_BWD_DQ_WS_ALL(attn_softmax, attn::SoftmaxScore)

@@ -565,11 +565,13 @@ impl CudaAttn {
         // Scratch (f32, stream-ordered allocations freed in stream order).
         let s = &self.stream;
         // SAFETY (each uninitialised allocation below): every element is written by a kernel
-        // enqueued before any kernel that reads it: δ by the delta kernel (every query row), the
-        // reciprocal norms by the inv-norm kernels (every q row, every k row dk holds), dq̂ by the
-        // dQ kernel (the fused kernel's dQ scratch is zeroed instead) and dk̂ by the dK/dV or fused
-        // kernel (every row of dq and dk, zeros for padded keys).
-        let delta = unsafe { s.alloc::<f32>(spec.stats_len().max(1)) }?;
+        // enqueued before any kernel that reads it: δ and the log2 LSE by the delta kernel (every
+        // query row), the reciprocal norms by the inv-norm kernels (every q row, every k row dk
+        // holds), dq̂ by the dQ kernel (the fused kernel's dQ scratch is zeroed instead) and dk̂ by
+        // the dK/dV or fused kernel (every row of dq and dk, zeros for padded keys).
+        // δ, then the LSE in log2 units (both written by the delta kernel; the second half is what the
+        // warp-specialised dK/dV kernel copies).
+        let delta = unsafe { s.alloc::<f32>((2 * spec.stats_len()).max(1)) }?;
         p.delta = delta.device_ptr(s).0;
         let norms = l2norm_qk(spec);
         let fused = dispatch::fused_backward(spec, kernels.hopper);

@@ -318,10 +318,25 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 let grid = (heuristics::blocks(spec.seq_k(), tile.bn), hkv, b);
                 (heuristics::wg_dkdv_smem(tile, d, elem), grid, tile.bn * 2)
             };
+            // The warp-specialised kernels (a producer warpgroup beside the two consumers): dQ for
+            // every score, dK/dV for softmax and cosine-sim.
+            let ws = if !hopper.bwd_ws {
+                None
+            } else if dq {
+                heuristics::ws_dq_tile(d).map(|t| (heuristics::ws_dq_smem(t, d, elem), t.bm * 2 + 128))
+            } else if !lorentz {
+                heuristics::ws_dkdv_tile(d).map(|t| (heuristics::ws_dkdv_smem(t, d, elem), t.bn * 2 + 128))
+            } else {
+                None
+            };
+            let (kind, smem, threads) = match ws {
+                Some((smem, threads)) => ("ws", smem, threads),
+                None => ("wg", smem, threads),
+            };
             return Ok(Kernel {
                 module,
                 name: format!(
-                    "attn_{family}_{}_wg_{}_d{d}",
+                    "attn_{family}_{}_{kind}_{}_d{d}",
                     stage.name(),
                     dtype_tag(spec.dtype())
                 ),
@@ -515,7 +530,54 @@ mod tests {
         fused: true,
         tile: None,
         ws: WsMode::Off,
+        bwd_ws: false,
     };
+
+    #[test]
+    fn warp_specialised_backward_kernels_unless_turned_off() {
+        let ws = Hopper { bwd_ws: true, ..ON };
+        let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
+        for (family, dtype, d, expect) in [
+            (Family::softmax(), DType::BF16, 128, true),
+            (Family::cosine_sim(), DType::F16, 128, true),
+            (Family::softmax(), DType::F16, 64, true),
+            (Family::cosine_sim(), DType::BF16, 64, true),
+            (hyp, DType::BF16, 128, false),
+            (hyp, DType::BF16, 64, false),
+        ] {
+            let s = spec(family, dtype, d);
+            let k = flash_kernel(&s, Stage::BwdDkdv, ws).expect("kernel");
+            assert_eq!(k.name.contains("_bwd_dkdv_ws_"), expect, "{k:?}");
+            if expect {
+                // 130 keys → two tiles of 128 per kv head; 384 threads; three stages of Q and dO
+                // (64 queries at D = 128, 128 at D = 64) with their LSE, δ and a row of ones.
+                let bm = if d == 128 { 64 } else { 128 };
+                assert_eq!((k.grid, k.threads, k.hopper), ((2, 2, 2), 384, true), "{k:?}");
+                assert_eq!(k.smem, 1024 + (2 * 128 + 6 * bm) * d * 2 + 9 * bm * 4, "{k:?}");
+            } else {
+                assert!(k.name.contains("_bwd_dkdv_wg_"), "{k:?}");
+            }
+            // The dQ kernel for every score: 100 queries → one block of 128 (384 threads); Q, dO, four
+            // K and three V stages of 128 (D = 64) or 64 (D = 128) keys, k0 and log γ with each K
+            // stage. ATTN_CUDA_WG_BWD_WS=0 keeps the wgmma kernels.
+            let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
+            assert!(dq.name.contains("_bwd_dq_ws_"), "{dq:?}");
+            let bn = if d == 128 { 64 } else { 128 };
+            assert_eq!((dq.grid, dq.threads, dq.hopper), ((1, 4, 2), 384, true), "{dq:?}");
+            assert_eq!(dq.smem, 1024 + (2 * 128 + 7 * bn) * d * 2 + 8 * bn * 4, "{dq:?}");
+            for stage in [Stage::BwdDq, Stage::BwdDkdv] {
+                let k = flash_kernel(&s, stage, ON).expect("kernel");
+                assert!(k.name.contains("_wg_"), "{k:?}");
+            }
+        }
+        // Other head dims and f32 keep their kernels.
+        for (dtype, d) in [(DType::BF16, 96), (DType::F32, 64)] {
+            for stage in [Stage::BwdDq, Stage::BwdDkdv] {
+                let k = flash_kernel(&spec(Family::softmax(), dtype, d), stage, ws).expect("kernel");
+                assert!(!k.name.contains("_ws_") && !k.hopper, "{k:?}");
+            }
+        }
+    }
 
     #[test]
     fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
@@ -550,7 +612,8 @@ mod tests {
                 k.smem,
                 1024 + (bm + 4 * 128) * d * 2 + (2 * 128 + bm) * 4 + lorentz
             );
-            // The backward is not warp-specialised; with ATTN_CUDA_WG_WS=0, the wgmma forward.
+            // ATTN_CUDA_WG_WS governs the forward only (ON: no warp-specialised backward); with
+            // ATTN_CUDA_WG_WS=0, the wgmma forward.
             let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
             assert!(dq.name.contains("_bwd_dq_wg_"), "{dq:?}");
             let k = flash_kernel(&s, Stage::Forward, ON).expect("kernel");

@@ -256,6 +256,49 @@ pub(crate) fn wg_dkdv_smem(t: Tile, d: usize, elem: usize) -> usize {
     1024 + (2 * t.bn + 4 * t.bm) * d * elem + 6 * t.bm * 4
 }
 
+/// Stages of Q and dO in the warp-specialised dK/dV kernel (`kWsDkvStages` in tiles.h).
+pub(crate) const WS_DKDV_STAGES: usize = 3;
+
+/// `WsDkvTile<D>`: the warp-specialised dK/dV kernel (flash_bwd_ws.cuh; two consumer warpgroups and a
+/// producer, `bn · 2 + 128` threads), [`wg_dkdv_tile`]'s tile: 128 resident keys, 128 (D = 64) or 64
+/// (D = 128) queries per streamed block.
+pub(crate) fn ws_dkdv_tile(d: usize) -> Option<Tile> {
+    wg_dkdv_tile(d)
+}
+
+/// Stages of K and of V in the warp-specialised dQ kernel (`kWsDqKStages`, `kWsDqVStages` in tiles.h).
+pub(crate) const WS_DQ_STAGES: (usize, usize) = (4, 3);
+
+/// `WsDqTile<D>`: the warp-specialised dQ kernel (flash_bwd_ws.cuh; two consumer warpgroups of 64 query
+/// rows and a producer, `bm · 2 + 128` threads), [`wg_dq_tile`]'s tile.
+pub(crate) fn ws_dq_tile(d: usize) -> Option<Tile> {
+    wg_dq_tile(d)
+}
+
+/// Dynamic shared memory of the warp-specialised dQ kernel: 1 KiB of slack, Q and dO, the
+/// [`WS_DQ_STAGES`] stages of K and of V, and k0 and log γ (hyperbolic) with each K stage.
+///
+/// ```text
+/// D = 128, bf16: 1024 + (2·128 + 7·64)·128·2 + 8·64·4 = 183 296 bytes
+/// D = 64, bf16:  1024 + (2·128 + 7·128)·64·2 + 8·128·4 = 152 576 bytes
+/// ```
+pub(crate) fn ws_dq_smem(t: Tile, d: usize, elem: usize) -> usize {
+    let (ks, vs) = WS_DQ_STAGES;
+    1024 + (2 * t.bm + (ks + vs) * t.bn) * d * elem + 2 * ks * t.bn * 4
+}
+
+/// Dynamic shared memory of the warp-specialised dK/dV kernel: 1 KiB of slack, K and V,
+/// [`WS_DKDV_STAGES`] stages of Q and dO, and LSE, δ and a row of ones (the per-query factor of the
+/// shared per-element code) for each stage.
+///
+/// ```text
+/// D = 128, bf16: 1024 + (2·128 + 6·64)·128·2 + 9·64·4 = 167 168 bytes
+/// D = 64, bf16:  1024 + (2·128 + 6·128)·64·2 + 9·128·4 = 136 704 bytes
+/// ```
+pub(crate) fn ws_dkdv_smem(t: Tile, d: usize, elem: usize) -> usize {
+    1024 + (2 * t.bn + 2 * WS_DKDV_STAGES * t.bm) * d * elem + 3 * WS_DKDV_STAGES * t.bm * 4
+}
+
 /// Dynamic shared memory of the fused Hopper backward: the dK/dV kernel's, dS'ᵀ of one query block
 /// (the A operand of its dQ product) and, for the hyperbolic scores, k0 of the resident keys.
 ///
@@ -483,6 +526,8 @@ mod tests {
             ("WsFwdTile", ws_fwd_tile, &[64, 128]),
             ("WgDqTile", wg_dq_tile, &[64, 128]),
             ("WgDkvTile", wg_dkdv_tile, &[64, 128]),
+            ("WsDkvTile", ws_dkdv_tile, &[64, 128]),
+            ("WsDqTile", ws_dq_tile, &[64, 128]),
         ] {
             let tiles = kernel_tiles(name);
             let have: Vec<usize> = tiles.iter().map(|(d, _)| *d).collect();
@@ -503,6 +548,12 @@ mod tests {
                 "{d} {bm}x{bn}"
             );
         }
+        let tiles = include_str!("../kernels/include/tiles.h");
+        assert!(tiles.contains(&format!("constexpr int kWsDkvStages = {WS_DKDV_STAGES};")));
+        let (ks, vs) = WS_DQ_STAGES;
+        assert!(tiles.contains(&format!(
+            "constexpr int kWsDqKStages = {ks}, kWsDqVStages = {vs};"
+        )));
     }
 
     #[test]

@@ -37,7 +37,9 @@ pub(crate) struct Kernels {
 /// allows it (dispatch::fused_backward), only with `ATTN_CUDA_WG_FUSED=1` (A/B runs and its tests:
 /// since version 7 of the kernels the two-kernel backward is the faster one, kernels/NOTES.md); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
 /// (heuristics::WG_TILE_VARIANTS); `ws`: where the warp-specialised forward runs ([`WsMode`],
-/// `ATTN_CUDA_WG_WS`). All read when the context first loads the kernels.
+/// `ATTN_CUDA_WG_WS`); `bwd_ws`: the warp-specialised kernels of the deterministic backward (dQ for
+/// every score, dK/dV for softmax and cosine-sim; heuristics::ws_dq_tile, ws_dkdv_tile), unless
+/// `ATTN_CUDA_WG_BWD_WS=0`. All read when the context first loads the kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Hopper {
     pub on: bool,
@@ -45,6 +47,7 @@ pub(crate) struct Hopper {
     pub fused: bool,
     pub tile: Option<(usize, usize)>,
     pub ws: WsMode,
+    pub bwd_ws: bool,
 }
 
 /// Where the warp-specialised Hopper forward (heuristics::ws_fwd_tile) replaces the wgmma one:
@@ -67,6 +70,7 @@ impl Hopper {
         fused: Option<&str>,
         tile: Option<&str>,
         ws: Option<&str>,
+        bwd_ws: Option<&str>,
     ) -> Self {
         let tile = tile.and_then(|t| {
             let (bm, bn) = t.trim().split_once('x')?;
@@ -82,6 +86,7 @@ impl Hopper {
                 Some("1") => WsMode::Everywhere,
                 _ => WsMode::Measured,
             },
+            bwd_ws: bwd_ws.map(str::trim) != Some("0"),
         }
     }
 }
@@ -230,6 +235,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
             std::env::var("ATTN_CUDA_WG_FUSED").ok().as_deref(),
             std::env::var("ATTN_CUDA_WG_TILE").ok().as_deref(),
             std::env::var("ATTN_CUDA_WG_WS").ok().as_deref(),
+            std::env::var("ATTN_CUDA_WG_BWD_WS").ok().as_deref(),
         ),
     });
     entries.push((key, kernels.clone()));
@@ -275,31 +281,36 @@ mod tests {
 
     #[test]
     fn hopper_kernels_only_on_compute_capability_9_0_and_not_when_turned_off() {
-        assert!(Hopper::new((9, 0), None, None, None, None, None).on);
-        assert!(Hopper::new((9, 0), Some("1"), None, None, None, None).on);
-        assert!(!Hopper::new((9, 0), Some("0"), None, None, None, None).on);
-        assert!(!Hopper::new((9, 0), Some(" 0\n"), None, None, None, None).on);
+        assert!(Hopper::new((9, 0), None, None, None, None, None, None).on);
+        assert!(Hopper::new((9, 0), Some("1"), None, None, None, None, None).on);
+        assert!(!Hopper::new((9, 0), Some("0"), None, None, None, None, None).on);
+        assert!(!Hopper::new((9, 0), Some(" 0\n"), None, None, None, None, None).on);
         for cc in [(8, 0), (8, 9), (10, 0), (12, 0)] {
-            assert!(!Hopper::new(cc, None, None, None, None, None).on, "{cc:?}");
+            assert!(!Hopper::new(cc, None, None, None, None, None, None).on, "{cc:?}");
         }
-        assert!(Hopper::new((9, 0), None, None, None, None, None).bwd);
-        assert!(!Hopper::new((9, 0), None, Some("0"), None, None, None).bwd);
-        assert!(!Hopper::new((9, 0), None, None, None, None, None).fused);
-        assert!(!Hopper::new((9, 0), None, None, Some("0"), None, None).fused);
-        assert!(Hopper::new((9, 0), None, None, Some(" 1\n"), None, None).fused);
+        assert!(Hopper::new((9, 0), None, None, None, None, None, None).bwd);
+        assert!(!Hopper::new((9, 0), None, Some("0"), None, None, None, None).bwd);
+        assert!(!Hopper::new((9, 0), None, None, None, None, None, None).fused);
+        assert!(!Hopper::new((9, 0), None, None, Some("0"), None, None, None).fused);
+        assert!(Hopper::new((9, 0), None, None, Some(" 1\n"), None, None, None).fused);
         assert_eq!(
-            Hopper::new((9, 0), None, None, None, Some("64x128"), None).tile,
+            Hopper::new((9, 0), None, None, None, Some("64x128"), None, None).tile,
             Some((64, 128))
         );
-        assert_eq!(Hopper::new((9, 0), None, None, None, Some("64"), None).tile, None);
         assert_eq!(
-            Hopper::new((9, 0), None, None, None, Some("ax64"), None).tile,
+            Hopper::new((9, 0), None, None, None, Some("64"), None, None).tile,
             None
         );
-        let ws = |v| Hopper::new((9, 0), None, None, None, None, v).ws;
+        assert_eq!(
+            Hopper::new((9, 0), None, None, None, Some("ax64"), None, None).tile,
+            None
+        );
+        let ws = |v| Hopper::new((9, 0), None, None, None, None, v, None).ws;
         assert_eq!(ws(None), WsMode::Measured);
         assert_eq!(ws(Some(" 1\n")), WsMode::Everywhere);
         assert_eq!(ws(Some("0")), WsMode::Off);
         assert_eq!(ws(Some("yes")), WsMode::Measured);
+        let bwd_ws = |v| Hopper::new((9, 0), None, None, None, None, None, v).bwd_ws;
+        assert!(bwd_ws(None) && bwd_ws(Some("1")) && !bwd_ws(Some(" 0\n")));
     }
 }

@@ -45,9 +45,10 @@ const GPU_TEST_BINARIES: [&str; 6] = [
 ];
 
 /// The test binaries whose flash kernels are the Hopper (wgmma) kernels on an sm_90 GPU: run again
-/// with `ATTN_CUDA_WGMMA=0`, `ATTN_CUDA_WG_FUSED=1`, `ATTN_CUDA_WG_WS=0` and `ATTN_CUDA_WG_WS=1`, so
-/// the mma.sync kernels, the fused Hopper backward, the wgmma forward where the warp-specialised one
-/// is the default and the warp-specialised one at every head dim it has are tested on the H100 too.
+/// with `ATTN_CUDA_WGMMA=0`, `ATTN_CUDA_WG_FUSED=1`, `ATTN_CUDA_WG_WS=0`, `ATTN_CUDA_WG_WS=1` and
+/// `ATTN_CUDA_WG_BWD_WS=0`, so the mma.sync kernels, the fused Hopper backward, the wgmma forward where
+/// the warp-specialised one is the default, the warp-specialised one at every head dim it has and the
+/// wgmma backward kernels are tested on the H100 too.
 const FLASH_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_hyperbolic"];
 
 type Result<T> = std::result::Result<T, String>;
@@ -425,6 +426,11 @@ fn test_gpu(extra: &[String]) -> Result<()> {
             "1",
             "the warp-specialised forward at every head dim it has",
         ),
+        (
+            "ATTN_CUDA_WG_BWD_WS",
+            "0",
+            "the wgmma backward kernels in place of the warp-specialised ones",
+        ),
     ] {
         println!("xtask test-gpu: the flash tests again with {what} ({var}={value})");
         let mut cmd = Command::new(cargo());
@@ -541,8 +547,9 @@ for bin in "$here"/bin/*; do
 done
 # On an sm_90 GPU the flash kernels above were the Hopper (wgmma) ones, the backward in two kernels;
 # once more with the mma.sync ones, with the fused Hopper backward, with the wgmma forward where the
-# warp-specialised one is the default, and with the warp-specialised one at every head dim it has.
-for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA_WG_WS=0 ATTN_CUDA_WG_WS=1; do
+# warp-specialised one is the default, with the warp-specialised one at every head dim it has, and
+# with the wgmma backward kernels in place of the warp-specialised ones.
+for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA_WG_WS=0 ATTN_CUDA_WG_WS=1 ATTN_CUDA_WG_BWD_WS=0; do
   for name in gpu_softmax_like gpu_hyperbolic; do
     [ -x "$here/bin/$name" ] || continue
     out="$(env "$var" "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"

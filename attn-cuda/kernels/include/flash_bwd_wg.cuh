@@ -26,7 +26,9 @@
 // stream through two buffers. Per query block: barrier; issue Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared ×
 // shared) as two groups; cp.async the next block; on fast tiles Pᵀ once Sᵀ is done (dPᵀ still runs),
 // issue dV += Pᵀ dO, dS'ᵀ once dPᵀ is done (dV still runs), issue dK += dS'ᵀ Q (registers × shared,
-// dO and Q MN-major); other tiles form Pᵀ and dS'ᵀ together once both products are done.
+// dO and Q MN-major); other tiles form Pᵀ and dS'ᵀ together once both products are done. The
+// warp-specialised dK/dV kernel (flash_bwd_ws.cuh) runs the same block with a producer warpgroup doing
+// the copies.
 #pragma once
 #include "flash_bwd.cuh"
 #include "flash_fwd_wg.cuh"

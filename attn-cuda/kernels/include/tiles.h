@@ -81,6 +81,21 @@ template <> struct WgDqTile<128> { static constexpr int BM = 128, BN = 64; };
 template <int D> struct WgDkvTile;
 template <> struct WgDkvTile<64> { static constexpr int BN = 128, BM = 128; };
 template <> struct WgDkvTile<128> { static constexpr int BN = 128, BM = 64; };
+// The warp-specialised dK/dV kernel (flash_bwd_ws.cuh; host: heuristics::ws_dkdv_tile,
+// WS_DKDV_STAGES): WgDkvTile's tile (at D = 64, 128 queries per block spill 100 bytes within the
+// consumers' 240 registers and 64 spill none, yet 128 measured 5–6% faster on the H100, kernels/NOTES.md,
+// session 17), kWsDkvStages stages of Q and dO.
+template <int D> struct WsDkvTile;
+template <> struct WsDkvTile<64> { static constexpr int BN = 128, BM = 128; };
+template <> struct WsDkvTile<128> { static constexpr int BN = 128, BM = 64; };
+constexpr int kWsDkvStages = 3;
+// The warp-specialised dQ kernel (flash_bwd_ws.cuh; host: heuristics::ws_dq_tile, WS_DQ_STAGES):
+// WgDqTile's tile, kWsDqKStages stages of K (a K block is read from its own block to the end of the
+// next one) and kWsDqVStages of V.
+template <int D> struct WsDqTile;
+template <> struct WsDqTile<64> { static constexpr int BM = 128, BN = 128; };
+template <> struct WsDqTile<128> { static constexpr int BM = 128, BN = 64; };
+constexpr int kWsDqKStages = 4, kWsDqVStages = 3;
 
 // The tile of a score: the skeleton's, or the hyperbolic one.
 template <class Score, int D> using FwdTileOf = std::conditional_t<Score::kLorentz, LorentzFwdTile<D>, FwdTile<D>>;
