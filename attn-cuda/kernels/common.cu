@@ -33,10 +33,13 @@ __device__ __forceinline__ void bwd_delta(const AttnParams& p) {
         if (lane == 0) {
             const long long at = si.stats_index(p, h, i);
             p.delta[at] = s;
-            // The LSE in log2 units (+∞ for a row with no key: P = 0), after δ (the host allocates both
-            // halves): what the warp-specialised dK/dV kernel's producer copies with cp.async.
+            // The LSE in log2 units less the hyperbolic scores' constant (0 for the others; +∞ for a
+            // row with no key: P = 0), after δ (the host allocates both halves): what the
+            // warp-specialised dK/dV kernel's producer copies with cp.async, the same value the wgmma
+            // kernel computes.
             const float lse = p.lse[at];
-            p.delta[(long long)p.total_q * p.heads_q + at] = lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e;
+            p.delta[(long long)p.total_q * p.heads_q + at] =
+                lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e - p.hyp_lse * kLog2e;
         }
     });
 }

@@ -319,12 +319,13 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 (heuristics::wg_dkdv_smem(tile, d, elem), grid, tile.bn * 2)
             };
             // The warp-specialised kernels (a producer warpgroup beside the two consumers): dQ for
-            // every score, dK/dV for softmax and cosine-sim.
+            // every score, dK/dV for softmax and cosine-sim, and for the hyperbolic scores at D = 128
+            // (heuristics::ws_dkdv_lorentz).
             let ws = if !hopper.bwd_ws {
                 None
             } else if dq {
                 heuristics::ws_dq_tile(d).map(|t| (heuristics::ws_dq_smem(t, d, elem), t.bm * 2 + 128))
-            } else if !lorentz {
+            } else if !lorentz || heuristics::ws_dkdv_lorentz(d) {
                 heuristics::ws_dkdv_tile(d).map(|t| (heuristics::ws_dkdv_smem(t, d, elem), t.bn * 2 + 128))
             } else {
                 None
@@ -542,7 +543,7 @@ mod tests {
             (Family::cosine_sim(), DType::F16, 128, true),
             (Family::softmax(), DType::F16, 64, true),
             (Family::cosine_sim(), DType::BF16, 64, true),
-            (hyp, DType::BF16, 128, false),
+            (hyp, DType::BF16, 128, true),
             (hyp, DType::BF16, 64, false),
         ] {
             let s = spec(family, dtype, d);
@@ -550,7 +551,7 @@ mod tests {
             assert_eq!(k.name.contains("_bwd_dkdv_ws_"), expect, "{k:?}");
             if expect {
                 // 130 keys → two tiles of 128 per kv head; 384 threads; three stages of Q and dO
-                // (64 queries at D = 128, 128 at D = 64) with their LSE, δ and a row of ones.
+                // (64 queries at D = 128, 128 at D = 64) with their LSE, δ and a row of ones (q0).
                 let bm = if d == 128 { 64 } else { 128 };
                 assert_eq!((k.grid, k.threads, k.hopper), ((2, 2, 2), 384, true), "{k:?}");
                 assert_eq!(k.smem, 1024 + (2 * 128 + 6 * bm) * d * 2 + 9 * bm * 4, "{k:?}");

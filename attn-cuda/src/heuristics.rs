@@ -266,6 +266,13 @@ pub(crate) fn ws_dkdv_tile(d: usize) -> Option<Tile> {
     wg_dkdv_tile(d)
 }
 
+/// Whether the hyperbolic scores have the warp-specialised dK/dV kernel at head dim `d`: D = 128 only
+/// (at D = 64 its 128-query blocks spill 440–490 bytes within the consumers' 240 registers; hyperbolic.cu
+/// instantiates the D = 128 kernels).
+pub(crate) fn ws_dkdv_lorentz(d: usize) -> bool {
+    d == 128
+}
+
 /// Stages of K and of V in the warp-specialised dQ kernel (`kWsDqKStages`, `kWsDqVStages` in tiles.h).
 pub(crate) const WS_DQ_STAGES: (usize, usize) = (4, 3);
 

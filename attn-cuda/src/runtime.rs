@@ -38,8 +38,8 @@ pub(crate) struct Kernels {
 /// since version 7 of the kernels the two-kernel backward is the faster one, kernels/NOTES.md); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
 /// (heuristics::WG_TILE_VARIANTS); `ws`: where the warp-specialised forward runs ([`WsMode`],
 /// `ATTN_CUDA_WG_WS`); `bwd_ws`: the warp-specialised kernels of the deterministic backward (dQ for
-/// every score, dK/dV for softmax and cosine-sim; heuristics::ws_dq_tile, ws_dkdv_tile), unless
-/// `ATTN_CUDA_WG_BWD_WS=0`. All read when the context first loads the kernels.
+/// every score, dK/dV for softmax, cosine-sim and, at D = 128, the hyperbolic scores;
+/// heuristics::ws_dq_tile, ws_dkdv_tile, ws_dkdv_lorentz), unless `ATTN_CUDA_WG_BWD_WS=0`. All read when the context first loads the kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Hopper {
     pub on: bool,

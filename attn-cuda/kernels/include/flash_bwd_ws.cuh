@@ -7,15 +7,16 @@
 //   warpgroups 0, 1: consumers, keys 64w..64w+63 (the wgmma kernel's warpgroups); 240 registers each
 //     after setmaxnreg;
 //   warpgroup 2: producer (24 registers): cp.async of K and V once, then of each query block's Q, dO,
-//     δ and LSE into kStages stages; then it exits. The LSE in log2 units comes from the delta kernel
+//     δ, LSE (and hyperbolic q0) into kStages stages; then it exits. The LSE in log2 units comes from the delta kernel
 //     (common.cu, after δ in the same buffer), so every byte a consumer reads lands by cp.async.
 // Each stage has a full barrier (each producer thread arrives through cp.async.mbarrier.arrive when
 // its copies have landed) and an empty one (each consumer thread arrives once, after the block's last
 // product, which reads Q and dO: an mbarrier arrival releases only the arriving thread's own accesses,
 // and compute-sanitizer's racecheck reported the forward's one-arrival-per-warp form, and one per
 // warpgroup after a named barrier, as hazards against the producer's refill; kernels/NOTES.md, session 17). The consumer warpgroups drift apart freely: while one forms Pᵀ and
-// dS'ᵀ, the other's products run. Softmax and cosine-sim only (their sRq is 1: the hyperbolic scores'
-// q0 would need a copy of its own).
+// dS'ᵀ, the other's products run. Every score: the hyperbolic scores' q0 per query is copied into sRq
+// beside δ and the LSE (1 for the others), and their LSE less the score's constant comes from the delta
+// kernel like the others'.
 #pragma once
 #include "flash_bwd_wg.cuh"
 
@@ -87,7 +88,6 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     constexpr int kConsumers = BN * 2, kProducers = 128;
     constexpr int kProducerRegs = 24, kConsumerRegs = 240;
     static_assert(BN == 128, "two consumer warpgroups of 64 keys");
-    static_assert(!Score::kLorentz, "softmax and cosine-sim: no per-query scalar beside the LSE and δ");
     static_assert(BM <= kProducers, "one query's scalars per producer thread");
     static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= 65536, "register file");
     constexpr int QT = BM / 8, AT = D / 8;
@@ -101,7 +101,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     T* sdO = sQ + kStages * BM * D;      // [kStages][BM × D] sw128
     float* sLse = reinterpret_cast<float*>(sdO + kStages * BM * D);  // [kStages][BM] log2 units
     float* sDelta = sLse + kStages * BM;                              // [kStages][BM]
-    float* sRq = sDelta + kStages * BM;                               // [kStages][BM] 1
+    float* sRq = sDelta + kStages * BM;                               // [kStages][BM] 1 (hyperbolic: q0)
     // full_kv, full[kStages] (producer arrivals); empty[kStages] (consumer threads).
     __shared__ __align__(8) uint64_t bars[1 + 2 * kStages];
     uint64_t* full_kv = bars;
@@ -127,7 +127,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             mbar_init(empty + s, kConsumers);
         }
     }
-    for (int r = tid; r < kStages * BM; r += kConsumers + kProducers) sRq[r] = 1.f;  // no per-query factor
+    for (int r = tid; r < kStages * BM; r += kConsumers + kProducers) sRq[r] = 1.f;  // softmax, cosine-sim: 1
     __syncthreads();
     const long long stats_len = (long long)p.total_q * p.heads_q;
 
@@ -152,6 +152,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                 const long long at = valid ? si.stats_index(p, h, i) : 0;
                 cp_async_4(sDelta + s * BM + pt, p.delta + at, valid);
                 cp_async_4(sLse + s * BM + pt, p.delta + stats_len + at, valid);
+                // Hyperbolic: q0 of the row (past the sequence the slot keeps a finite earlier q0 or the
+                // initial 1: such rows are masked, and their score only needs to stay finite).
+                if (Score::kLorentz && valid) cp_async_4(sRq + s * BM + pt, p.x0q + at, true);
             }
             mbar_arrive_cp_async(full + s);
         }
@@ -161,11 +164,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     regs_inc<kConsumerRegs>();
 
     const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dkdv_store writes dk̂ in f32
+    const bool midpoint = Score::kLorentz && p.midpoint;
     const int g = lane / 4, t4 = lane % 4;
     const int wrow = warp * 16;
     int key[MT][2];
     float rk[MT][2], lg[MT][2], bsum[MT][2], csum[MT][2];
-    bwd_k_rows<Score, D, MT>(p, si, hk, j0 + wrow, g, false, false, key, rk, lg, bsum, csum);
+    bwd_k_rows<Score, D, MT>(p, si, hk, j0 + wrow, g, false, midpoint, key, rk, lg, bsum, csum);
     float acc_dk[MT][AT][4], acc_dv[MT][AT][4];
     zero(acc_dk[0]);
     zero(acc_dv[0]);
@@ -191,7 +195,16 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
         mbar_arrive(empty + s);
     }
 
-    dkdv_store<T, MT, AT>(p, si, hk, 0, acc_dk, acc_dv, key, norms, t4);
+    if constexpr (Score::kLorentz)
+        lorentz_dkdv_epilogue<T, MT, AT>(
+            p, si, hk, 0, acc_dk, acc_dv, bsum, csum, rk, key,
+            [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BN>(r, c))); },
+            [&](int r, int c) {
+                return to_f32(*reinterpret_cast<const T*>(base + BN * D * 2 + sw128_offset<BN>(r, c)));
+            },
+            wrow, lane, midpoint);
+    else
+        dkdv_store<T, MT, AT>(p, si, hk, 0, acc_dk, acc_dv, key, norms, t4);
 #else
     __trap();  // launched only on compute capability 9.0 (host dispatch)
 #endif
