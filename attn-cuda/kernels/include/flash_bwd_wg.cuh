@@ -188,10 +188,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     const SeqInfo si(p, b);
     const int j0 = blockIdx.x * BN;
     if (j0 >= si.key_rows(p)) return;
-    const int j1 = min(j0 + BN, si.len_k);
-    const int m_first = si.query_lo(p, j0) / BM;
-    const int q_end = si.query_hi(p, j1);
-    const int m_count = q_end > m_first * BM ? (q_end - 1) / BM - m_first + 1 : 0;
+    int m_first, m_count;
+    key_tile_query_blocks<BM, BN>(p, si, j0, m_first, m_count);
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
     const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dkdv_store writes dk̂ in f32
     const bool midpoint = Score::kLorentz && p.midpoint;

@@ -7,16 +7,18 @@
 //   warpgroups 0, 1: consumers, keys 64w..64w+63 (the wgmma kernel's warpgroups); 240 registers each
 //     after setmaxnreg;
 //   warpgroup 2: producer (24 registers): cp.async of K and V once, then of each query block's Q, dO,
-//     δ, LSE (and hyperbolic q0) into kStages stages; then it exits. The LSE in log2 units comes from the delta kernel
-//     (common.cu, after δ in the same buffer), so every byte a consumer reads lands by cp.async.
-// Each stage has a full barrier (each producer thread arrives through cp.async.mbarrier.arrive when
-// its copies have landed) and an empty one (each consumer thread arrives once, after the block's last
+//     δ, LSE (and hyperbolic q0) into kStages stages; then it exits. The LSE in log2 units comes from
+//     the delta kernel (common.cu, after δ in the same buffer), so every byte a consumer reads lands by
+//     cp.async.
+// Each stage has a full barrier (each producer thread arrives through cp.async.mbarrier.arrive when its
+// copies have landed) and an empty one (each consumer thread arrives once, after the block's last
 // product, which reads Q and dO: an mbarrier arrival releases only the arriving thread's own accesses,
 // and compute-sanitizer's racecheck reported the forward's one-arrival-per-warp form, and one per
-// warpgroup after a named barrier, as hazards against the producer's refill; kernels/NOTES.md, session 17). The consumer warpgroups drift apart freely: while one forms Pᵀ and
-// dS'ᵀ, the other's products run. Every score: the hyperbolic scores' q0 per query is copied into sRq
-// beside δ and the LSE (1 for the others), and their LSE less the score's constant comes from the delta
-// kernel like the others'.
+// warpgroup after a named barrier, as hazards against the producer's refill; kernels/NOTES.md, session
+// 17). The consumer warpgroups drift apart freely: while one forms Pᵀ and dS'ᵀ, the other's products
+// run. Every score: the hyperbolic scores' q0 per query is copied into sRq beside δ and the LSE (1 for
+// the others), and the delta kernel's LSE is less their score's constant; the host dispatches the
+// hyperbolic scores here at D = 128 only (hyperbolic.cu, heuristics::ws_dkdv_lorentz).
 #pragma once
 #include "flash_bwd_wg.cuh"
 
@@ -90,7 +92,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     static_assert(BN == 128, "two consumer warpgroups of 64 keys");
     static_assert(BM <= kProducers, "one query's scalars per producer thread");
     static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= 65536, "register file");
-    constexpr int QT = BM / 8, AT = D / 8;
+    constexpr int AT = D / 8;
 
     // heuristics::ws_dkdv_smem: 1 KiB of slack, K, V, kStages × (Q, dO), kStages × 3 × BM scalars.
     extern __shared__ __align__(1024) unsigned char smem_ws[];
@@ -113,10 +115,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     const SeqInfo si(p, b);
     const int j0 = blockIdx.x * BN;
     if (j0 >= si.key_rows(p)) return;
-    const int j1 = min(j0 + BN, si.len_k);
-    const int m_first = si.query_lo(p, j0) / BM;
-    const int q_end = si.query_hi(p, j1);
-    const int m_count = q_end > m_first * BM ? (q_end - 1) / BM - m_first + 1 : 0;
+    int m_first, m_count;
+    key_tile_query_blocks<BM, BN>(p, si, j0, m_first, m_count);
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
     auto head_of = [&](int it) { return hk * p.group + it / m_count; };
     auto row0_of = [&](int it) { return (m_first + it % m_count) * BM; };

@@ -112,6 +112,18 @@ struct SeqInfo {
     }
 };
 
+// The query blocks of BM rows that see the keys [j0, min(j0 + BN, len_k)) of this sequence (the dK/dV
+// kernels: mma.sync, wgmma, warp-specialised): the first one, m_first, and how many, m_count (0 when none
+// does), from the superset [query_lo(j0), query_hi(j1)).
+template <int BM, int BN>
+__device__ __forceinline__ void key_tile_query_blocks(const AttnParams& p, const SeqInfo& si, int j0, int& m_first,
+                                                      int& m_count) {
+    const int j1 = min(j0 + BN, si.len_k);
+    m_first = si.query_lo(p, j0) / BM;
+    const int q_end = si.query_hi(p, j1);
+    m_count = q_end > m_first * BM ? (q_end - 1) / BM - m_first + 1 : 0;
+}
+
 // The query tile of this block in the forward and dQ kernels: rows i0.. of BM (causal grids run the
 // last tiles first: they have the most keys), the kv head hk of query head h, and the key blocks
 // [n_first, n_first + n_count) of BN keys it visits (0 when every row's key range is empty; both ends
