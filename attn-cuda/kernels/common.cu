@@ -80,7 +80,12 @@ __device__ __forceinline__ void l2norm_bwd_rows(const AttnParams& p) {
         constexpr int E = decltype(lr)::kE;
         float xv[E], g[E];
         lr.load(x, xv);
-        lr.load((kQuery ? p.dq_acc : p.dk_acc) + off, g);  // dx̂
+        if (kQuery && p.dq_acc_tiled) {  // dq̂ of the warp-specialised fused backward
+#pragma unroll
+            for (int i = 0; i < E; ++i) g[i] = lr.has(i) ? si.dq_acc_at(p, h, n, off, lr.col(i)) : 0.f;
+        } else {
+            lr.load((kQuery ? p.dq_acc : p.dk_acc) + off, g);  // dx̂
+        }
         const float norm = sqrtf(dot_lanes(xv, xv));
         if (norm > p.eps) {
             const float inv = 1.f / norm;

@@ -169,12 +169,9 @@ ATTN_HYP_SIMT(geodesic, attn::GeodesicScore)
 ATTN_FLASH_FWD_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_FWD_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 
-// The warp-specialised Hopper backward (sm_90a only): attn_hyperbolic_{sq_lorentz,geodesic}_bwd_dq_ws_{dt}_d{64,128},
-// and the dK/dV kernel at D = 128 only, attn_hyperbolic_{sq_lorentz,geodesic}_bwd_dkdv_ws_{dt}_d128 (at D = 64 its
-// 128-query blocks spill 440–490 bytes within the consumers' 240 registers; the wgmma kernel stays there).
+// The warp-specialised Hopper backward (sm_90a only): attn_hyperbolic_{sq_lorentz,geodesic}_bwd_{dq,dkdv}_ws_{dt}_d{64,128}
+// (the dK/dV kernel at D = 64 with 64-query blocks, LorentzWsDkvTile).
 ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
-ATTN_FLASH_BWD_WS(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore, f16, __half, 128)
-ATTN_FLASH_BWD_WS(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore, bf16, __nv_bfloat16, 128)
-ATTN_FLASH_BWD_WS(attn_hyperbolic_geodesic, attn::GeodesicScore, f16, __half, 128)
-ATTN_FLASH_BWD_WS(attn_hyperbolic_geodesic, attn::GeodesicScore, bf16, __nv_bfloat16, 128)
+ATTN_FLASH_BWD_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
+ATTN_FLASH_BWD_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)

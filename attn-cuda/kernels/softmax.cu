@@ -68,3 +68,5 @@ ATTN_FLASH_FWD_WS_ALL(attn_softmax, attn::SoftmaxScore)
 // The warp-specialised Hopper backward (sm_90a only): attn_softmax_bwd_{dq,dkdv}_ws_{dt}_d{64,128}.
 ATTN_FLASH_BWD_WS_ALL(attn_softmax, attn::SoftmaxScore)
 ATTN_FLASH_BWD_DQ_WS_ALL(attn_softmax, attn::SoftmaxScore)
+// The warp-specialised fused backward (sm_90a only): attn_softmax_bwd_fused_ws_{dt}_d{64,128}.
+ATTN_FLASH_BWD_FUSED_WS_ALL(attn_softmax, attn::SoftmaxScore)

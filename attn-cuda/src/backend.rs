@@ -577,8 +577,16 @@ impl CudaAttn {
         let fused = dispatch::fused_backward(spec, kernels.hopper);
         let mut scratch = Vec::new();
         if fused {
-            // Zeroed: the fused kernel adds every key block's dQ into it.
-            let dq_acc = s.alloc_zeros::<f32>(spec.dq_len().max(1))?;
+            // Zeroed: the fused kernel adds every key block's dQ into it. The warp-specialised one
+            // in its tiled layout: every (head, query row) × head dim, the statistics order.
+            let tiled = dispatch::fused_dq_tiled(spec, kernels.hopper);
+            p.dq_acc_tiled = i32::from(tiled);
+            let len = if tiled {
+                spec.stats_len() * spec.head_dim()
+            } else {
+                spec.dq_len()
+            };
+            let dq_acc = s.alloc_zeros::<f32>(len.max(1))?;
             p.dq_acc = dq_acc.device_ptr(s).0;
             scratch.push(dq_acc);
         } else if norms {

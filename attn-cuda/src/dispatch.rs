@@ -180,9 +180,9 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
 
 /// Whether the backward of `spec` runs as one fused Hopper kernel (dK, dV, and dQ reduced into f32
 /// with atomics, then stored by a row kernel) instead of the deterministic dQ and dK/dV kernels: with
-/// `ATTN_CUDA_WG_FUSED=1` (the two kernels are faster since version 7, kernels/NOTES.md), on the
-/// Hopper backward, f16/bf16 softmax, cosine-sim and hyperbolic at D = 128, unless the call asks for a
-/// deterministic backward or has a bias (whose gradient the dQ kernel gathers).
+/// `ATTN_CUDA_WG_FUSED=1`, on the Hopper backward, f16/bf16, where [`fused_kernel_tile`] has a
+/// kernel, unless the call asks for a deterministic backward or has a bias (whose gradient the dQ
+/// kernel gathers).
 pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
     hopper.on
         && hopper.bwd
@@ -190,11 +190,30 @@ pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
         && !spec.deterministic()
         && spec.bias().is_none()
         && spec.dtype() != DType::F32
-        && matches!(
-            spec.family_kind(),
-            FamilyKind::Softmax | FamilyKind::CosineSim | FamilyKind::Hyperbolic
-        )
-        && spec.head_dim() == 128
+        && fused_kernel_tile(spec, hopper).is_some()
+}
+
+/// Whether the fused backward of `spec` is the warp-specialised kernel, whose dQ scratch has its own
+/// tiled layout (`AttnParams::dq_acc_tiled`, `SeqInfo::dq_acc_index` in kernels/include/mask.h) rather
+/// than the dq strides.
+pub(crate) fn fused_dq_tiled(spec: &AttnSpec, hopper: Hopper) -> bool {
+    fused_backward(spec, hopper) && matches!(fused_kernel_tile(spec, hopper), Some((_, true)))
+}
+
+/// The fused backward's kernel of `spec`: the warp-specialised one (`true`; softmax and cosine-sim at
+/// D = 64 and 128, with `hopper.bwd_ws`, its dQ by bulk reductions), else the wgmma one (D = 128,
+/// every score, dQ by f32 atomics from registers). Its tile either way.
+fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
+    let d = spec.head_dim();
+    match spec.family_kind() {
+        FamilyKind::Softmax | FamilyKind::CosineSim if hopper.bwd_ws => {
+            heuristics::ws_dkdv_tile(d).map(|t| (t, true))
+        }
+        FamilyKind::Softmax | FamilyKind::CosineSim | FamilyKind::Hyperbolic if d == 128 => {
+            heuristics::wg_dkdv_tile(d).map(|t| (t, false))
+        }
+        _ => None,
+    }
 }
 
 /// The flash kernel of one stage. Assumes [`check_supported`] passed. `hopper`: whether the device runs
@@ -292,14 +311,20 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         });
     }
     if stage == Stage::BwdFused {
-        let tile = heuristics::wg_dkdv_tile(d).filter(|_| fused_backward(spec, hopper));
-        let tile = tile.ok_or_else(|| unsupported(spec, pass, format!("a fused {family} backward here")))?;
+        let tile = fused_kernel_tile(spec, hopper).filter(|_| fused_backward(spec, hopper));
+        let (tile, ws) =
+            tile.ok_or_else(|| unsupported(spec, pass, format!("a fused {family} backward here")))?;
+        let (kind, smem, threads) = if ws {
+            ("ws", heuristics::ws_fused_smem(tile, d, elem), tile.bn * 2 + 128)
+        } else {
+            ("wg", heuristics::wg_fused_smem(tile, d, elem), tile.bn * 2)
+        };
         return Ok(Kernel {
             module,
-            name: format!("attn_{family}_bwd_fused_wg_{}_d{d}", dtype_tag(spec.dtype())),
-            smem: heuristics::wg_fused_smem(tile, d, elem),
+            name: format!("attn_{family}_bwd_fused_{kind}_{}_d{d}", dtype_tag(spec.dtype())),
+            smem,
             grid: (heuristics::blocks(spec.seq_k(), tile.bn), hkv, b),
-            threads: (tile.bn * 2) as u32,
+            threads: threads as u32,
             hopper: true,
         });
     }
@@ -318,17 +343,19 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 let grid = (heuristics::blocks(spec.seq_k(), tile.bn), hkv, b);
                 (heuristics::wg_dkdv_smem(tile, d, elem), grid, tile.bn * 2)
             };
-            // The warp-specialised kernels (a producer warpgroup beside the two consumers): dQ for
-            // every score, dK/dV for softmax and cosine-sim, and for the hyperbolic scores at D = 128
-            // (heuristics::ws_dkdv_lorentz).
+            // The warp-specialised kernels (a producer warpgroup beside the two consumers): dQ and
+            // dK/dV for every score (the hyperbolic scores' dK/dV tile: heuristics::ws_dkdv_lorentz_tile).
             let ws = if !hopper.bwd_ws {
                 None
             } else if dq {
                 heuristics::ws_dq_tile(d).map(|t| (heuristics::ws_dq_smem(t, d, elem), t.bm * 2 + 128))
-            } else if !lorentz || heuristics::ws_dkdv_lorentz(d) {
-                heuristics::ws_dkdv_tile(d).map(|t| (heuristics::ws_dkdv_smem(t, d, elem), t.bn * 2 + 128))
             } else {
-                None
+                let t = if lorentz {
+                    heuristics::ws_dkdv_lorentz_tile(d)
+                } else {
+                    heuristics::ws_dkdv_tile(d)
+                };
+                t.map(|t| (heuristics::ws_dkdv_smem(t, d, elem), t.bn * 2 + 128))
             };
             let (kind, smem, threads) = match ws {
                 Some((smem, threads)) => ("ws", smem, threads),
@@ -544,15 +571,17 @@ mod tests {
             (Family::softmax(), DType::F16, 64, true),
             (Family::cosine_sim(), DType::BF16, 64, true),
             (hyp, DType::BF16, 128, true),
-            (hyp, DType::BF16, 64, false),
+            (hyp, DType::BF16, 64, true),
         ] {
             let s = spec(family, dtype, d);
             let k = flash_kernel(&s, Stage::BwdDkdv, ws).expect("kernel");
             assert_eq!(k.name.contains("_bwd_dkdv_ws_"), expect, "{k:?}");
             if expect {
                 // 130 keys → two tiles of 128 per kv head; 384 threads; three stages of Q and dO
-                // (64 queries at D = 128, 128 at D = 64) with their LSE, δ and a row of ones (q0).
-                let bm = if d == 128 { 64 } else { 128 };
+                // (64 queries at D = 128 and for the hyperbolic scores, 128 at D = 64) with their
+                // LSE, δ and a row of ones (q0).
+                let lorentz = family.kind() == FamilyKind::Hyperbolic;
+                let bm = if d == 128 || lorentz { 64 } else { 128 };
                 assert_eq!((k.grid, k.threads, k.hopper), ((2, 2, 2), 384, true), "{k:?}");
                 assert_eq!(k.smem, 1024 + (2 * 128 + 6 * bm) * d * 2 + 9 * bm * 4, "{k:?}");
             } else {
@@ -738,28 +767,47 @@ mod tests {
     #[test]
     fn fused_backward_only_where_it_is_exact_and_allowed() {
         let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
-        for (family, dtype, d, fused) in [
-            (Family::softmax(), DType::BF16, 128, true),
-            (Family::cosine_sim(), DType::F16, 128, true),
-            (Family::softmax(), DType::BF16, 64, false),
-            (Family::softmax(), DType::BF16, 96, false),
-            (Family::softmax(), DType::F32, 64, false),
-            (hyp, DType::BF16, 128, true),
-            (hyp, DType::BF16, 64, false),
-            (hyp, DType::F32, 128, false),
+        // (family, dtype, d, fused with the warp-specialised kernels, fused with the wgmma ones)
+        for (family, dtype, d, ws, wg) in [
+            (Family::softmax(), DType::BF16, 128, true, true),
+            (Family::cosine_sim(), DType::F16, 128, true, true),
+            (Family::softmax(), DType::BF16, 64, true, false),
+            (Family::cosine_sim(), DType::BF16, 64, true, false),
+            (Family::softmax(), DType::BF16, 96, false, false),
+            (Family::softmax(), DType::F32, 64, false, false),
+            (Family::softmax(), DType::F32, 128, false, false),
+            (hyp, DType::BF16, 128, true, true),
+            (hyp, DType::BF16, 64, false, false),
+            (hyp, DType::F32, 128, false, false),
         ] {
             let s = spec(family, dtype, d);
-            assert_eq!(fused_backward(&s, ON), fused, "{family:?} {dtype:?} {d}");
-            let k = flash_kernel(&s, Stage::BwdFused, ON);
-            assert_eq!(k.is_ok(), fused, "{k:?}");
-            if let Ok(k) = k {
-                assert!(k.name.contains("_bwd_fused_wg_"), "{k:?}");
-                // 130 keys → two tiles of 128 per kv head; dS'ᵀ of a 64-query block and ‖q‖ ride along.
-                assert_eq!((k.grid, k.threads), ((2, 2, 2), 256));
-                assert_eq!(
-                    k.smem,
-                    1024 + (2 * 128 + 4 * 64) * d * 2 + 6 * 64 * 4 + 128 * 64 * 2 + 2 * 64 * 4
-                );
+            let ws_on = Hopper { bwd_ws: true, ..ON };
+            assert_eq!(fused_backward(&s, ws_on), ws, "{family:?} {dtype:?} {d}");
+            assert_eq!(fused_backward(&s, ON), wg, "{family:?} {dtype:?} {d}");
+            for (hopper, fused) in [(ws_on, ws), (ON, wg)] {
+                let k = flash_kernel(&s, Stage::BwdFused, hopper);
+                assert_eq!(k.is_ok(), fused, "{k:?}");
+                let lorentz = family.kind() == FamilyKind::Hyperbolic;
+                assert_eq!(fused_dq_tiled(&s, hopper), fused && hopper.bwd_ws && !lorentz);
+                let Ok(k) = k else { continue };
+                if hopper.bwd_ws && !lorentz {
+                    assert!(k.name.contains("_bwd_fused_ws_"), "{k:?}");
+                    // 130 keys → two tiles of 128 per kv head; a producer warpgroup beside the two.
+                    assert_eq!((k.grid, k.threads), ((2, 2, 2), 384));
+                    let bm = if d == 128 { 64 } else { 128 };
+                    assert_eq!(
+                        k.smem,
+                        1024 + (2 * 128 + 4 * bm) * d * 2 + 2 * 128 * bm * 2 + 6 * bm * 4 + 8 * 16 * 64 * 4
+                    );
+                } else {
+                    assert!(k.name.contains("_bwd_fused_wg_"), "{k:?}");
+                    // dS'ᵀ of a 64-query block and ‖q‖ ride along.
+                    assert_eq!((k.grid, k.threads), ((2, 2, 2), 256));
+                    assert_eq!(
+                        k.smem,
+                        1024 + (2 * 128 + 4 * 64) * d * 2 + 6 * 64 * 4 + 128 * 64 * 2 + 2 * 64 * 4
+                    );
+                }
             }
         }
         let s = spec(Family::softmax(), DType::BF16, 128);

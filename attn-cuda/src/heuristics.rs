@@ -266,11 +266,18 @@ pub(crate) fn ws_dkdv_tile(d: usize) -> Option<Tile> {
     wg_dkdv_tile(d)
 }
 
-/// Whether the hyperbolic scores have the warp-specialised dK/dV kernel at head dim `d`: D = 128 only
-/// (at D = 64 its 128-query blocks spill 440–490 bytes within the consumers' 240 registers; hyperbolic.cu
-/// instantiates the D = 128 kernels).
-pub(crate) fn ws_dkdv_lorentz(d: usize) -> bool {
-    d == 128
+/// `LorentzWsDkvTile<D>`: the hyperbolic scores' tile of the warp-specialised dK/dV kernel, 64 queries
+/// per block at D = 64 (128 spill 440–490 bytes within the consumers' 240 registers), else
+/// [`ws_dkdv_tile`]'s.
+pub(crate) fn ws_dkdv_lorentz_tile(d: usize) -> Option<Tile> {
+    match d {
+        64 => Some(Tile {
+            bm: 64,
+            bn: 128,
+            da: 64,
+        }),
+        _ => ws_dkdv_tile(d),
+    }
 }
 
 /// Stages of K and of V in the warp-specialised dQ kernel (`kWsDqKStages`, `kWsDqVStages` in tiles.h).
@@ -304,6 +311,24 @@ pub(crate) fn ws_dq_smem(t: Tile, d: usize, elem: usize) -> usize {
 /// ```
 pub(crate) fn ws_dkdv_smem(t: Tile, d: usize, elem: usize) -> usize {
     1024 + (2 * t.bn + 2 * WS_DKDV_STAGES * t.bm) * d * elem + 3 * WS_DKDV_STAGES * t.bm * 4
+}
+
+/// Stages of Q and dO in the warp-specialised fused backward (`kWsFusedStages` in tiles.h).
+pub(crate) const WS_FUSED_STAGES: usize = 2;
+
+/// Dynamic shared memory of the warp-specialised fused backward (flash_bwd_ws.cuh with kDq, tile
+/// [`ws_dkdv_tile`]): 1 KiB of slack, K, V, [`WS_FUSED_STAGES`] stages of Q and dO, two dS'ᵀ tiles
+/// (BN × BM), the stages' scalars, and each consumer warp's 16 × 64 f32 of dQ.
+///
+/// ```text
+/// D = 128, bf16: 1024 + (2·128 + 4·64)·128·2 + 2·128·64·2 + 6·64·4 + 8·16·64·4 = 199 168 bytes
+/// D = 64, bf16:  1024 + (2·128 + 4·128)·64·2 + 2·128·128·2 + 6·128·4 + 8·16·64·4 = 200 704 bytes
+/// ```
+pub(crate) fn ws_fused_smem(t: Tile, d: usize, elem: usize) -> usize {
+    1024 + (2 * t.bn + 2 * WS_FUSED_STAGES * t.bm) * d * elem
+        + 2 * t.bn * t.bm * elem
+        + 3 * WS_FUSED_STAGES * t.bm * 4
+        + 8 * 16 * 64 * 4
 }
 
 /// Dynamic shared memory of the fused Hopper backward: the dK/dV kernel's, dS'ᵀ of one query block
@@ -435,6 +460,7 @@ mod tests {
                 wg_dq_smem(q, d, 2),
                 wg_dkdv_smem(kv, d, 2),
                 wg_fused_smem(kv, d, 2),
+                ws_fused_smem(kv, d, 2),
             ] {
                 assert!(bytes <= 227 * 1024, "D = {d}: {bytes} bytes");
             }
@@ -459,6 +485,8 @@ mod tests {
         assert_eq!(wg_dq_tile(128).map(|t| wg_dq_smem(t, 128, 2)), Some(150_016));
         assert_eq!(wg_dkdv_tile(128).map(|t| wg_dkdv_smem(t, 128, 2)), Some(133_632));
         assert_eq!(wg_dkdv_tile(128).map(|t| wg_fused_smem(t, 128, 2)), Some(150_528));
+        assert_eq!(ws_dkdv_tile(128).map(|t| ws_fused_smem(t, 128, 2)), Some(199_168));
+        assert_eq!(ws_dkdv_tile(64).map(|t| ws_fused_smem(t, 64, 2)), Some(200_704));
         assert_eq!(
             dkdv_tile(256),
             Some(Tile {
@@ -534,6 +562,7 @@ mod tests {
             ("WgDqTile", wg_dq_tile, &[64, 128]),
             ("WgDkvTile", wg_dkdv_tile, &[64, 128]),
             ("WsDkvTile", ws_dkdv_tile, &[64, 128]),
+            ("LorentzWsDkvTile", ws_dkdv_lorentz_tile, &[64]),
             ("WsDqTile", ws_dq_tile, &[64, 128]),
         ] {
             let tiles = kernel_tiles(name);
@@ -557,6 +586,7 @@ mod tests {
         }
         let tiles = include_str!("../kernels/include/tiles.h");
         assert!(tiles.contains(&format!("constexpr int kWsDkvStages = {WS_DKDV_STAGES};")));
+        assert!(tiles.contains(&format!("constexpr int kWsFusedStages = {WS_FUSED_STAGES};")));
         let (ks, vs) = WS_DQ_STAGES;
         assert!(tiles.contains(&format!(
             "constexpr int kWsDqKStages = {ks}, kWsDqVStages = {vs};"

@@ -95,6 +95,11 @@ pub(crate) struct AttnParams {
     /// Fused hyperbolic backward: the row sums `a_i = Σ_j w_ij k0_j` of dQ (f32, statistics layout,
     /// zeroed before the kernel adds into it).
     pub dq_rowsum: u64,
+    /// 1: `dq_acc` is in the warp-specialised fused backward's tiled layout (`SeqInfo::dq_acc_index`
+    /// in kernels/include/mask.h), read by the dq row kernels; 0: the dq strides.
+    pub dq_acc_tiled: i32,
+    /// Keeps the struct free of tail padding (the kernels' struct has the same field).
+    pub pad_: i32,
 }
 
 // SAFETY: `AttnParams` is `#[repr(C)]`, made only of integers and floats, and its field order and
@@ -239,11 +244,12 @@ mod tests {
     #[test]
     fn params_are_eight_byte_aligned_without_tail_padding() {
         // 20 pointers + 21 strides (8 bytes) + 16 ints + 4 floats (4 bytes) = 408 bytes, then the
-        // hyperbolic block: 6 pointers + 1 int + 5 floats + 1 pointer = 80 bytes.
+        // hyperbolic block: 6 pointers + 1 int + 5 floats + 1 pointer = 80 bytes, then two ints.
         assert_eq!(
             std::mem::size_of::<AttnParams>(),
-            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4 + 8
+            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4 + 8 + 2 * 4
         );
+        assert_eq!(std::mem::offset_of!(AttnParams, dq_acc_tiled), 408 + 80);
         assert_eq!(std::mem::offset_of!(AttnParams, dq_rowsum), 408 + 72);
         assert_eq!(std::mem::offset_of!(AttnParams, x0q), 408);
         assert_eq!(std::mem::align_of::<AttnParams>(), 8);

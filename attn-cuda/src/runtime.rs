@@ -34,12 +34,14 @@ pub(crate) struct Kernels {
 /// The Hopper (sm_90a, wgmma) kernels on a context: `on` where the device is compute capability 9.0
 /// (the only one that runs sm_90a code) unless `ATTN_CUDA_WGMMA=0`; `bwd`: the backward too, unless
 /// `ATTN_CUDA_WG_BWD=0` (A/B timings of the backward alone); `fused`: the fused backward where a call
-/// allows it (dispatch::fused_backward), only with `ATTN_CUDA_WG_FUSED=1` (A/B runs and its tests:
-/// since version 7 of the kernels the two-kernel backward is the faster one, kernels/NOTES.md); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
+/// allows it (dispatch::fused_backward), only with `ATTN_CUDA_WG_FUSED=1`: its dQ is a sum of f32
+/// reductions in arrival order, and the warp-specialised fused kernel of version 10 measured only
+/// 0–9% faster than the deterministic two-kernel backward (1–3% slower at D = 128, N = 4096;
+/// kernels/NOTES.md), so it is not the default yet; `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
 /// (heuristics::WG_TILE_VARIANTS); `ws`: where the warp-specialised forward runs ([`WsMode`],
-/// `ATTN_CUDA_WG_WS`); `bwd_ws`: the warp-specialised kernels of the deterministic backward (dQ for
-/// every score, dK/dV for softmax, cosine-sim and, at D = 128, the hyperbolic scores;
-/// heuristics::ws_dq_tile, ws_dkdv_tile, ws_dkdv_lorentz), unless `ATTN_CUDA_WG_BWD_WS=0`. All read when the context first loads the kernels.
+/// `ATTN_CUDA_WG_WS`); `bwd_ws`: the warp-specialised kernels of the deterministic backward (dQ and
+/// dK/dV for every score;
+/// heuristics::ws_dq_tile, ws_dkdv_tile, ws_dkdv_lorentz_tile), unless `ATTN_CUDA_WG_BWD_WS=0`. All read when the context first loads the kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Hopper {
     pub on: bool,

@@ -35,6 +35,19 @@
 
 namespace attn {
 
+// dQ (64 queries × 64 columns) = dS' K over the BN keys of a key tile, the fused backward's product:
+// A = dS'ᵀ from the sw128 tile at ds_addr (rows = keys), B = 64 columns of K from the sw128 tile at
+// kn_addr, both MN-major; issued and committed as one group (the caller waits).
+template <typename T, int BN>
+__device__ __forceinline__ void dq_tile_product(float (&acc_q)[8][4], uint32_t ds_addr, uint32_t kn_addr) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        Wgmma<T, 64>::ss_tt(acc_q, sw128_desc(ds_addr + kk * 2048, BN * 128, 1024),
+                            sw128_desc(kn_addr + kk * 2048, BN * 128, 1024), kk > 0);
+    wg_commit();
+}
+
 template <typename T, int D, class Score, int BM, int BN>
 __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -325,14 +338,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
             // dQ (this block's 64 queries) += dS' K: A = dS'ᵀ and B = K, both MN-major in shared memory.
             fence_proxy_async();
             __syncthreads();  // the whole dS'ᵀ tile is stored
-            const uint32_t ds_addr = smem_addr(sdS), kb_addr = smem_addr(sK) + wg * BN * 128;
             float acc_q[8][4];
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                Wgmma<T, 64>::ss_tt(acc_q, sw128_desc(ds_addr + kk * 2048, BN * 128, 1024),
-                                    sw128_desc(kb_addr + kk * 2048, BN * 128, 1024), kk > 0);
-            wg_commit();
+            dq_tile_product<T, BN>(acc_q, smem_addr(sdS), smem_addr(sK) + wg * BN * 128);
             if constexpr (Score::kLorentz) {
                 // a_i += Σ_j w_ij k0_j over the tile's keys, w as stored (rounded to T, as the dQ
                 // product takes it): warp w sums keys 16w.. for the query pair 2·lane, 2·lane + 1.

@@ -18,7 +18,12 @@
 // 17). The consumer warpgroups drift apart freely: while one forms Pᵀ and dS'ᵀ, the other's products
 // run. Every score: the hyperbolic scores' q0 per query is copied into sRq beside δ and the LSE (1 for
 // the others), and the delta kernel's LSE is less their score's constant; the host dispatches the
-// hyperbolic scores here at D = 128 only (hyperbolic.cu, heuristics::ws_dkdv_lorentz).
+// hyperbolic scores here with their own tile (LorentzWsDkvTile: 64 queries per block at D = 64).
+//
+// The same kernel with kDq is the fused backward of softmax and cosine-sim (ATTN_CUDA_WG_FUSED=1,
+// kernels/NOTES.md version 10): per query block the consumer warps also store dS'ᵀ (stmatrix), meet at
+// one named barrier, each warpgroup forms a 64 × 64 tile of dQ = dS' K, and each warp adds its 16 × 64
+// f32 rows into p.dq_acc with one cp.reduce.async.bulk in dq_acc's tiled layout (SeqInfo::dq_acc_index).
 #pragma once
 #include "flash_bwd_wg.cuh"
 
@@ -83,7 +88,7 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     wg_commit();
 }
 
-template <typename T, int D, class Score, int BN, int BM, int kStages>
+template <typename T, int D, class Score, int BN, int BM, int kStages, bool kDq = false>
 __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int MT = 1;
@@ -92,18 +97,28 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     static_assert(BN == 128, "two consumer warpgroups of 64 keys");
     static_assert(BM <= kProducers, "one query's scalars per producer thread");
     static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= 65536, "register file");
+    // kDq (the fused backward): each consumer warpgroup also forms one 64 × 64 tile of the block's
+    // dQ = dS' K over all BN keys (D = 128, BM = 64: columns 64w..; D = 64, BM = 128: queries 64w..).
+    static_assert(!kDq || (!Score::kLorentz && ((D == 128 && BM == 64) || (D == 64 && BM == 128))),
+                  "fused dQ: softmax and cosine-sim, one 64 × 64 dQ tile per warpgroup");
     constexpr int AT = D / 8;
+    // kDq: a warp's 16 × 64 f32 dQ tile in shared memory, in dq_acc's tiled layout (SeqInfo::
+    // dq_acc_index: rows of 64, 8-float chunks swizzled by the row): 4 KiB, one bulk reduction.
+    constexpr int kDqLd = 64;
 
-    // heuristics::ws_dkdv_smem: 1 KiB of slack, K, V, kStages × (Q, dO), kStages × 3 × BM scalars.
+    // heuristics::ws_dkdv_smem (kDq: ws_fused_smem): 1 KiB of slack, K, V, kStages × (Q, dO), kDq: two
+    // dS'ᵀ tiles, kStages × 3 × BM scalars, kDq: 8 warps × 16 × 64 f32.
     extern __shared__ __align__(1024) unsigned char smem_ws[];
     unsigned char* base = smem_ws + ((1024u - (smem_addr(smem_ws) & 1023u)) & 1023u);
     T* sK = reinterpret_cast<T*>(base);  // [BN × D] sw128
     T* sV = sK + BN * D;                 // [BN × D] sw128
     T* sQ = sV + BN * D;                 // [kStages][BM × D] sw128
     T* sdO = sQ + kStages * BM * D;      // [kStages][BM × D] sw128
-    float* sLse = reinterpret_cast<float*>(sdO + kStages * BM * D);  // [kStages][BM] log2 units
-    float* sDelta = sLse + kStages * BM;                              // [kStages][BM]
-    float* sRq = sDelta + kStages * BM;                               // [kStages][BM] 1 (hyperbolic: q0)
+    T* sdS = sdO + kStages * BM * D;     // kDq: [2][BN × BM] sw128, dS'ᵀ (rows = keys) of alternate blocks
+    float* sLse = reinterpret_cast<float*>(sdS + (kDq ? 2 * BN * BM : 0));  // [kStages][BM] log2 units
+    float* sDelta = sLse + kStages * BM;                                     // [kStages][BM]
+    float* sRq = sDelta + kStages * BM;                                      // [kStages][BM] 1 (hyperbolic: q0)
+    float* sdQ = sRq + kStages * BM;                                         // kDq: [8][16 × kDqLd]
     // full_kv, full[kStages] (producer arrivals); empty[kStages] (consumer threads).
     __shared__ __align__(8) uint64_t bars[1 + 2 * kStages];
     uint64_t* full_kv = bars;
@@ -118,8 +133,14 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     int m_first, m_count;
     key_tile_query_blocks<BM, BN>(p, si, j0, m_first, m_count);
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
+    // kDq: each key tile starts at its own query block (blockIdx.x ahead, wrapping), so the blocks of
+    // one head reduce into different rows of dq_acc at any one time rather than all into the same 64.
+    const int rot = kDq && m_count > 0 ? blockIdx.x % m_count : 0;
     auto head_of = [&](int it) { return hk * p.group + it / m_count; };
-    auto row0_of = [&](int it) { return (m_first + it % m_count) * BM; };
+    auto row0_of = [&](int it) {
+        const int m = it % m_count;
+        return (m_first + (kDq ? (m + rot) % m_count : m)) * BM;
+    };
     if (tid == 0) {
         mbar_init(full_kv, kProducers);
         for (int s = 0; s < kStages; ++s) {
@@ -176,6 +197,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     const uint32_t k_addr = smem_addr(sK) + wg * 64 * 128, v_addr = smem_addr(sV) + wg * 64 * 128;
     const uint32_t q_addr = smem_addr(sQ), do_addr = smem_addr(sdO);
     constexpr uint32_t kTile = BM * D * 2;
+    // kDq: this warpgroup's dQ tile: queries q0.., columns c0.. of the block; A = dS'ᵀ (MN-major: k =
+    // keys, m = queries) from the stored tile, B = K (MN-major: k = keys, n = D) of columns c0...
+    const int q0 = BM == 128 ? 64 * wg : 0, c0 = D == 128 ? 64 * wg : 0;
+    const uint32_t ds_addr = smem_addr(sdS) + (BM == 128 ? wg : 0) * BN * 128;
+    const uint32_t kn_addr = smem_addr(sK) + (D == 128 ? wg : 0) * BN * 128;
+    float* wdq = sdQ + warp * 16 * kDqLd;  // this warp's 16 rows of the dQ tile
 
     mbar_wait(full_kv, 0);
     for (int it = 0; it < iters; ++it) {
@@ -184,15 +211,89 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
         fence_proxy_async();  // the producer's cp.async writes, visible to the wgmma reads
 
         uint32_t ap[BM / 16][4], ads[BM / 16][4];
-        dkdv_ws_block<T, D, Score, BN, BM>(p, si, head_of(it), row0_of(it), j0, k_addr, v_addr, q_addr + s * kTile,
-                                           do_addr + s * kTile, sRq + s * BM, sLse + s * BM, sDelta + s * BM, rk, lg,
-                                           key, bsum, csum, acc_dk, acc_dv, ap, ads, t4);
-        wg_wait<0>();
-        fence_regs<AT>(acc_dv[0]);
-        fence_regs<AT>(acc_dk[0]);
-        fence_regs<BM / 16>(ap);
-        fence_regs<BM / 16>(ads);
-        mbar_arrive(empty + s);
+        const int h = head_of(it), i0 = row0_of(it);
+        // The shared addresses of the block's operands, opaque for softmax and cosine-sim: the
+        // descriptors of every k16 step are formed from them per block (ptxas spilled the hoisted
+        // ones: 172 bytes in the fused kernel at D = 128, reloaded from L2 before every product;
+        // kernels/NOTES.md, version 10). The hyperbolic scores spill more that way (72 → 180 bytes).
+        uint32_t ka = k_addr, va = v_addr, qa = q_addr + s * kTile, doa = do_addr + s * kTile;
+        if constexpr (!Score::kLorentz) {
+            opaque(ka);
+            opaque(va);
+            opaque(qa);
+            opaque(doa);
+        }
+        dkdv_ws_block<T, D, Score, BN, BM>(p, si, h, i0, j0, ka, va, qa, doa, sRq + s * BM, sLse + s * BM,
+                                           sDelta + s * BM, rk, lg, key, bsum, csum, acc_dk, acc_dv, ap, ads, t4);
+        if constexpr (kDq) {
+            // dS'ᵀ of this warp's 16 keys (the dK product's A fragments, which it only reads) into the
+            // block's tile; the tile of block it − 2 is free: both warpgroups passed block it − 1's
+            // barrier after waiting for their dQ product of block it − 2.
+            // One stmatrix per k16 step: lane l addresses row l % 8 of 8 × 8 matrix l / 8 (rows +8 for
+            // odd matrices, columns +8 for the upper two), in the sw128 layout (16-byte chunk c of row r
+            // at c ^ (r % 8)).
+            // The lane is opaque here so that the addresses are formed per block (hoisted, they spill).
+            const uint32_t tile = (it & 1) * BN * BM * 2;
+            uint32_t l = lane;
+            opaque(l);
+            const uint32_t ds_row = smem_addr(sdS) + tile + (wrow + (l & 7) + 8 * ((l >> 3) & 1)) * 128;
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk) {
+                const uint32_t chunk = 2 * kk + (l >> 4);  // 16-byte chunk of the row, before the swizzle
+                stsm_x4(ds_row + (chunk / 8) * BN * 128 + (((chunk % 8) ^ (l & 7)) << 4), ads[kk]);
+            }
+            fence_proxy_async();
+            named_bar_sync(1, kConsumers);  // both warpgroups' keys of dS'ᵀ are stored
+            wg_wait<1>();  // the dV product: Pᵀ's registers are free before dQ's accumulators live
+            fence_regs<AT>(acc_dv[0]);
+            fence_regs<BM / 16>(ap);
+            float acc_q[8][4];
+            uint32_t dsa = ds_addr + tile, kna = kn_addr;
+            opaque(dsa);
+            opaque(kna);
+            dq_tile_product<T, BN>(acc_q, dsa, kna);
+            wg_wait<0>();
+            fence_regs<8>(acc_q);
+            fence_regs<AT>(acc_dk[0]);
+            fence_regs<BM / 16>(ads);
+            mbar_arrive(empty + s);
+            // The warp's 16 rows × 64 columns of dQ, scaled, into its shared tile in dq_acc's tiled
+            // layout (row r's chunk j at j ^ (r % 8): the row index of the sequence is a multiple of
+            // 16 plus r), once the bulk reduction of the previous block has read it; then one 4 KiB
+            // bulk f32 reduction by lane 0, or at a sequence's end one 256-byte reduction per valid
+            // row by lanes 0..15.
+            const int iw = i0 + q0 + (warp % 4) * 16;  // the warp's first query row
+            const int rows = min(16, si.len_q - iw);
+            if (lane < 16) bulk_wait_read<0>();
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    *reinterpret_cast<float2*>(wdq + (g + 8 * r) * kDqLd + ((j ^ g) << 3) + 2 * t4) =
+                        make_float2(acc_q[j][2 * r] * p.scale, acc_q[j][2 * r + 1] * p.scale);
+            fence_proxy_async();
+            __syncwarp();
+            if (lane < 16) {
+                float* dst = p.dq_acc + si.dq_acc_index(p, h, iw, c0) + lane * 64;  // row iw + lane, chunk 0
+                if (rows == 16) {
+                    if (lane == 0) bulk_reduce_add_f32(dst, smem_addr(wdq), 16 * 64 * 4);
+                } else if (lane < rows) {
+                    bulk_reduce_add_f32(dst, smem_addr(wdq + lane * kDqLd), 64 * 4);
+                }
+                bulk_commit();
+            }
+        } else {
+            wg_wait<0>();
+            fence_regs<AT>(acc_dv[0]);
+            fence_regs<AT>(acc_dk[0]);
+            fence_regs<BM / 16>(ap);
+            fence_regs<BM / 16>(ads);
+            mbar_arrive(empty + s);
+        }
+    }
+    if constexpr (kDq) {
+        if (lane < 16) bulk_wait<0>();  // the shared rows stay until read, the sums land before exit
     }
 
     if constexpr (Score::kLorentz)
@@ -327,12 +428,20 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
         for (int kk = 0; kk < D / 16; ++kk)
             Wgmma<T, BN>::ss(dp[0], a_desc(do_addr, kk), b_desc(v_addr + vs * kTile, kk), kk > 0);
         wg_commit();
-        if (it > 0) {
+        // Block 0 has no dQ product. At D = 128 it commits no group for it (ptxas fills an empty group
+        // with a dummy HGMMA that ran every block: 3–8% of the kernel's stall samples in session 17's
+        // profile); at D = 64 the two paths spill 40 bytes, so it keeps the empty group.
+        constexpr bool kNoEmptyGroup = D == 128;
+        if (it > 0 || !kNoEmptyGroup) {
+            if (it > 0) {
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_dq[0], ads[kk], kn_desc(kp, kk), 1);
+                for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_dq[0], ads[kk], kn_desc(kp, kk), 1);
+            }
+            wg_commit();
+            wg_wait<1>();
+        } else {
+            wg_wait<0>();
         }
-        wg_commit();  // empty in block 0
-        wg_wait<1>();
         fence_regs<NT>(s[0]);
         fence_regs<NT>(dp[0]);
         mbar_arrive(empty_v + vs);
@@ -373,9 +482,9 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
 // The warp-specialised dK/dV kernel of a score at D = 64 and 128 (tile WsDkvTile) (NAME_bwd_dkdv_ws_{f16,bf16}_d{D}):
 // one block per SM, whose launch bound fixes 168 registers per thread at entry for setmaxnreg to split.
 #define ATTN_FLASH_BWD_WS(NAME, SCORE, DT, T, D)                                                                   \
-    extern "C" __global__ void __launch_bounds__(attn::WsDkvTile<D>::BN * 2 + 128, 1)                             \
+    extern "C" __global__ void __launch_bounds__(attn::WsDkvTileOf<SCORE, D>::BN * 2 + 128, 1)                    \
         NAME##_bwd_dkdv_ws_##DT##_d##D(const __grid_constant__ AttnParams p) {                                      \
-        attn::flash_bwd_dkdv_ws<T, D, SCORE, attn::WsDkvTile<D>::BN, attn::WsDkvTile<D>::BM,                       \
+        attn::flash_bwd_dkdv_ws<T, D, SCORE, attn::WsDkvTileOf<SCORE, D>::BN, attn::WsDkvTileOf<SCORE, D>::BM,     \
                                 attn::kWsDkvStages>(p);                                                            \
     }
 // The warp-specialised dQ kernel of a score (NAME_bwd_dq_ws_{f16,bf16}_d{D}), tile WsDqTile.
@@ -385,6 +494,19 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
         attn::flash_bwd_dq_ws<T, D, SCORE, attn::WsDqTile<D>::BM, attn::WsDqTile<D>::BN, attn::kWsDqKStages,       \
                               attn::kWsDqVStages>(p);                                                              \
     }
+// The warp-specialised fused backward of softmax or cosine-sim (NAME_bwd_fused_ws_{f16,bf16}_d{D}): the
+// dK/dV kernel that also reduces each query block's dQ into p.dq_acc, tile WsDkvTile, kWsFusedStages.
+#define ATTN_FLASH_BWD_FUSED_WS(NAME, SCORE, DT, T, D)                                                             \
+    extern "C" __global__ void __launch_bounds__(attn::WsDkvTile<D>::BN * 2 + 128, 1)                             \
+        NAME##_bwd_fused_ws_##DT##_d##D(const __grid_constant__ AttnParams p) {                                     \
+        attn::flash_bwd_dkdv_ws<T, D, SCORE, attn::WsDkvTile<D>::BN, attn::WsDkvTile<D>::BM,                       \
+                                attn::kWsFusedStages, true>(p);                                                    \
+    }
+#define ATTN_FLASH_BWD_FUSED_WS_ALL(NAME, SCORE)                  \
+    ATTN_FLASH_BWD_FUSED_WS(NAME, SCORE, f16, __half, 64)         \
+    ATTN_FLASH_BWD_FUSED_WS(NAME, SCORE, bf16, __nv_bfloat16, 64) \
+    ATTN_FLASH_BWD_FUSED_WS(NAME, SCORE, f16, __half, 128)        \
+    ATTN_FLASH_BWD_FUSED_WS(NAME, SCORE, bf16, __nv_bfloat16, 128)
 #define ATTN_FLASH_BWD_DQ_WS_ALL(NAME, SCORE)                  \
     ATTN_FLASH_BWD_DQ_WS(NAME, SCORE, f16, __half, 64)         \
     ATTN_FLASH_BWD_DQ_WS(NAME, SCORE, bf16, __nv_bfloat16, 64) \

@@ -48,6 +48,20 @@ struct SeqInfo {
     __device__ __forceinline__ long long dq_off(const AttnParams& p, int i, int h) const {
         return off(p.dq_batch, p.dq_seq, p.dq_head, row_q, i, h);
     }
+    // dq_acc of the warp-specialised fused backward (p.dq_acc_tiled): column c of query i of head h at
+    // ((c / 64)·stats_len + stats_index(h, i))·64 + (((c % 64) / 8) ^ (i % 8))·8 + c % 8. For each
+    // 64-column half, the rows of a (head, sequence) follow each other as in the statistics layout, so
+    // 16 rows × 64 columns are one contiguous 4 KiB run (one bulk reduction per warp), and the 8-float
+    // chunks of a row are swizzled by i % 8 so that the kernel's fragment stores into its shared copy
+    // hit distinct banks. The dq row kernels read it back (dq_acc_at).
+    __device__ __forceinline__ long long dq_acc_index(const AttnParams& p, int h, int i, int c) const {
+        const long long stats_len = (long long)p.total_q * p.heads_q;
+        return ((c >> 6) * stats_len + stats_index(p, h, i)) * 64 + ((((c & 63) >> 3) ^ (i & 7)) << 3) + (c & 7);
+    }
+    // Element c of query i's dQ in p.dq_acc, whichever layout it has (`off`: the row's dq offset).
+    __device__ __forceinline__ float dq_acc_at(const AttnParams& p, int h, int i, long long off, int c) const {
+        return p.dq_acc_tiled ? p.dq_acc[dq_acc_index(p, h, i, c)] : p.dq_acc[off + c];
+    }
     __device__ __forceinline__ long long dk_off(const AttnParams& p, int j, int hk) const {
         return off(p.dk_batch, p.dk_seq, p.dk_head, row_k, j, hk);
     }

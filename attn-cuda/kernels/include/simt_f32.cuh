@@ -116,7 +116,7 @@ __device__ __forceinline__ void dq_acc_store_rows(const AttnParams& p) {
         q = static_cast<const T*>(p.q) + si.q_off(p, i, h);
     }
     for (int d = lane; d < p.head_dim; d += 32) {
-        const float acc = p.dq_acc[off + d];
+        const float acc = si.dq_acc_at(p, h, i, off, d);
         static_cast<T*>(p.dq)[off + d] =
             from_f32<T>(kLorentz ? p.hyp_grad * fmaf(-ratio, to_f32(q[d]), acc) : acc);
     }

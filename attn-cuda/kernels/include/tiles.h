@@ -89,6 +89,15 @@ template <int D> struct WsDkvTile;
 template <> struct WsDkvTile<64> { static constexpr int BN = 128, BM = 128; };
 template <> struct WsDkvTile<128> { static constexpr int BN = 128, BM = 64; };
 constexpr int kWsDkvStages = 3;
+// The hyperbolic scores' tile of it (host: heuristics::ws_dkdv_lorentz_tile): at D = 64, 64 queries
+// per block (128 spill 440–490 bytes within 240 registers; 64: none for the squared Lorentz score,
+// 12 bytes for the geodesic).
+template <int D> struct LorentzWsDkvTile : WsDkvTile<D> {};
+template <> struct LorentzWsDkvTile<64> { static constexpr int BN = 128, BM = 64; };
+// The warp-specialised fused backward (flash_bwd_ws.cuh with kDq; host: heuristics::ws_fused_smem,
+// WS_FUSED_STAGES): WsDkvTile's tile with two stages of Q and dO (three do not fit beside the two dS'ᵀ
+// tiles and the dQ rows in 227 KiB).
+constexpr int kWsFusedStages = 2;
 // The warp-specialised dQ kernel (flash_bwd_ws.cuh; host: heuristics::ws_dq_tile, WS_DQ_STAGES):
 // WgDqTile's tile, kWsDqKStages stages of K (a K block is read from its own block to the end of the
 // next one) and kWsDqVStages of V.
@@ -101,5 +110,7 @@ constexpr int kWsDqKStages = 4, kWsDqVStages = 3;
 template <class Score, int D> using FwdTileOf = std::conditional_t<Score::kLorentz, LorentzFwdTile<D>, FwdTile<D>>;
 template <class Score, int D> using DqTileOf = std::conditional_t<Score::kLorentz, LorentzDqTile<D>, DqTile<D>>;
 template <class Score, int D> using DkvTileOf = std::conditional_t<Score::kLorentz, LorentzDkvTile<D>, DkvTile<D>>;
+template <class Score, int D>
+using WsDkvTileOf = std::conditional_t<Score::kLorentz, LorentzWsDkvTile<D>, WsDkvTile<D>>;
 
 }  // namespace attn

@@ -71,6 +71,29 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
                      : "memory");
     } while (!done);
 }
+// Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads, a multiple of 32.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// Bulk asynchronous reduction global[dst, dst + bytes) += shared[src, src + bytes) in f32 (sm_90; bytes
+// a multiple of 16, both addresses 16-byte aligned), in the calling thread's bulk group: the copy engine
+// reads the shared bytes and adds them at L2, off the issuing thread's instruction stream. The shared
+// source must be written (and made visible to the async proxy by fence_proxy_async) before the issue,
+// and must not be rewritten before bulk_wait_read says the reads are done.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// At most N of this thread's committed bulk groups still read their shared source.
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// At most N of this thread's committed bulk groups are still incomplete (their global writes included).
+template <int N> __device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 // Hand registers between the warpgroups of a warp-specialised block (sm_90a; the kernel's launch
 // bounds fix the register count at entry).
 template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -80,6 +103,11 @@ template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setm
 __device__ __forceinline__ void red_add_v2(float* dst, float x, float y) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
 }
+
+// Hide x's value from the optimiser at this point: what is derived from it below is recomputed here
+// rather than hoisted out of the loop. The wgmma descriptors of a loop's k16 steps are cheap to form
+// from one shared address (an add and a shift), while hoisted they take a register each and spill.
+__device__ __forceinline__ void opaque(uint32_t& x) { asm volatile("" : "+r"(x)); }
 
 // Keep the compiler from moving accesses of registers that an in-flight wgmma reads or writes
 // across the wait that completes it.
