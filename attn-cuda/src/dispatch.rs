@@ -13,7 +13,7 @@
 //! of `attn_hyp_rows_{q,k}_{dt}` (time coordinates, norms, log γ) before any of them runs.
 
 use crate::heuristics::{self, Tile};
-use crate::runtime::{Hopper, WsMode};
+use crate::runtime::{FusedMode, Hopper, WsMode};
 use attn_core::{AttnError, AttnSpec, DType, FamilyKind, FamilySpec, HypScore, Pass};
 
 /// Name used in `Unsupported` errors.
@@ -179,14 +179,13 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
 }
 
 /// Whether the backward of `spec` runs as one fused Hopper kernel (dK, dV, and dQ reduced into f32
-/// with atomics, then stored by a row kernel) instead of the deterministic dQ and dK/dV kernels: with
-/// `ATTN_CUDA_WG_FUSED=1`, on the Hopper backward, f16/bf16, where [`fused_kernel_tile`] has a
-/// kernel, unless the call asks for a deterministic backward or has a bias (whose gradient the dQ
-/// kernel gathers).
+/// with atomics, then stored by a row kernel) instead of the deterministic dQ and dK/dV kernels: on
+/// the Hopper backward, f16/bf16, where [`fused_kernel_tile`] has a kernel for `hopper.fused`
+/// ([`FusedMode`]), unless the call asks for a deterministic backward or has a bias (whose gradient
+/// the dQ kernel gathers).
 pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
     hopper.on
         && hopper.bwd
-        && hopper.fused
         && !spec.deterministic()
         && spec.bias().is_none()
         && spec.dtype() != DType::F32
@@ -200,18 +199,18 @@ pub(crate) fn fused_dq_tiled(spec: &AttnSpec, hopper: Hopper) -> bool {
     fused_backward(spec, hopper) && matches!(fused_kernel_tile(spec, hopper), Some((_, true)))
 }
 
-/// The fused backward's kernel of `spec`: the warp-specialised one (`true`; softmax and cosine-sim at
-/// D = 64 and 128, with `hopper.bwd_ws`, its dQ by bulk reductions), else the wgmma one (D = 128,
-/// every score, dQ by f32 atomics from registers). Its tile either way.
+/// The fused backward's kernel of `spec` under `hopper.fused`: the warp-specialised one (`true`;
+/// softmax and cosine-sim at D = 64 and 128, with `hopper.bwd_ws`, its dQ by bulk reductions), else
+/// with [`FusedMode::Everywhere`] the wgmma one (D = 128, every score, dQ by f32 atomics from
+/// registers). Its tile either way.
 fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
     let d = spec.head_dim();
-    match spec.family_kind() {
-        FamilyKind::Softmax | FamilyKind::CosineSim if hopper.bwd_ws => {
-            heuristics::ws_dkdv_tile(d).map(|t| (t, true))
-        }
-        FamilyKind::Softmax | FamilyKind::CosineSim | FamilyKind::Hyperbolic if d == 128 => {
-            heuristics::wg_dkdv_tile(d).map(|t| (t, false))
-        }
+    let softmax_like = matches!(spec.family_kind(), FamilyKind::Softmax | FamilyKind::CosineSim);
+    let wg_family = softmax_like || spec.family_kind() == FamilyKind::Hyperbolic;
+    match hopper.fused {
+        FusedMode::Off => None,
+        _ if softmax_like && hopper.bwd_ws => heuristics::ws_dkdv_tile(d).map(|t| (t, true)),
+        FusedMode::Everywhere if wg_family && d == 128 => heuristics::wg_dkdv_tile(d).map(|t| (t, false)),
         _ => None,
     }
 }
@@ -555,7 +554,7 @@ mod tests {
     const ON: Hopper = Hopper {
         on: true,
         bwd: true,
-        fused: true,
+        fused: FusedMode::Everywhere,
         tile: None,
         ws: WsMode::Off,
         bwd_ws: false,
@@ -823,10 +822,30 @@ mod tests {
         for off in [
             Hopper::default(),
             Hopper { bwd: false, ..ON },
-            Hopper { fused: false, ..ON },
+            Hopper {
+                fused: FusedMode::Off,
+                ..ON
+            },
         ] {
             assert!(!fused_backward(&s, off), "{off:?}");
         }
+        // The default mode: the warp-specialised fused kernel only (softmax, cosine-sim), never the
+        // wgmma one; the hyperbolic scores keep the two kernels.
+        let default = Hopper {
+            fused: FusedMode::WarpSpecialised,
+            bwd_ws: true,
+            ..ON
+        };
+        let hyp = spec(hyp, DType::BF16, 128);
+        assert!(fused_dq_tiled(&s, default) && !fused_backward(&hyp, default));
+        assert!(!fused_backward(
+            &s,
+            Hopper {
+                bwd_ws: false,
+                ..default
+            }
+        ));
+        assert!(!fused_backward(&det, default) && !fused_backward(&bias, default));
     }
 
     #[test]

@@ -33,11 +33,8 @@ pub(crate) struct Kernels {
 
 /// The Hopper (sm_90a, wgmma) kernels on a context: `on` where the device is compute capability 9.0
 /// (the only one that runs sm_90a code) unless `ATTN_CUDA_WGMMA=0`; `bwd`: the backward too, unless
-/// `ATTN_CUDA_WG_BWD=0` (A/B timings of the backward alone); `fused`: the fused backward where a call
-/// allows it (dispatch::fused_backward), only with `ATTN_CUDA_WG_FUSED=1`: its dQ is a sum of f32
-/// reductions in arrival order, and the warp-specialised fused kernel of version 10 measured only
-/// 0–9% faster than the deterministic two-kernel backward (1–3% slower at D = 128, N = 4096;
-/// kernels/NOTES.md), so it is not the default yet; `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
+/// `ATTN_CUDA_WG_BWD=0` (A/B timings of the backward alone); `fused`: where the fused backward runs
+/// when a call allows it ([`FusedMode`], `ATTN_CUDA_WG_FUSED`, dispatch::fused_backward); `tile`: `ATTN_CUDA_WG_TILE=BMxBN`, a forward tile experiment
 /// (heuristics::WG_TILE_VARIANTS); `ws`: where the warp-specialised forward runs ([`WsMode`],
 /// `ATTN_CUDA_WG_WS`); `bwd_ws`: the warp-specialised kernels of the deterministic backward (dQ and
 /// dK/dV for every score;
@@ -46,10 +43,26 @@ pub(crate) struct Kernels {
 pub(crate) struct Hopper {
     pub on: bool,
     pub bwd: bool,
-    pub fused: bool,
+    pub fused: FusedMode,
     pub tile: Option<(usize, usize)>,
     pub ws: WsMode,
     pub bwd_ws: bool,
+}
+
+/// Where the fused Hopper backward (one dK/dV kernel that also adds dQ into f32 scratch; its dQ is a
+/// sum in arrival order, so not bit-reproducible) replaces the deterministic dQ and dK/dV kernels, for
+/// calls that do not ask for `deterministic` and have no bias: `WarpSpecialised` (the default) where
+/// the warp-specialised fused kernel exists (softmax and cosine-sim at D = 64 and 128 with the
+/// warp-specialised backward: on the H100 0–9% faster than the two kernels in forward+backward,
+/// 1–3% slower at D = 128, N = 4096; kernels/NOTES.md, version 10), as FlashAttention and SDPA default
+/// to a non-deterministic backward; `Everywhere` it has a kernel, the wgmma fused kernel too (D = 128,
+/// every score; `ATTN_CUDA_WG_FUSED=1`); `Off` (`ATTN_CUDA_WG_FUSED=0`): the two kernels for every call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum FusedMode {
+    Off,
+    #[default]
+    WarpSpecialised,
+    Everywhere,
 }
 
 /// Where the warp-specialised Hopper forward (heuristics::ws_fwd_tile) replaces the wgmma one:
@@ -81,7 +94,11 @@ impl Hopper {
         Hopper {
             on: cc == (9, 0) && wgmma.map(str::trim) != Some("0"),
             bwd: bwd.map(str::trim) != Some("0"),
-            fused: fused.map(str::trim) == Some("1"),
+            fused: match fused.map(str::trim) {
+                Some("0") => FusedMode::Off,
+                Some("1") => FusedMode::Everywhere,
+                _ => FusedMode::WarpSpecialised,
+            },
             tile,
             ws: match ws.map(str::trim) {
                 Some("0") => WsMode::Off,
@@ -279,7 +296,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{Hopper, WsMode};
+    use super::{FusedMode, Hopper, WsMode};
 
     #[test]
     fn hopper_kernels_only_on_compute_capability_9_0_and_not_when_turned_off() {
@@ -292,9 +309,10 @@ mod tests {
         }
         assert!(Hopper::new((9, 0), None, None, None, None, None, None).bwd);
         assert!(!Hopper::new((9, 0), None, Some("0"), None, None, None, None).bwd);
-        assert!(!Hopper::new((9, 0), None, None, None, None, None, None).fused);
-        assert!(!Hopper::new((9, 0), None, None, Some("0"), None, None, None).fused);
-        assert!(Hopper::new((9, 0), None, None, Some(" 1\n"), None, None, None).fused);
+        let fused = |v| Hopper::new((9, 0), None, None, v, None, None, None).fused;
+        assert_eq!(fused(None), FusedMode::WarpSpecialised);
+        assert_eq!(fused(Some("0")), FusedMode::Off);
+        assert_eq!(fused(Some(" 1\n")), FusedMode::Everywhere);
         assert_eq!(
             Hopper::new((9, 0), None, None, None, Some("64x128"), None, None).tile,
             Some((64, 128))

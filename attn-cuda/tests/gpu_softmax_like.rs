@@ -108,10 +108,10 @@ gpu_tests! {
 }
 
 /// `deterministic` asks for a backward without atomics (on the H100 the two-kernel one, not the fused
-/// one of `ATTN_CUDA_WG_FUSED=1`, whose dQ is a sum in arrival order): the same bits on every run, for
-/// both families, both Hopper head dims and both 16-bit dtypes, on a causal GQA case with several key
-/// tiles per query and tails. (Every other test here runs the default backward: two kernels, or fused
-/// where the GPU has it and that variable asks for it.)
+/// one that is the default there for these families, whose dQ is a sum in arrival order): the same
+/// bits on every run, for both families, both Hopper head dims and both 16-bit dtypes, on a causal GQA
+/// case with several key tiles per query and tails. (Every other test here runs the default backward:
+/// fused on the H100 unless `ATTN_CUDA_WG_FUSED=0`, two kernels elsewhere.)
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
 fn deterministic_backward_is_identical_run_to_run() {

@@ -45,9 +45,10 @@ const GPU_TEST_BINARIES: [&str; 6] = [
 ];
 
 /// The test binaries whose flash kernels are the Hopper (wgmma) kernels on an sm_90 GPU: run again
-/// with `ATTN_CUDA_WGMMA=0`, `ATTN_CUDA_WG_FUSED=1`, `ATTN_CUDA_WG_WS=0`, `ATTN_CUDA_WG_WS=1` and
-/// `ATTN_CUDA_WG_BWD_WS=0`, so the mma.sync kernels, the fused Hopper backward, the wgmma forward where
-/// the warp-specialised one is the default, the warp-specialised one at every head dim it has and the
+/// with `ATTN_CUDA_WGMMA=0`, `ATTN_CUDA_WG_FUSED=0`, `ATTN_CUDA_WG_FUSED=1`, `ATTN_CUDA_WG_WS=0`,
+/// `ATTN_CUDA_WG_WS=1` and `ATTN_CUDA_WG_BWD_WS=0`, so the mma.sync kernels, the two-kernel backward
+/// where the fused one is the default, the wgmma fused backward, the wgmma forward where the
+/// warp-specialised one is the default, the warp-specialised one at every head dim it has and the
 /// wgmma backward kernels are tested on the H100 too.
 const FLASH_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_hyperbolic"];
 
@@ -415,7 +416,16 @@ fn test_gpu(extra: &[String]) -> Result<()> {
     let mut cuda_tests = cuda_tests;
     for (var, value, what) in [
         ("ATTN_CUDA_WGMMA", "0", "the mma.sync kernels"),
-        ("ATTN_CUDA_WG_FUSED", "1", "the fused Hopper backward"),
+        (
+            "ATTN_CUDA_WG_FUSED",
+            "0",
+            "the two-kernel backward in place of the fused one",
+        ),
+        (
+            "ATTN_CUDA_WG_FUSED",
+            "1",
+            "the fused Hopper backward everywhere it has a kernel",
+        ),
         (
             "ATTN_CUDA_WG_WS",
             "0",
@@ -545,11 +555,12 @@ for bin in "$here"/bin/*; do
   summary="$summary$name${SANITIZE:+ [$SANITIZE]}: rc=$rc $line"$'\n'
   [ $rc -ne 0 ] && status=1
 done
-# On an sm_90 GPU the flash kernels above were the Hopper (wgmma) ones, the backward in two kernels;
-# once more with the mma.sync ones, with the fused Hopper backward, with the wgmma forward where the
+# On an sm_90 GPU the flash kernels above were the Hopper (wgmma) ones, the backward fused where it
+# has the warp-specialised fused kernel; once more with the mma.sync ones, with the two-kernel
+# backward, with the fused Hopper backward everywhere it has a kernel, with the wgmma forward where the
 # warp-specialised one is the default, with the warp-specialised one at every head dim it has, and
 # with the wgmma backward kernels in place of the warp-specialised ones.
-for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA_WG_WS=0 ATTN_CUDA_WG_WS=1 ATTN_CUDA_WG_BWD_WS=0; do
+for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA_WG_WS=0 ATTN_CUDA_WG_WS=1 ATTN_CUDA_WG_BWD_WS=0; do
   for name in gpu_softmax_like gpu_hyperbolic; do
     [ -x "$here/bin/$name" ] || continue
     out="$(env "$var" "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"

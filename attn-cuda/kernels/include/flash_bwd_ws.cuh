@@ -20,7 +20,7 @@
 // the others), and the delta kernel's LSE is less their score's constant; the host dispatches the
 // hyperbolic scores here with their own tile (LorentzWsDkvTile: 64 queries per block at D = 64).
 //
-// The same kernel with kDq is the fused backward of softmax and cosine-sim (ATTN_CUDA_WG_FUSED=1,
+// The same kernel with kDq is the fused backward of softmax and cosine-sim (the default there; ATTN_CUDA_WG_FUSED=0 turns it off;
 // kernels/NOTES.md version 10): per query block the consumer warps also store dS'ᵀ (stmatrix), meet at
 // one named barrier, each warpgroup forms a 64 × 64 tile of dQ = dS' K, and each warp adds its 16 × 64
 // f32 rows into p.dq_acc with one cp.reduce.async.bulk in dq_acc's tiled layout (SeqInfo::dq_acc_index).
