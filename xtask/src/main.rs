@@ -89,8 +89,13 @@ fn print_help() {
     );
 }
 
+/// The workspace of the xtask crate: from `CARGO_MANIFEST_DIR` as `cargo run` sets it for this run (a
+/// binary built in another checkout, e.g. a git worktree sharing the target directory, must not act on
+/// that checkout), else as it was at build time.
 fn workspace_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let manifest = env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
     manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
