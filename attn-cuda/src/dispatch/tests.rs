@@ -1,0 +1,435 @@
+//! Tests of the kernel dispatch: supported combinations, kernel names, tiles, grids and shared memory.
+
+use super::*;
+use attn_core::{Aggregation, AttnProblem, Family, HypScore};
+
+fn spec(family: Family, dtype: DType, d: usize) -> AttnSpec {
+    AttnProblem::new(family, dtype, 2, 4, 2, 100, 130, d)
+        .validate()
+        .expect("valid problem")
+}
+
+#[test]
+fn every_supported_combination_resolves_to_a_named_kernel() {
+    for (family, kind) in [
+        (Family::softmax(), FamilyKind::Softmax),
+        (Family::cosine_sim(), FamilyKind::CosineSim),
+        (
+            Family::hyperbolic(HypScore::Geodesic, Aggregation::EinsteinMidpoint),
+            FamilyKind::Hyperbolic,
+        ),
+        (
+            Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean),
+            FamilyKind::Hyperbolic,
+        ),
+    ] {
+        for &d in head_dims(kind) {
+            for dtype in DType::ALL {
+                let s = spec(family, dtype, d);
+                check_supported(&s, Pass::Forward).expect("supported");
+                for stage in [Stage::Forward, Stage::BwdDq, Stage::BwdDkdv] {
+                    let k = flash_kernel(&s, stage, Hopper::default()).expect("kernel");
+                    let stem = format!("attn_{}_{}", s.family().label(), stage.name());
+                    assert!(k.name.starts_with(&stem), "{k:?}");
+                    assert_eq!(
+                        kind == FamilyKind::Hyperbolic,
+                        k.module == Module::Hyperbolic,
+                        "{k:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hyperbolic_kernels_carry_their_column_scalars_in_shared_memory() {
+    let fam = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
+    let (h, s) = (
+        spec(fam, DType::BF16, 128),
+        spec(Family::softmax(), DType::BF16, 128),
+    );
+    let fwd = |x: &AttnSpec| {
+        flash_kernel(x, Stage::Forward, Hopper::default())
+            .expect("kernel")
+            .smem
+    };
+    // log γ for two key blocks of 32 keys (k0 takes the cosine norms' slots).
+    assert_eq!(fwd(&h), fwd(&s) + 2 * 32 * 4);
+    assert_eq!(
+        flash_kernel(&h, Stage::Forward, Hopper::default())
+            .expect("kernel")
+            .name,
+        "attn_hyperbolic_sq_lorentz_fwd_bf16_d128"
+    );
+    let f32 = spec(fam, DType::F32, 64);
+    let k = flash_kernel(&f32, Stage::BwdDq, Hopper::default()).expect("kernel");
+    assert_eq!(
+        (k.module, k.name.as_str()),
+        (Module::Hyperbolic, "attn_hyperbolic_sq_lorentz_bwd_dq_f32")
+    );
+    let rows = row_kernel(&f32, RowKernel::HypRowsK);
+    assert_eq!((rows.module, rows.grid), (Module::Hyperbolic, (33, 2, 2)));
+}
+
+const ON: Hopper = Hopper {
+    on: true,
+    bwd: true,
+    fused: FusedMode::Everywhere,
+    tile: None,
+    ws: WsMode::Off,
+    bwd_ws: false,
+};
+
+#[test]
+fn warp_specialised_backward_kernels_unless_turned_off() {
+    let ws = Hopper { bwd_ws: true, ..ON };
+    let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
+    for (family, dtype, d, expect) in [
+        (Family::softmax(), DType::BF16, 128, true),
+        (Family::cosine_sim(), DType::F16, 128, true),
+        (Family::softmax(), DType::F16, 64, true),
+        (Family::cosine_sim(), DType::BF16, 64, true),
+        (hyp, DType::BF16, 128, true),
+        (hyp, DType::BF16, 64, true),
+    ] {
+        let s = spec(family, dtype, d);
+        let k = flash_kernel(&s, Stage::BwdDkdv, ws).expect("kernel");
+        assert_eq!(k.name.contains("_bwd_dkdv_ws_"), expect, "{k:?}");
+        if expect {
+            // 130 keys → two tiles of 128 per kv head; 384 threads; three stages of Q and dO
+            // (64 queries at D = 128 and for the hyperbolic scores, 128 at D = 64) with their
+            // LSE, δ and a row of ones (q0).
+            let lorentz = family.kind() == FamilyKind::Hyperbolic;
+            let bm = if d == 128 || lorentz { 64 } else { 128 };
+            assert_eq!((k.grid, k.threads, k.hopper), ((2, 2, 2), 384, true), "{k:?}");
+            assert_eq!(k.smem, 1024 + (2 * 128 + 6 * bm) * d * 2 + 9 * bm * 4, "{k:?}");
+        } else {
+            assert!(k.name.contains("_bwd_dkdv_wg_"), "{k:?}");
+        }
+        // The dQ kernel for every score: 100 queries → one block of 128 (384 threads); Q, dO, four
+        // K and three V stages of 128 (D = 64) or 64 (D = 128) keys, k0 and log γ with each K
+        // stage. ATTN_CUDA_WG_BWD_WS=0 keeps the wgmma kernels.
+        let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
+        assert!(dq.name.contains("_bwd_dq_ws_"), "{dq:?}");
+        let bn = if d == 128 { 64 } else { 128 };
+        assert_eq!((dq.grid, dq.threads, dq.hopper), ((1, 4, 2), 384, true), "{dq:?}");
+        assert_eq!(dq.smem, 1024 + (2 * 128 + 7 * bn) * d * 2 + 8 * bn * 4, "{dq:?}");
+        for stage in [Stage::BwdDq, Stage::BwdDkdv] {
+            let k = flash_kernel(&s, stage, ON).expect("kernel");
+            assert!(k.name.contains("_wg_"), "{k:?}");
+        }
+    }
+    // Other head dims and f32 keep their kernels.
+    for (dtype, d) in [(DType::BF16, 96), (DType::F32, 64)] {
+        for stage in [Stage::BwdDq, Stage::BwdDkdv] {
+            let k = flash_kernel(&spec(Family::softmax(), dtype, d), stage, ws).expect("kernel");
+            assert!(!k.name.contains("_ws_") && !k.hopper, "{k:?}");
+        }
+    }
+}
+
+#[test]
+fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
+    let ws = Hopper {
+        ws: WsMode::Everywhere,
+        ..ON
+    };
+    let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::EinsteinMidpoint);
+    for (family, dtype, d) in [
+        (Family::softmax(), DType::BF16, 128),
+        (Family::cosine_sim(), DType::F16, 128),
+        (hyp, DType::BF16, 128),
+        (Family::softmax(), DType::F16, 64),
+        (hyp, DType::BF16, 64),
+    ] {
+        let s = spec(family, dtype, d);
+        let k = flash_kernel(&s, Stage::Forward, ws).expect("kernel");
+        assert!(k.name.contains("_fwd_ws_"), "{k:?}");
+        // 100 queries → one block of 128 rows (D = 128: 384 threads) or 192 (D = 64: 512); the
+        // wgmma forward's shared memory with 128 keys per stage (plus log γ for the hyperbolic
+        // scores).
+        let (bm, threads) = if d == 128 { (128, 384) } else { (192, 512) };
+        assert_eq!((k.grid, k.threads, k.hopper), ((1, 4, 2), threads, true), "{k:?}");
+        // The scalars hold three stages; the hyperbolic scores add three of log γ. Two K and two
+        // V stages for every score (cosine-sim reads k̂ from the row kernels).
+        let lorentz = if matches!(family, Family::Hyperbolic(_)) {
+            3 * 128 * 4
+        } else {
+            0
+        };
+        assert_eq!(
+            k.smem,
+            1024 + (bm + 4 * 128) * d * 2 + (2 * 128 + bm) * 4 + lorentz
+        );
+        // ATTN_CUDA_WG_WS governs the forward only (ON: no warp-specialised backward); with
+        // ATTN_CUDA_WG_WS=0, the wgmma forward.
+        let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
+        assert!(dq.name.contains("_bwd_dq_wg_"), "{dq:?}");
+        let k = flash_kernel(&s, Stage::Forward, ON).expect("kernel");
+        assert!(k.name.contains("_fwd_wg_"), "{k:?}");
+    }
+    // By default: D = 128 every score, D = 64 the geodesic score only.
+    let measured = Hopper {
+        ws: WsMode::Measured,
+        ..ON
+    };
+    let geo = Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean);
+    for (family, d, kind) in [
+        (Family::softmax(), 128, "ws"),
+        (Family::cosine_sim(), 128, "ws"),
+        (geo, 128, "ws"),
+        (geo, 64, "ws"),
+        (Family::softmax(), 64, "wg"),
+        (Family::cosine_sim(), 64, "wg"),
+        (hyp, 64, "wg"),
+    ] {
+        let k = flash_kernel(&spec(family, DType::BF16, d), Stage::Forward, measured).expect("kernel");
+        assert!(
+            k.name.contains(&format!("_fwd_{kind}_")),
+            "{family:?} D = {d}: {k:?}"
+        );
+    }
+    // D = 96 has only the mma.sync forward; a tile experiment asks for a wgmma one.
+    let k = flash_kernel(&spec(Family::softmax(), DType::BF16, 96), Stage::Forward, ws).expect("kernel");
+    assert!(!k.name.contains("_ws_") && !k.hopper, "{k:?}");
+    let exp = Hopper {
+        tile: Some((64, 64)),
+        ..ws
+    };
+    let k = flash_kernel(&spec(Family::softmax(), DType::BF16, 128), Stage::Forward, exp).expect("kernel");
+    assert_eq!(k.name, "attn_softmax_fwd_wg64x64_bf16_d128");
+}
+
+#[test]
+fn hopper_tile_experiments_apply_to_bf16_softmax_only() {
+    let exp = Hopper {
+        tile: Some((64, 128)),
+        ..ON
+    };
+    let s = spec(Family::softmax(), DType::BF16, 64);
+    let k = flash_kernel(&s, Stage::Forward, exp).expect("kernel");
+    assert_eq!(
+        (k.name.as_str(), k.threads),
+        ("attn_softmax_fwd_wg64x128_bf16_d64", 128)
+    );
+    assert_eq!(k.grid, (2, 4, 2));
+    for (family, dtype, d) in [
+        (Family::cosine_sim(), DType::BF16, 64),
+        (Family::softmax(), DType::F16, 64),
+        (Family::softmax(), DType::BF16, 128),
+    ] {
+        let k = flash_kernel(&spec(family, dtype, d), Stage::Forward, exp).expect("kernel");
+        assert!(k.name.contains("_fwd_wg_"), "{k:?}");
+    }
+}
+
+#[test]
+fn hopper_forward_where_the_device_and_head_dim_allow() {
+    let hyp = Family::hyperbolic(HypScore::Geodesic, Aggregation::EinsteinMidpoint);
+    for (family, d, dtype, wg) in [
+        (Family::softmax(), 128, DType::BF16, true),
+        (Family::cosine_sim(), 64, DType::F16, true),
+        (hyp, 64, DType::BF16, true),
+        (Family::softmax(), 96, DType::BF16, false),
+        (Family::softmax(), 256, DType::F16, false),
+        (Family::softmax(), 64, DType::F32, false),
+    ] {
+        let s = spec(family, dtype, d);
+        let k = flash_kernel(&s, Stage::Forward, ON).expect("kernel");
+        assert_eq!(k.name.contains("_fwd_wg_"), wg, "{k:?}");
+        assert_eq!(
+            (k.threads, k.hopper),
+            if wg { (256, true) } else { (128, false) },
+            "{k:?}"
+        );
+        if wg {
+            // 100 queries → one block of 128; the Einstein midpoint's log γ rides along.
+            assert_eq!(k.grid, (1, 4, 2));
+            let hyp = matches!(family, Family::Hyperbolic(_));
+            let bn = if d == 64 { 64 } else { 128 };
+            let lorentz = if hyp { 2 * bn * 4 } else { 0 };
+            assert_eq!(
+                k.smem,
+                1024 + (128 + 4 * bn) * d * 2 + (2 * bn + 128) * 4 + lorentz,
+                "{k:?}"
+            );
+        }
+        // The backward likewise: dQ over 100 queries in one block of 128, dK/dV over 130 keys in
+        // two of 128; both on their own with ATTN_CUDA_WG_BWD=0.
+        let dq = flash_kernel(&s, Stage::BwdDq, ON).expect("kernel");
+        let dkdv = flash_kernel(&s, Stage::BwdDkdv, ON).expect("kernel");
+        assert_eq!(dq.name.contains("_bwd_dq_wg_"), wg, "{dq:?}");
+        assert_eq!(dkdv.name.contains("_bwd_dkdv_wg_"), wg, "{dkdv:?}");
+        if wg {
+            // dQ: 128 keys per streamed block at D = 64, 64 at D = 128; dK/dV: 128 queries per
+            // streamed block at D = 64, 64 at D = 128.
+            let (bn, bm) = if d == 64 { (128, 128) } else { (64, 64) };
+            assert_eq!((dq.grid, dq.threads, dq.hopper), ((1, 4, 2), 256, true));
+            assert_eq!(dq.smem, 1024 + (2 * 128 + 5 * bn) * d * 2 + 6 * bn * 4);
+            assert_eq!((dkdv.grid, dkdv.threads), ((2, 2, 2), 256));
+            assert_eq!(dkdv.smem, 1024 + (2 * 128 + 4 * bm) * d * 2 + 6 * bm * 4);
+        }
+        let fwd_only = Hopper { bwd: false, ..ON };
+        for stage in [Stage::BwdDq, Stage::BwdDkdv] {
+            let k = flash_kernel(&s, stage, fwd_only).expect("kernel");
+            assert!(!k.name.contains("_wg_") && !k.hopper, "{k:?}");
+        }
+        // Without the Hopper kernels, the mma.sync kernels.
+        for stage in [Stage::Forward, Stage::BwdDq, Stage::BwdDkdv] {
+            let k = flash_kernel(&s, stage, Hopper::default()).expect("kernel");
+            assert!(!k.name.contains("_wg_"), "{k:?}");
+        }
+    }
+}
+
+#[test]
+fn fused_backward_only_where_it_is_exact_and_allowed() {
+    let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
+    // (family, dtype, d, fused with the warp-specialised kernels, fused with the wgmma ones)
+    for (family, dtype, d, ws, wg) in [
+        (Family::softmax(), DType::BF16, 128, true, true),
+        (Family::cosine_sim(), DType::F16, 128, true, true),
+        (Family::softmax(), DType::BF16, 64, true, false),
+        (Family::cosine_sim(), DType::BF16, 64, true, false),
+        (Family::softmax(), DType::BF16, 96, false, false),
+        (Family::softmax(), DType::F32, 64, false, false),
+        (Family::softmax(), DType::F32, 128, false, false),
+        (hyp, DType::BF16, 128, true, true),
+        (hyp, DType::BF16, 64, false, false),
+        (hyp, DType::F32, 128, false, false),
+    ] {
+        let s = spec(family, dtype, d);
+        let ws_on = Hopper { bwd_ws: true, ..ON };
+        assert_eq!(fused_backward(&s, ws_on), ws, "{family:?} {dtype:?} {d}");
+        assert_eq!(fused_backward(&s, ON), wg, "{family:?} {dtype:?} {d}");
+        for (hopper, fused) in [(ws_on, ws), (ON, wg)] {
+            let k = flash_kernel(&s, Stage::BwdFused, hopper);
+            assert_eq!(k.is_ok(), fused, "{k:?}");
+            let lorentz = family.kind() == FamilyKind::Hyperbolic;
+            assert_eq!(fused_dq_tiled(&s, hopper), fused && hopper.bwd_ws && !lorentz);
+            let Ok(k) = k else { continue };
+            if hopper.bwd_ws && !lorentz {
+                assert!(k.name.contains("_bwd_fused_ws_"), "{k:?}");
+                // 130 keys → two tiles of 128 per kv head; a producer warpgroup beside the two.
+                assert_eq!((k.grid, k.threads), ((2, 2, 2), 384));
+                let bm = if d == 128 { 64 } else { 128 };
+                assert_eq!(
+                    k.smem,
+                    1024 + (2 * 128 + 4 * bm) * d * 2 + 2 * 128 * bm * 2 + 6 * bm * 4 + 8 * 16 * 64 * 4
+                );
+            } else {
+                assert!(k.name.contains("_bwd_fused_wg_"), "{k:?}");
+                // dS'ᵀ of a 64-query block and ‖q‖ ride along.
+                assert_eq!((k.grid, k.threads), ((2, 2, 2), 256));
+                assert_eq!(
+                    k.smem,
+                    1024 + (2 * 128 + 4 * 64) * d * 2 + 6 * 64 * 4 + 128 * 64 * 2 + 2 * 64 * 4
+                );
+            }
+        }
+    }
+    let s = spec(Family::softmax(), DType::BF16, 128);
+    let det = AttnProblem::new(Family::softmax(), DType::BF16, 2, 4, 2, 100, 130, 128)
+        .with_deterministic(true)
+        .validate()
+        .expect("valid problem");
+    let bias = AttnProblem::new(Family::softmax(), DType::BF16, 2, 4, 2, 100, 130, 128)
+        .with_bias(1, 4)
+        .validate()
+        .expect("valid problem");
+    assert!(!fused_backward(&det, ON) && !fused_backward(&bias, ON));
+    for off in [
+        Hopper::default(),
+        Hopper { bwd: false, ..ON },
+        Hopper {
+            fused: FusedMode::Off,
+            ..ON
+        },
+    ] {
+        assert!(!fused_backward(&s, off), "{off:?}");
+    }
+    // The default mode: the warp-specialised fused kernel only (softmax, cosine-sim), never the
+    // wgmma one; the hyperbolic scores keep the two kernels.
+    let default = Hopper {
+        fused: FusedMode::WarpSpecialised,
+        bwd_ws: true,
+        ..ON
+    };
+    let hyp = spec(hyp, DType::BF16, 128);
+    assert!(fused_dq_tiled(&s, default) && !fused_backward(&hyp, default));
+    assert!(!fused_backward(
+        &s,
+        Hopper {
+            bwd_ws: false,
+            ..default
+        }
+    ));
+    assert!(!fused_backward(&det, default) && !fused_backward(&bias, default));
+}
+
+#[test]
+fn grids_cover_tails_and_split_columns() {
+    let s = spec(Family::softmax(), DType::BF16, 256);
+    assert_eq!(
+        flash_kernel(&s, Stage::Forward, Hopper::default())
+            .expect("kernel")
+            .grid,
+        (2, 4, 2)
+    );
+    // 130 keys → 3 key tiles of 64, two column blocks each, one block per kv head.
+    assert_eq!(
+        flash_kernel(&s, Stage::BwdDkdv, Hopper::default())
+            .expect("kernel")
+            .grid,
+        (6, 2, 2)
+    );
+    let f = spec(Family::softmax(), DType::F32, 64);
+    assert_eq!(
+        flash_kernel(&f, Stage::BwdDq, Hopper::default())
+            .expect("kernel")
+            .grid,
+        (25, 4, 2)
+    );
+}
+
+#[test]
+fn unsupported_combinations_are_typed_errors() {
+    let bad_dim = spec(Family::softmax(), DType::BF16, 48);
+    assert!(matches!(
+        check_supported(&bad_dim, Pass::Forward),
+        Err(AttnError::Unsupported { .. })
+    ));
+    let softmax16 = spec(Family::softmax(), DType::F16, 16);
+    assert!(matches!(
+        check_supported(&softmax16, Pass::Forward),
+        Err(AttnError::Unsupported { .. })
+    ));
+    let taylor = spec(Family::taylor(2), DType::F32, 64);
+    assert!(matches!(
+        check_supported(&taylor, Pass::Backward),
+        Err(AttnError::Unsupported { .. })
+    ));
+    let flat = Family::Hyperbolic(attn_core::HyperbolicParams {
+        score: HypScore::Geodesic,
+        curvature: 1e-20,
+        ..Default::default()
+    });
+    let err = check_supported(&spec(flat, DType::BF16, 64), Pass::Forward).expect_err("tiny c");
+    assert!(err.to_string().contains("curvature"), "{err}");
+    let hyp48 = spec(
+        Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean),
+        DType::BF16,
+        48,
+    );
+    assert!(check_supported(&hyp48, Pass::Forward)
+        .expect_err("no D = 48")
+        .to_string()
+        .contains("hyperbolic head dim 48"));
+    let dv = AttnProblem::new(Family::softmax(), DType::BF16, 1, 1, 1, 8, 8, 64)
+        .with_head_dim_v(32)
+        .validate()
+        .expect("valid problem");
+    let err = check_supported(&dv, Pass::Forward).expect_err("Dv != D");
+    assert!(err.to_string().contains("value head dim 32"), "{err}");
+}
