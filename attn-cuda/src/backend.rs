@@ -432,9 +432,28 @@ impl CudaAttn {
         } else {
             None
         };
-        let p = norms.as_ref().map_or(p, |n| n.hat(self, &p));
+        let mut p = norms.as_ref().map_or(p, |n| n.hat(self, &p));
+        // The warp-specialised forward's tiles, and when persistent its tile counter, zeroed in stream
+        // order before the launch.
+        if kernel.tiles_q > 0 {
+            p.tiles_q = i32::try_from(kernel.tiles_q * spec.heads_q() * spec.batch())
+                .map(|_| kernel.tiles_q as i32)
+                .map_err(|_| CudaAttnError::Internal {
+                    what: format!(
+                        "{}: {} query tiles overflow the kernel's i32",
+                        kernel.name, kernel.tiles_q
+                    ),
+                })?;
+        }
+        let counter = if kernel.persistent {
+            let counter = self.stream.alloc_zeros::<i32>(1)?;
+            p.tile_counter = counter.device_ptr(&self.stream).0;
+            Some(counter)
+        } else {
+            None
+        };
         kernels.launch(&self.stream, &kernel, &p, op)?;
-        drop((scratch, norms));
+        drop((scratch, norms, counter));
         Ok(())
     }
 

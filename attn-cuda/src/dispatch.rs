@@ -14,7 +14,7 @@
 
 use crate::heuristics::{self, Tile};
 use crate::runtime::{FusedMode, Hopper, WsMode};
-use attn_core::{AttnError, AttnSpec, DType, FamilyKind, FamilySpec, HypScore, Pass};
+use attn_core::{AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, HypScore, Pass};
 
 /// Name used in `Unsupported` errors.
 pub(crate) const BACKEND: &str = "attn-cuda";
@@ -81,6 +81,11 @@ pub(crate) struct Kernel {
     /// A Hopper (wgmma) kernel: a cosine-sim forward then reads the reciprocal norms of the inv-norm
     /// row kernels (the backward always does).
     pub hopper: bool,
+    /// The warp-specialised forward: query tiles per (batch entry, head), for `AttnParams::tiles_q`
+    /// (its grid is flat over the tiles); 0 for every other kernel.
+    pub tiles_q: usize,
+    /// The warp-specialised forward, persistent: it takes a zeroed tile counter.
+    pub persistent: bool,
 }
 
 fn dtype_tag(dtype: DType) -> &'static str {
@@ -253,6 +258,8 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             grid,
             threads: heuristics::THREADS,
             hopper: false,
+            tiles_q: 0,
+            persistent: false,
         });
     }
     let elem = spec.dtype().size();
@@ -280,7 +287,13 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         );
         let ws_here = match hopper.ws {
             WsMode::Off => false,
-            WsMode::Measured => heuristics::ws_fwd_measured_faster(d, geodesic),
+            WsMode::Measured => heuristics::ws_fwd_measured_faster(
+                d,
+                geodesic,
+                module == Module::CosineSim,
+                spec.causal() != Causal::None || spec.window().is_some(),
+                spec.seq_k(),
+            ),
             WsMode::Everywhere => true,
         };
         let ws = heuristics::ws_fwd_tile(d).filter(|_| variant.is_empty() && ws_here);
@@ -300,13 +313,28 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 (format!("wg{variant}"), heuristics::wg_threads(tile), smem)
             }
         };
+        let tiles_q = heuristics::blocks(spec.seq_q(), tile.bm);
+        // The warp-specialised forward takes its (query tile, head, batch) tile from a flat grid, one
+        // per block, or (`hopper.sms` > 0) is persistent: at most that many blocks, each working
+        // through the tiles.
+        let (grid, ws_tiles, persistent) = match ws {
+            Some(_) => {
+                let tiles = tiles_q * hq * b;
+                let persistent = hopper.sms > 0 && hopper.sms < tiles;
+                let blocks = if persistent { hopper.sms } else { tiles };
+                ((blocks, 1, 1), tiles_q, persistent)
+            }
+            None => ((tiles_q, hq, b), 0, false),
+        };
         return Ok(Kernel {
             module,
             name: format!("attn_{family}_fwd_{kind}_{}_d{d}", dtype_tag(spec.dtype())),
             smem,
-            grid: (heuristics::blocks(spec.seq_q(), tile.bm), hq, b),
+            grid,
             threads,
             hopper: true,
+            tiles_q: ws_tiles,
+            persistent,
         });
     }
     if stage == Stage::BwdFused {
@@ -325,6 +353,8 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             grid: (heuristics::blocks(spec.seq_k(), tile.bn), hkv, b),
             threads: threads as u32,
             hopper: true,
+            tiles_q: 0,
+            persistent: false,
         });
     }
     if let (Stage::BwdDq | Stage::BwdDkdv, true, true) = (stage, hopper.on, hopper.bwd) {
@@ -371,6 +401,8 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 grid,
                 threads: threads as u32,
                 hopper: true,
+                tiles_q: 0,
+                persistent: false,
             });
         }
     }
@@ -410,6 +442,8 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         grid,
         threads: heuristics::THREADS,
         hopper: false,
+        tiles_q: 0,
+        persistent: false,
     })
 }
 
@@ -474,6 +508,8 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
             heuristics::THREADS
         },
         hopper: false,
+        tiles_q: 0,
+        persistent: false,
     }
 }
 

@@ -173,15 +173,26 @@ pub(crate) fn ws_fwd_tile(d: usize) -> Option<Tile> {
 }
 
 /// Whether the warp-specialised forward replaces the wgmma one by default (runtime::WsMode::Measured):
-/// where it measured faster on the H100 (kernels/NOTES.md, version 8, run s12b: bf16 forward, N = 4k
-/// and 16k, causal and not): at D = 128 (softmax 1.15–1.22×, geodesic 1.22–1.32×, cosine-sim and
-/// squared Lorentz 0.98–1.01×, one rule for the head dim), at D = 64 only for the geodesic score
-/// (0.94–1.19×; in run s12a, with ATTN_CUDA_WG_WS=1, softmax 0.72–1.03×, cosine-sim and squared
-/// Lorentz 0.79–0.99×). Session 15 (runs s15c–d, NOTES.md): cosine-sim's ws forward at D = 128 is now
-/// 4.25 ms against the wgmma one's 4.62 at N = 16k; at D = 64 it is faster at 16k (5.37 against 5.72)
-/// but slower causal (4k: 1.28 against 1.07), so D = 64 stays on the wgmma forward.
-pub(crate) fn ws_fwd_measured_faster(d: usize, geodesic: bool) -> bool {
-    d == 128 || (d == 64 && geodesic)
+/// where it measured faster on the H100 (kernels/NOTES.md, version 11, runs s19d and s19j: bf16,
+/// N = 4k and 16k, causal and not, against the wgmma forward in the same call). At D = 128 for every
+/// call (softmax 1.20–1.27×, cosine-sim 1.08–1.31×, squared Lorentz 1.11–1.14×, geodesic
+/// 1.23–1.29×). At D = 64 for the geodesic (as before), and without a causal mask or sliding window
+/// (`banded`) for cosine-sim at every length (4k 1.01×, 16k 1.12×, run s19j) and the other scores
+/// from `seq_k` ≥ 8192 (softmax 4k 0.94×, 16k 1.04×; squared Lorentz 0.96× and 1.05×; 8192 is an
+/// interpolation). Causal at D = 64 the wgmma kernel stays ahead (4k: ws 0.72× for softmax, 0.88× for
+/// cosine-sim).
+pub(crate) fn ws_fwd_measured_faster(
+    d: usize,
+    geodesic: bool,
+    cosine: bool,
+    banded: bool,
+    seq_k: usize,
+) -> bool {
+    match d {
+        128 => true,
+        64 => geodesic || (!banded && (cosine || seq_k >= 8192)),
+        _ => false,
+    }
 }
 
 /// Stages of the key scalars in the warp-specialised forward (`kCs` in flash_fwd_ws.cuh).

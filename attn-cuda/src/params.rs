@@ -98,8 +98,11 @@ pub(crate) struct AttnParams {
     /// 1: `dq_acc` is in the warp-specialised fused backward's tiled layout (`SeqInfo::dq_acc_index`
     /// in kernels/include/mask.h), read by the dq row kernels; 0: the dq strides.
     pub dq_acc_tiled: i32,
-    /// Keeps the struct free of tail padding (the kernels' struct has the same field).
-    pub pad_: i32,
+    /// Persistent warp-specialised forward: query tiles per (batch entry, head) (0 otherwise).
+    pub tiles_q: i32,
+    /// Persistent warp-specialised forward: a zeroed counter of the tiles handed out past the grid's
+    /// first (`int*`), or 0: each block then takes every `gridDim.x`-th tile.
+    pub tile_counter: u64,
 }
 
 // SAFETY: `AttnParams` is `#[repr(C)]`, made only of integers and floats, and its field order and
@@ -244,12 +247,14 @@ mod tests {
     #[test]
     fn params_are_eight_byte_aligned_without_tail_padding() {
         // 20 pointers + 21 strides (8 bytes) + 16 ints + 4 floats (4 bytes) = 408 bytes, then the
-        // hyperbolic block: 6 pointers + 1 int + 5 floats + 1 pointer = 80 bytes, then two ints.
+        // hyperbolic block: 6 pointers + 1 int + 5 floats + 1 pointer = 80 bytes, then two ints and
+        // a pointer.
         assert_eq!(
             std::mem::size_of::<AttnParams>(),
-            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4 + 8 + 2 * 4
+            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4 + 8 + 2 * 4 + 8
         );
         assert_eq!(std::mem::offset_of!(AttnParams, dq_acc_tiled), 408 + 80);
+        assert_eq!(std::mem::offset_of!(AttnParams, tile_counter), 408 + 88);
         assert_eq!(std::mem::offset_of!(AttnParams, dq_rowsum), 408 + 72);
         assert_eq!(std::mem::offset_of!(AttnParams, x0q), 408);
         assert_eq!(std::mem::align_of::<AttnParams>(), 8);

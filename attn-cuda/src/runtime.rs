@@ -6,7 +6,7 @@ use crate::dispatch::{Kernel, Module};
 use crate::error::{CudaAttnError, Result};
 use crate::params::AttnParams;
 use attn_core::Op;
-use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
@@ -47,6 +47,9 @@ pub(crate) struct Hopper {
     pub tile: Option<(usize, usize)>,
     pub ws: WsMode,
     pub bwd_ws: bool,
+    /// The persistent warp-specialised forward's largest grid (`ATTN_CUDA_PERSISTENT_BLOCKS`, at most
+    /// the SM count); 0 (the default): one block per tile, not persistent.
+    pub sms: usize,
 }
 
 /// Where the fused Hopper backward (one dK/dV kernel that also adds dQ into f32 scratch; its dQ is a
@@ -106,6 +109,7 @@ impl Hopper {
                 _ => WsMode::Measured,
             },
             bwd_ws: bwd_ws.map(str::trim) != Some("0"),
+            sms: 0,
         }
     }
 }
@@ -244,18 +248,33 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
         modules.insert(module, ctx.load_module(Ptx::from_binary(bytes.to_vec()))?);
     }
     let cc = ctx.compute_capability()?;
+    // ATTN_CUDA_PERSISTENT_BLOCKS=N makes the warp-specialised forward persistent with at most N
+    // blocks (at most one per SM); unset or 0, one tile per block (the default).
+    let sms = match std::env::var("ATTN_CUDA_PERSISTENT_BLOCKS")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+    {
+        Some(n) if n > 0 => {
+            let count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            n.min(count)
+        }
+        _ => 0,
+    };
     let kernels = Arc::new(Kernels {
         modules,
         functions: FunctionCache::default(),
-        hopper: Hopper::new(
-            cc,
-            std::env::var("ATTN_CUDA_WGMMA").ok().as_deref(),
-            std::env::var("ATTN_CUDA_WG_BWD").ok().as_deref(),
-            std::env::var("ATTN_CUDA_WG_FUSED").ok().as_deref(),
-            std::env::var("ATTN_CUDA_WG_TILE").ok().as_deref(),
-            std::env::var("ATTN_CUDA_WG_WS").ok().as_deref(),
-            std::env::var("ATTN_CUDA_WG_BWD_WS").ok().as_deref(),
-        ),
+        hopper: Hopper {
+            sms: usize::try_from(sms).unwrap_or(0),
+            ..Hopper::new(
+                cc,
+                std::env::var("ATTN_CUDA_WGMMA").ok().as_deref(),
+                std::env::var("ATTN_CUDA_WG_BWD").ok().as_deref(),
+                std::env::var("ATTN_CUDA_WG_FUSED").ok().as_deref(),
+                std::env::var("ATTN_CUDA_WG_TILE").ok().as_deref(),
+                std::env::var("ATTN_CUDA_WG_WS").ok().as_deref(),
+                std::env::var("ATTN_CUDA_WG_BWD_WS").ok().as_deref(),
+            )
+        },
     });
     entries.push((key, kernels.clone()));
     Ok(kernels)

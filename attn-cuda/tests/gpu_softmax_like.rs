@@ -11,7 +11,8 @@ use attn_core::{AttnProblem, Causal, CosineParams, DType, Family, SoftmaxParams}
 use attn_cpu_ref::testing::random_case;
 use common::shapes::{
     bias_broadcast_batch, bias_broadcast_heads, causal_bottom_right_q_longer, causal_top_left_q_shorter,
-    dense_gqa, key_padding_and_window, mqa_bhnd, strided_views, varlen_causal, Lengths, Make, Shapes,
+    dense_gqa, key_padding_and_window, long_keys_bottom_right, mqa_bhnd, strided_views, varlen_causal,
+    Lengths, Make, Shapes,
 };
 use common::{check_dims, check_dtype, identical_runs, Cases};
 
@@ -105,6 +106,8 @@ gpu_tests! {
     cosine_head_broadcast_bias_gradient_matches_reference: Family::cosine_sim(), COSINE_DIMS, bias_broadcast_heads, 0;
     cosine_without_l2norm_matches_reference: cosine_unnormalised(), COSINE_DIMS, dense_gqa, 0;
     cosine_large_scale_uses_the_running_max_and_matches_reference: cosine_large_scale(), COSINE_DIMS, causal_top_left_q_shorter, 0;
+    softmax_long_keys_bottom_right_matches_reference: Family::softmax(), [64, 128], long_keys_bottom_right, 0;
+    cosine_long_keys_bottom_right_matches_reference: Family::cosine_sim(), [64, 128], long_keys_bottom_right, 0;
 }
 
 /// `deterministic` asks for a backward without atomics (on the H100 the two-kernel one, not the fused

@@ -439,7 +439,8 @@ fn test_gpu(extra: &[String]) -> Result<()> {
         (
             "ATTN_CUDA_WG_WS",
             "1",
-            "the warp-specialised forward at every head dim it has",
+            "the warp-specialised forward at every head dim it has, three blocks each working \
+             through many tiles (ATTN_CUDA_PERSISTENT_BLOCKS=3)",
         ),
         (
             "ATTN_CUDA_WG_BWD_WS",
@@ -455,6 +456,9 @@ fn test_gpu(extra: &[String]) -> Result<()> {
         }
         cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
         cmd.env("ATTN_REQUIRE_NVCC", "1").env(var, value);
+        if var == "ATTN_CUDA_WG_WS" && value == "1" {
+            cmd.env("ATTN_CUDA_PERSISTENT_BLOCKS", "3");
+        }
         cuda_tests = cuda_tests.and(run(&mut cmd));
     }
 
@@ -563,12 +567,13 @@ done
 # On an sm_90 GPU the flash kernels above were the Hopper (wgmma) ones, the backward fused where it
 # has the warp-specialised fused kernel; once more with the mma.sync ones, with the two-kernel
 # backward, with the fused Hopper backward everywhere it has a kernel, with the wgmma forward where the
-# warp-specialised one is the default, with the warp-specialised one at every head dim it has, and
-# with the wgmma backward kernels in place of the warp-specialised ones.
-for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA_WG_WS=0 ATTN_CUDA_WG_WS=1 ATTN_CUDA_WG_BWD_WS=0; do
+# warp-specialised one is the default, with the warp-specialised one at every head dim it has (three
+# persistent blocks, so each works through many tiles), and with the wgmma backward kernels in place of
+# the warp-specialised ones.
+for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA_WG_WS=0 ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3 ATTN_CUDA_WG_BWD_WS=0; do
   for name in gpu_softmax_like gpu_hyperbolic; do
     [ -x "$here/bin/$name" ] || continue
-    out="$(env "$var" "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"
+    out="$(env ${var//,/ } "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"
     rc=$?
     echo "$out"
     line="$(echo "$out" | grep -E '^test result:' | tail -n 1)"

@@ -43,8 +43,7 @@ __device__ __forceinline__ void dq_tile_product(float (&acc_q)[8][4], uint32_t d
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-        Wgmma<T, 64>::ss_tt(acc_q, sw128_desc(ds_addr + kk * 2048, BN * 128, 1024),
-                            sw128_desc(kn_addr + kk * 2048, BN * 128, 1024), kk > 0);
+        Wgmma<T, 64>::ss_tt(acc_q, mnmajor_desc<BN>(ds_addr, kk), mnmajor_desc<BN>(kn_addr, kk), kk > 0);
     wg_commit();
 }
 
@@ -102,9 +101,9 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
     const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128, do_addr = smem_addr(sdO) + wg * 64 * 128;
     const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
     constexpr uint32_t kTile = BN * D * 2;
-    auto a_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
-    auto b_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024); };
-    auto kn_desc = [&](int kb, int kk) { return sw128_desc(k_addr + kb * kTile + kk * 2048, BN * 128, 1024); };
+    auto a_desc = [&](uint32_t addr, int kk) { return kmajor_desc<BM>(addr, kk); };
+    auto b_desc = [&](uint32_t addr, int kk) { return kmajor_desc<BN>(addr, kk); };
+    auto kn_desc = [&](int kb, int kk) { return mnmajor_desc<BN>(k_addr + kb * kTile, kk); };
 
     uint32_t ads[BN / 16][4];  // dS' of the previous key block as A fragments
     for (int it = 0; it < n_count; ++it) {
@@ -253,9 +252,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     const uint32_t k_addr = smem_addr(sK) + wg * 64 * 128, v_addr = smem_addr(sV) + wg * 64 * 128;
     const uint32_t q_addr = smem_addr(sQ), do_addr = smem_addr(sdO);
     constexpr uint32_t kTile = BM * D * 2;
-    auto a_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024); };
-    auto b_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
-    auto n_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + kk * 2048, BM * 128, 1024); };
+    auto a_desc = [&](uint32_t addr, int kk) { return kmajor_desc<BN>(addr, kk); };
+    auto b_desc = [&](uint32_t addr, int kk) { return kmajor_desc<BM>(addr, kk); };
+    auto n_desc = [&](uint32_t addr, int kk) { return mnmajor_desc<BM>(addr, kk); };
 
     // kDq: dQ of a block (64 queries × these 64 columns) into dq_acc, scaled (hyperbolic: by the row
     // kernel), by f32 atomics.

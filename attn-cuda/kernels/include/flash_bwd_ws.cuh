@@ -46,9 +46,18 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
                                               float (&acc_dv)[1][D / 8][4], uint32_t (&ap)[BM / 16][4],
                                               uint32_t (&ads)[BM / 16][4], int t4) {
     constexpr int MT = 1, QT = BM / 8;
-    auto a_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024); };
-    auto b_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
-    auto n_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + kk * 2048, BM * 128, 1024); };
+    // The hyperbolic scores form every step's descriptor in full: with one base per operand kept
+    // live, ptxas spills 180 bytes at D = 128 instead of 72.
+    constexpr bool kFull = Score::kLorentz;
+    auto a_desc = [&](uint32_t addr, int kk) {
+        return kFull ? sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024) : kmajor_desc<BN>(addr, kk);
+    };
+    auto b_desc = [&](uint32_t addr, int kk) {
+        return kFull ? sw128_desc(addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024) : kmajor_desc<BM>(addr, kk);
+    };
+    auto n_desc = [&](uint32_t addr, int kk) {
+        return kFull ? sw128_desc(addr + kk * 2048, BM * 128, 1024) : mnmajor_desc<BM>(addr, kk);
+    };
 
     float st[MT][QT][4], dpt[MT][QT][4];
     wg_fence();
@@ -408,9 +417,9 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128, do_addr = smem_addr(sdO) + wg * 64 * 128;
     const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
     constexpr uint32_t kTile = BN * D * 2;
-    auto a_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024); };
-    auto b_desc = [&](uint32_t addr, int kk) { return sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024); };
-    auto kn_desc = [&](int ks, int kk) { return sw128_desc(k_addr + ks * kTile + kk * 2048, BN * 128, 1024); };
+    auto a_desc = [&](uint32_t addr, int kk) { return kmajor_desc<BM>(addr, kk); };
+    auto b_desc = [&](uint32_t addr, int kk) { return kmajor_desc<BN>(addr, kk); };
+    auto kn_desc = [&](int ks, int kk) { return mnmajor_desc<BN>(k_addr + ks * kTile, kk); };
 
     mbar_wait(full_q, 0);
     uint32_t ads[BN / 16][4];  // dS' of the previous key block as A fragments

@@ -69,18 +69,16 @@ __device__ __forceinline__ void wg_fwd_rows_init(const AttnParams& p, const SeqI
 template <typename T, int D, int BM, int BN>
 struct WgFwdOperands {
     static constexpr uint32_t kTile = BN * D * 2;  // bytes of one K (or V) buffer
-    uint32_t q_addr, k_addr, v_addr;
+    Sw128Desc q_desc, k_desc, v_desc;              // at k16 step 0 of buffer 0
     __device__ __forceinline__ WgFwdOperands(const T* sQ, const T* sK, const T* sV, int wg)
-        : q_addr(smem_addr(sQ) + wg * 64 * 128), k_addr(smem_addr(sK)), v_addr(smem_addr(sV)) {}
-    __device__ __forceinline__ uint64_t q(int kk) const {
-        return sw128_desc(q_addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
-    }
+        : q_desc(smem_addr(sQ) + wg * 64 * 128, 16, 1024), k_desc(smem_addr(sK), 16, 1024),
+          v_desc(smem_addr(sV), BN * 128, 1024) {}
+    // Offsets in 16-byte units (Sw128Desc::at16).
+    __device__ __forceinline__ uint64_t q(int kk) const { return q_desc.at16((kk / 4) * BM * 8 + (kk % 4) * 2); }
     __device__ __forceinline__ uint64_t k(int buf, int kk) const {
-        return sw128_desc(k_addr + buf * kTile + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+        return k_desc.at16(buf * (kTile / 16) + (kk / 4) * BN * 8 + (kk % 4) * 2);
     }
-    __device__ __forceinline__ uint64_t v(int buf, int kk) const {
-        return sw128_desc(v_addr + buf * kTile + kk * 2048, BN * 128, 1024);
-    }
+    __device__ __forceinline__ uint64_t v(int buf, int kk) const { return v_desc.at16(buf * (kTile / 16) + kk * 128); }
 
     // Issue S = Q K_kbufᵀ as one group, then O += P V_vbuf (when pv; empty otherwise) as a second.
     __device__ __forceinline__ void products(float (&s)[BN / 8][4], float (&acc_o)[D / 8][4],

@@ -144,9 +144,8 @@ __device__ __forceinline__ void key_tile_query_blocks(const AttnParams& p, const
 // of the key range are non-decreasing, so the first row's lower end and the last row's upper end bound
 // them). False when the tile starts past this sequence: the block has nothing to do.
 template <int BM, int BN>
-__device__ __forceinline__ bool query_tile(const AttnParams& p, const SeqInfo& si, int h, int& i0, int& hk,
-                                           int& n_first, int& n_count) {
-    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+__device__ __forceinline__ bool query_tile_at(const AttnParams& p, const SeqInfo& si, int h, int m_block, int& i0,
+                                              int& hk, int& n_first, int& n_count) {
     i0 = m_block * BM;
     if (i0 >= si.len_q) return false;
     hk = h / p.group;
@@ -155,4 +154,20 @@ __device__ __forceinline__ bool query_tile(const AttnParams& p, const SeqInfo& s
     n_first = j_begin / BN;
     n_count = j_end > j_begin ? (j_end - 1) / BN - n_first + 1 : 0;
     return true;
+}
+template <int BM, int BN>
+__device__ __forceinline__ bool query_tile(const AttnParams& p, const SeqInfo& si, int h, int& i0, int& hk,
+                                           int& n_first, int& n_count) {
+    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count);
+}
+
+// The persistent forward's tile t of the (query tile, head, batch) space, query tiles fastest (so the
+// blocks at work at any time share one or two heads' K and V in L2), a head's last tiles first under a
+// causal mask (they have the most keys): batch entry b, query head h and query tile m_block.
+__device__ __forceinline__ void persistent_tile(const AttnParams& p, int t, int& b, int& h, int& m_block) {
+    const int m = t % p.tiles_q, bh = t / p.tiles_q;
+    h = bh % p.heads_q;
+    b = bh / p.heads_q;
+    m_block = p.causal != 0 ? p.tiles_q - 1 - m : m;
 }

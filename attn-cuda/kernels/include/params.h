@@ -65,5 +65,6 @@ struct AttnParams {
     float hyp_grad;        // gradient scale: 2β, or β/√c (geodesic)
     float* dq_rowsum;      // fused backward: a_i = Σ_j w_ij k0_j per query row (statistics layout), zeroed
     int dq_acc_tiled;      // 1: dq_acc in the warp-specialised fused backward's layout (SeqInfo::dq_acc_index)
-    int pad_;              // keeps the struct free of tail padding
+    int tiles_q;           // persistent forward: query tiles per (batch entry, head), persistent_tile
+    int* tile_counter;     // persistent forward: tiles handed out past the first gridDim.x (zeroed), or null
 };

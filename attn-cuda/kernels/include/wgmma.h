@@ -26,6 +26,37 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint
            ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// A sw128 descriptor split into its two 32-bit words, advanced by byte offsets: the start-address
+// field (bits 0–13: address / 16) of the low word moves by offset / 16. Every operand lies in shared
+// memory (below 256 KiB), so start + offset stays inside the field and nothing carries out of it: one
+// 32-bit add per k16 step where sw128_desc costs about five instructions.
+struct Sw128Desc {
+    uint32_t lo, hi;
+    __device__ __forceinline__ Sw128Desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+        const uint64_t d = sw128_desc(addr, lbo, sbo);
+        lo = (uint32_t)d;
+        hi = (uint32_t)(d >> 32);
+    }
+    // The descriptor of the operand `units` · 16 bytes past this one (offsets given in 16-byte units,
+    // so a run-time part and a constant part add without a shift).
+    __device__ __forceinline__ uint64_t at16(uint32_t units) const {
+        return ((uint64_t)hi << 32) | (uint64_t)(lo + units);
+    }
+};
+
+// k16 step kk of a K-major sw128 operand of ROWS rows at `addr` (64-column blocks of ROWS·128 bytes,
+// +32 bytes per step inside a block) and of an MN-major one (rows = k: 16 rows = 2048 bytes per step;
+// LBO = ROWS·128 between its column blocks). The base descriptor is the same expression for every
+// step, so the compiler forms it once and each step costs one add.
+template <int ROWS>
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr, int kk) {
+    return Sw128Desc(addr, 16, 1024).at16((kk / 4) * ROWS * 8 + (kk % 4) * 2);
+}
+template <int ROWS>
+__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t addr, int kk) {
+    return Sw128Desc(addr, ROWS * 128, 1024).at16(kk * 128);
+}
+
 // Byte offset of element (r, c) in a sw128 tile of ROWS rows.
 template <int ROWS>
 __device__ __forceinline__ int sw128_offset(int r, int c) {
@@ -72,7 +103,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     } while (!done);
 }
 // Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads, a multiple of 32.
+// `bar.sync` is the aligned form: every thread of a warp must execute it together, so the warp is
+// reconverged first (the mbarrier spin loops before it let the lanes leave at different times; synccheck
+// reported "divergent thread(s)" without this).
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
+    __syncwarp();
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 // Bulk asynchronous reduction global[dst, dst + bytes) += shared[src, src + bytes) in f32 (sm_90; bytes

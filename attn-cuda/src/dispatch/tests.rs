@@ -79,6 +79,7 @@ const ON: Hopper = Hopper {
     tile: None,
     ws: WsMode::Off,
     bwd_ws: false,
+    sms: 0,
 };
 
 #[test]
@@ -149,8 +150,21 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
         // 100 queries → one block of 128 rows (D = 128: 384 threads) or 192 (D = 64: 512); the
         // wgmma forward's shared memory with 128 keys per stage (plus log γ for the hyperbolic
         // scores).
+        // One block per tile (4 heads × 2 batch entries) by default; persistent with a block
+        // count (ATTN_CUDA_PERSISTENT_BLOCKS) below the tiles; the other kernels keep their grids.
         let (bm, threads) = if d == 128 { (128, 384) } else { (192, 512) };
-        assert_eq!((k.grid, k.threads, k.hopper), ((1, 4, 2), threads, true), "{k:?}");
+        assert_eq!(
+            (k.grid, k.threads, k.hopper, k.tiles_q),
+            ((8, 1, 1), threads, true, 1),
+            "{k:?}"
+        );
+        assert!(!k.persistent, "{k:?}");
+        let on_5_sms = flash_kernel(&s, Stage::Forward, Hopper { sms: 5, ..ws }).expect("kernel");
+        assert_eq!((on_5_sms.grid, on_5_sms.persistent), ((5, 1, 1), true));
+        let on_9_sms = flash_kernel(&s, Stage::Forward, Hopper { sms: 9, ..ws }).expect("kernel");
+        assert_eq!((on_9_sms.grid, on_9_sms.persistent), ((8, 1, 1), false));
+        let dq = flash_kernel(&s, Stage::BwdDq, Hopper { sms: 5, ..ws }).expect("kernel");
+        assert_eq!((dq.grid, dq.tiles_q), ((1, 4, 2), 0));
         // The scalars hold three stages; the hyperbolic scores add three of log γ. Two K and two
         // V stages for every score (cosine-sim reads k̂ from the row kernels).
         let lorentz = if matches!(family, Family::Hyperbolic(_)) {
@@ -169,19 +183,31 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
         let k = flash_kernel(&s, Stage::Forward, ON).expect("kernel");
         assert!(k.name.contains("_fwd_wg_"), "{k:?}");
     }
-    // By default: D = 128 every score, D = 64 the geodesic score only.
+    // By default: D = 128 every call; D = 64 the geodesic score, and without a causal mask or
+    // window cosine-sim at every length, the other scores from 8192 keys.
     let measured = Hopper {
         ws: WsMode::Measured,
         ..ON
     };
     let geo = Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean);
+    let causal = |family: Family, d: usize| {
+        AttnProblem::new(family, DType::BF16, 2, 4, 2, 100, 130, d)
+            .with_causal(Causal::BottomRight)
+            .validate()
+            .expect("valid problem")
+    };
+    let long = |family: Family, d: usize| {
+        AttnProblem::new(family, DType::BF16, 1, 2, 2, 100, 8192, d)
+            .validate()
+            .expect("valid problem")
+    };
     for (family, d, kind) in [
         (Family::softmax(), 128, "ws"),
         (Family::cosine_sim(), 128, "ws"),
         (geo, 128, "ws"),
         (geo, 64, "ws"),
         (Family::softmax(), 64, "wg"),
-        (Family::cosine_sim(), 64, "wg"),
+        (Family::cosine_sim(), 64, "ws"),
         (hyp, 64, "wg"),
     ] {
         let k = flash_kernel(&spec(family, DType::BF16, d), Stage::Forward, measured).expect("kernel");
@@ -189,6 +215,16 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
             k.name.contains(&format!("_fwd_{kind}_")),
             "{family:?} D = {d}: {k:?}"
         );
+        let k = flash_kernel(&causal(family, d), Stage::Forward, measured).expect("kernel");
+        let kind = if d == 128 || family == geo { "ws" } else { "wg" };
+        assert!(
+            k.name.contains(&format!("_fwd_{kind}_")),
+            "causal {family:?} D = {d}: {k:?}"
+        );
+    }
+    for family in [Family::softmax(), hyp] {
+        let k = flash_kernel(&long(family, 64), Stage::Forward, measured).expect("kernel");
+        assert!(k.name.contains("_fwd_ws_"), "{k:?}");
     }
     // D = 96 has only the mma.sync forward; a tile experiment asks for a wgmma one.
     let k = flash_kernel(&spec(Family::softmax(), DType::BF16, 96), Stage::Forward, ws).expect("kernel");

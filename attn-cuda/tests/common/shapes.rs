@@ -83,6 +83,15 @@ pub fn causal_bottom_right_q_longer(f: Family, dt: DType, d: usize, s: &mut Shap
     AttnProblem::new(f, dt, 1, 3, 3, nq, nk, d).with_causal(Causal::BottomRight)
 }
 
+/// Bottom-right causal over many key blocks (`Nk` in [900, 1300], `Nq` in [300, 500]), GQA 2:1: the
+/// forward's key and value stages refill several times per query tile, and the backward visits
+/// several query blocks per key tile.
+pub fn long_keys_bottom_right(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let nk = s.tail(900, 1300);
+    let nq = s.tail(300, 500);
+    AttnProblem::new(f, dt, 1, 2, 1, nq, nk, d).with_causal(Causal::BottomRight)
+}
+
 /// Key lengths per batch entry (entry 2 has no valid key at all) and a sliding window.
 pub fn key_padding_and_window(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
     let (nq, nk) = (s.tail(40, s.max_len(d)), s.tail(40, s.max_len(d)));
