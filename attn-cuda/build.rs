@@ -22,13 +22,14 @@ use std::process::Command;
 use std::thread;
 
 /// The kernel files: (module name, source). One family per file.
-const KERNELS: [(&str, &str); 6] = [
+const KERNELS: [(&str, &str); 7] = [
     ("softmax", "kernels/softmax.cu"),
     ("cosine_sim", "kernels/cosine_sim.cu"),
     ("simt_f32", "kernels/simt_f32.cu"),
     ("common", "kernels/common.cu"),
     ("taylor", "kernels/taylor.cu"),
     ("hyperbolic", "kernels/hyperbolic.cu"),
+    ("taylor_flash", "kernels/taylor_flash.cu"),
 ];
 
 /// Headers every kernel file may include.

@@ -1,6 +1,7 @@
 // Row kernels shared by every family's backward, for f32, f16 and bf16 storage. One warp per row.
 //   attn_bwd_delta_{dt}:       δ_i = dO_i · o_i (f32, statistics layout), and after the stats_len
-//                              values of δ the LSE in log2 units (the warp-specialised dK/dV kernel's)
+//                              values of δ the LSE in log2 units (the warp-specialised dK/dV kernel's;
+//                              1/den for Taylor on the flash skeleton)
 //   attn_inv_norm_{q,k}_{dt}:  r = 1 / max(‖x‖, eps) per row (f32, indexed by dq/dk offset / D)
 //   attn_normalise_{q,k}_{dt}: r as above, and x̂ = x·r rounded to the storage type into p.dq / p.dk
 //                              at the dq/dk offsets (the host points them at scratch): the rows the
@@ -37,9 +38,10 @@ __device__ __forceinline__ void bwd_delta(const AttnParams& p) {
             // row with no key: P = 0), after δ (the host allocates both halves): what the
             // warp-specialised dK/dV kernel's producer copies with cp.async, the same value the wgmma
             // kernel computes.
+            // Taylor on the flash skeleton (p.poly): the statistic is den, and the kernels read 1/den.
             const float lse = p.lse[at];
-            p.delta[(long long)p.total_q * p.heads_q + at] =
-                lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e - p.hyp_lse * kLog2e;
+            const float lse2 = lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e - p.hyp_lse * kLog2e;
+            p.delta[(long long)p.total_q * p.heads_q + at] = p.poly ? (lse > 0.f ? 1.f / lse : 0.f) : lse2;
         }
     });
 }

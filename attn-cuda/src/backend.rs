@@ -238,9 +238,13 @@ fn check_strides(spec: &AttnSpec, op: Op) -> Result<()> {
     Ok(())
 }
 
-/// Cosine-sim with l2-normalised q and k (its kernels scale by the reciprocal norms).
+/// Cosine-sim with l2-normalised q and k (its kernels scale by the reciprocal norms), and Taylor's
+/// quadratic form with `qk_l2norm` (the same scores, the same row kernels).
 fn l2norm_qk(spec: &AttnSpec) -> bool {
-    matches!(spec.family(), FamilySpec::CosineSim { l2norm_qk: true, .. })
+    matches!(
+        spec.family(),
+        FamilySpec::CosineSim { l2norm_qk: true, .. } | FamilySpec::Taylor { qk_l2norm: true, .. }
+    )
 }
 
 fn dtype_check<T: Element>(spec: &AttnSpec, op: Op) -> Result<()> {
@@ -387,6 +391,22 @@ impl CudaAttn {
         Ok((kernels, params, lengths))
     }
 
+    /// Whether a Taylor call runs on the flash kernels: [`crate::taylor::dense_on_flash`], and rows
+    /// those kernels load (strides of whole 16-byte units, 16-byte aligned buffers on this device);
+    /// otherwise the state kernels take it (and report any bad argument).
+    fn taylor_on_flash<T>(&self, spec: &AttnSpec, pass: Pass, rows: &[In<'_, T>]) -> bool {
+        let op = spec.op(pass);
+        let Ok(kernels) = runtime::kernels_for(self.stream.context(), op) else {
+            return false;
+        };
+        let ours = self.stream.context().cu_ctx();
+        crate::taylor::dense_on_flash(spec, pass, kernels.hopper)
+            && check_strides(spec, op).is_ok()
+            && rows
+                .iter()
+                .all(|b| b.stream().context().cu_ctx() == ours && b.device_ptr(&self.stream).0 % 16 == 0)
+    }
+
     fn checker<'s>(&'s self, spec: &'s AttnSpec, pass: Pass) -> Checker<'s> {
         Checker {
             spec,
@@ -401,7 +421,8 @@ impl CudaAttn {
         let pass = Pass::Forward;
         let op = spec.op(pass);
         dtype_check::<T>(spec, op)?;
-        if matches!(spec.family(), FamilySpec::Taylor { .. }) {
+        let taylor = matches!(spec.family(), FamilySpec::Taylor { .. });
+        if taylor && !self.taylor_on_flash(spec, pass, &[a.q, a.k, a.v]) {
             let t = crate::taylor::Forward {
                 q: a.q,
                 k: a.k,
@@ -420,7 +441,7 @@ impl CudaAttn {
         let (v, _gv) = c.input("v", a.v, spec.v_len())?;
         let bias = bias.map(|b| c.input("bias", b, spec.bias_len())).transpose()?;
         let (o, _go) = c.output("o", a.o, spec.o_len())?;
-        let (lse, _gl) = c.output("lse", a.lse, spec.stats_len())?;
+        let (lse, _gl) = c.output(if taylor { "stats" } else { "lse" }, a.lse, spec.stats_len())?;
         (p.q, p.k, p.v, p.o, p.lse) = (q, k, v, o, lse);
         p.bias = bias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
         let kernel = dispatch::flash_kernel(spec, Stage::Forward, kernels.hopper)?;
@@ -545,7 +566,8 @@ impl CudaAttn {
         let pass = Pass::Backward;
         let op = spec.op(pass);
         dtype_check::<T>(spec, op)?;
-        if matches!(spec.family(), FamilySpec::Taylor { .. }) {
+        let taylor = matches!(spec.family(), FamilySpec::Taylor { .. });
+        if taylor && !self.taylor_on_flash(spec, pass, &[a.q, a.k, a.v, a.o, a.d_o]) {
             let t = crate::taylor::Backward {
                 q: a.q,
                 k: a.k,
@@ -570,7 +592,7 @@ impl CudaAttn {
         let (v, _gv) = c.input("v", a.v, spec.v_len())?;
         let (o, _go) = c.input("o", a.o, spec.o_len())?;
         let (d_o, _gdo) = c.input("d_o", a.d_o, spec.o_len())?;
-        let (lse, _gl) = c.input("lse", a.lse, spec.stats_len())?;
+        let (lse, _gl) = c.input(if taylor { "stats" } else { "lse" }, a.lse, spec.stats_len())?;
         let bias = bias.map(|b| c.input("bias", b, spec.bias_len())).transpose()?;
         let (dq, _gdq) = c.output("dq", a.dq, spec.dq_len())?;
         let (dk, _gdk) = c.output("dk", a.dk, spec.dk_len())?;

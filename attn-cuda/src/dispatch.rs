@@ -7,6 +7,11 @@
 //! | cosine_sim | f16, bf16 | 16, 32, 64, 96, 128, 256  | `attn_cosine_sim_{pass}_{dt}_d{D}`          |
 //! | hyperbolic | f16, bf16 | 32, 64, 96, 128, 256      | `attn_hyperbolic_{score}_{pass}_{dt}_d{D}`  |
 //! | all three  | f32       | the family's head dims    | `attn_{family}_{pass}_f32` (SIMT, exact f32) |
+//! | Taylor, order 2 | f16, bf16 | 64, 128 (Hopper only) | `attn_taylor2_{pass}_{ws,wg}_{dt}_d{D}`    |
+//!
+//! Taylor order 2 runs here only where `crate::taylor::dense_on_flash` routes it (the quadratic
+//! form on tensor cores, for sequences short enough); every other Taylor call runs the state
+//! kernels of `crate::taylor`.
 //!
 //! `{score}` is `sq_lorentz` or `geodesic` (the family label); the aggregation (Euclidean or Einstein
 //! midpoint) is a runtime flag of the same kernels. Hyperbolic kernels also need the per-row scalars
@@ -14,7 +19,7 @@
 
 use crate::heuristics::{self, Tile};
 use crate::runtime::{FusedMode, Hopper, WsMode};
-use attn_core::{AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, HypScore, Pass};
+use attn_core::{AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, HypScore, Pass, TaylorOrder};
 
 /// Name used in `Unsupported` errors.
 pub(crate) const BACKEND: &str = "attn-cuda";
@@ -54,6 +59,7 @@ pub(crate) enum Module {
     SimtF32,
     Common,
     Hyperbolic,
+    TaylorFlash,
 }
 
 impl Module {
@@ -64,6 +70,7 @@ impl Module {
             Module::SimtF32 => "simt_f32",
             Module::Common => "common",
             Module::Hyperbolic => "hyperbolic",
+            Module::TaylorFlash => "taylor_flash",
         }
     }
 }
@@ -102,7 +109,7 @@ pub(crate) fn head_dims(family: FamilyKind) -> &'static [usize] {
         FamilyKind::Softmax => &[32, 64, 96, 128, 256],
         FamilyKind::CosineSim => &[16, 32, 64, 96, 128, 256],
         FamilyKind::Hyperbolic => &[32, 64, 96, 128, 256],
-        FamilyKind::Taylor => &[],
+        FamilyKind::Taylor => &[64, 128],
     }
 }
 
@@ -139,12 +146,21 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
             ))
         }
         FamilySpec::Hyperbolic { .. } => "hyperbolic",
-        // Taylor runs its own state kernels (`crate::taylor`), routed before this flash dispatch.
+        // Order 2 on the Hopper kernels where `crate::taylor::dense_on_flash` routes it (flash_kernel
+        // checks the device); every other Taylor call runs the state kernels of `crate::taylor`.
+        FamilySpec::Taylor {
+            order: TaylorOrder::Two,
+            ..
+        } if spec.dtype() != DType::F32 => "taylor2",
         FamilySpec::Taylor { .. } => {
             return Err(unsupported(
                 spec,
                 pass,
-                format!("the {} family has no flash-skeleton CUDA kernel", family.name()),
+                format!(
+                    "{} {} on the flash skeleton (order 2, f16 or bf16 only)",
+                    family.name(),
+                    spec.dtype()
+                ),
             ))
         }
     };
@@ -210,6 +226,8 @@ pub(crate) fn fused_dq_tiled(spec: &AttnSpec, hopper: Hopper) -> bool {
 /// registers). Its tile either way.
 fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
     let d = spec.head_dim();
+    // Not Taylor: its results are the same bits run to run (README), so its quadratic form takes the
+    // deterministic warp-specialised dQ and dK/dV kernels.
     let softmax_like = matches!(spec.family_kind(), FamilyKind::Softmax | FamilyKind::CosineSim);
     let wg_family = softmax_like || spec.family_kind() == FamilyKind::Hyperbolic;
     match hopper.fused {
@@ -230,12 +248,21 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         FamilyKind::Softmax => ("softmax", Module::Softmax),
         FamilyKind::CosineSim => ("cosine_sim", Module::CosineSim),
         FamilyKind::Hyperbolic => (spec.family().label(), Module::Hyperbolic),
-        other => {
-            return Err(unsupported(
-                spec,
-                pass,
-                format!("the {} family has no CUDA kernel yet", other.name()),
-            ))
+        FamilyKind::Taylor => {
+            // Only the Hopper kernels: the wgmma and warp-specialised forwards, the warp-specialised
+            // backward (fused, or dQ and dK/dV).
+            let here = match stage {
+                Stage::Forward => hopper.on,
+                _ => hopper.on && hopper.bwd && hopper.bwd_ws,
+            };
+            if !here || spec.dtype() == DType::F32 {
+                return Err(unsupported(
+                    spec,
+                    pass,
+                    "Taylor on the flash skeleton without the Hopper kernels (sm_90a, f16/bf16)".into(),
+                ));
+            }
+            ("taylor2", Module::TaylorFlash)
         }
     };
     let (b, hq, hkv) = (spec.batch(), spec.heads_q(), spec.heads_kv());
@@ -290,7 +317,8 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             WsMode::Measured => heuristics::ws_fwd_measured_faster(
                 d,
                 geodesic,
-                module == Module::CosineSim,
+                // Taylor has cosine-sim's shape of work: no running max.
+                matches!(module, Module::CosineSim | Module::TaylorFlash),
                 spec.causal() != Causal::None || spec.window().is_some(),
                 spec.seq_k(),
             ),

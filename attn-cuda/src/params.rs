@@ -103,6 +103,13 @@ pub(crate) struct AttnParams {
     /// Persistent warp-specialised forward: a zeroed counter of the tiles handed out past the grid's
     /// first (`int*`), or 0: each block then takes every `gridDim.x`-th tile.
     pub tile_counter: u64,
+    /// Taylor order 2 on the flash skeleton (`TaylorScore`): the weight `f(s) = a0 + a1 s + a2 s²`.
+    pub poly_a0: f32,
+    pub poly_a1: f32,
+    pub poly_a2: f32,
+    /// 1: Taylor on the flash skeleton: the statistics are the denominators, and the backward's row
+    /// kernel hands the kernels `1/den` where the other scores get the LSE.
+    pub poly: i32,
 }
 
 // SAFETY: `AttnParams` is `#[repr(C)]`, made only of integers and floats, and its field order and
@@ -199,8 +206,22 @@ impl AttnParams {
                 (p.hyp_c, p.hyp_lse, p.hyp_grad) = (h.fast, h.lse, h.grad);
                 p.midpoint = i32::from(aggregation == Aggregation::EinsteinMidpoint);
             }
-            // Taylor runs its own kernels (`crate::taylor`) and never builds these parameters.
-            FamilySpec::Taylor { .. } => {}
+            // Taylor's quadratic form on the flash skeleton (order 2, `crate::taylor::dense_on_flash`;
+            // its state kernels build their own parameters): the weights themselves, no max.
+            FamilySpec::Taylor {
+                a,
+                scale,
+                qk_l2norm,
+                eps,
+                ..
+            } => {
+                p.scale = scale;
+                p.eps = eps;
+                p.l2norm = i32::from(qk_l2norm);
+                p.running_max = 0;
+                (p.poly_a0, p.poly_a1, p.poly_a2) = (a[0], a[1], a[2]);
+                p.poly = 1;
+            }
         }
         p
     }
@@ -248,11 +269,13 @@ mod tests {
     fn params_are_eight_byte_aligned_without_tail_padding() {
         // 20 pointers + 21 strides (8 bytes) + 16 ints + 4 floats (4 bytes) = 408 bytes, then the
         // hyperbolic block: 6 pointers + 1 int + 5 floats + 1 pointer = 80 bytes, then two ints and
-        // a pointer.
+        // a pointer, then Taylor's three floats and an int.
         assert_eq!(
             std::mem::size_of::<AttnParams>(),
-            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4 + 8 + 2 * 4 + 8
+            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4 + 8 + 2 * 4 + 8 + 3 * 4 + 4
         );
+        assert_eq!(std::mem::offset_of!(AttnParams, poly_a0), 408 + 96);
+        assert_eq!(std::mem::offset_of!(AttnParams, poly), 408 + 108);
         assert_eq!(std::mem::offset_of!(AttnParams, dq_acc_tiled), 408 + 80);
         assert_eq!(std::mem::offset_of!(AttnParams, tile_counter), 408 + 88);
         assert_eq!(std::mem::offset_of!(AttnParams, dq_rowsum), 408 + 72);

@@ -50,6 +50,31 @@ pub(crate) struct Hopper {
     /// The persistent warp-specialised forward's largest grid (`ATTN_CUDA_PERSISTENT_BLOCKS`, at most
     /// the SM count); 0 (the default): one block per tile, not persistent.
     pub sms: usize,
+    /// Where Taylor order 2 runs its quadratic form on these kernels (`ATTN_CUDA_TAYLOR_DENSE`).
+    pub taylor_dense: DenseMode,
+}
+
+/// Where Taylor order 2 runs as its quadratic form on the Hopper flash kernels instead of the
+/// factorised state kernels (`crate::taylor::dense_on_flash`): `Measured` (the default) where the
+/// sequences are short enough for it to be faster (taylor::heuristics::dense_faster); `Everywhere`
+/// it has kernels (`ATTN_CUDA_TAYLOR_DENSE=1`, for tests and A/B timings); `Off` never
+/// (`ATTN_CUDA_TAYLOR_DENSE=0`: the state kernels for every call).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum DenseMode {
+    Off,
+    #[default]
+    Measured,
+    Everywhere,
+}
+
+impl DenseMode {
+    fn parse(v: Option<&str>) -> Self {
+        match v.map(str::trim) {
+            Some("0") => DenseMode::Off,
+            Some("1") => DenseMode::Everywhere,
+            _ => DenseMode::Measured,
+        }
+    }
 }
 
 /// Where the fused Hopper backward (one dK/dV kernel that also adds dQ into f32 scratch; its dQ is a
@@ -110,6 +135,7 @@ impl Hopper {
             },
             bwd_ws: bwd_ws.map(str::trim) != Some("0"),
             sms: 0,
+            taylor_dense: DenseMode::Measured,
         }
     }
 }
@@ -239,6 +265,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
         Module::SimtF32,
         Module::Common,
         Module::Hyperbolic,
+        Module::TaylorFlash,
     ] {
         let bytes = fatbins
             .iter()
@@ -265,6 +292,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
         functions: FunctionCache::default(),
         hopper: Hopper {
             sms: usize::try_from(sms).unwrap_or(0),
+            taylor_dense: DenseMode::parse(std::env::var("ATTN_CUDA_TAYLOR_DENSE").ok().as_deref()),
             ..Hopper::new(
                 cc,
                 std::env::var("ATTN_CUDA_WGMMA").ok().as_deref(),

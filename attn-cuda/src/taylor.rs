@@ -51,9 +51,12 @@ mod params;
 pub use decode::{DecodeShape, TaylorDecodeState};
 
 use crate::backend::{CudaAttn, DeviceElem};
-use crate::dispatch::BACKEND;
+use crate::dispatch::{self, BACKEND};
 use crate::error::Result;
-use attn_core::{AttnError, AttnSpec, Causal, DType, FamilySpec, Op, Pass, SeqLengths, Strides};
+use crate::runtime::{DenseMode, Hopper};
+use attn_core::{
+    AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, Op, Pass, SeqLengths, Strides, TaylorOrder,
+};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use launch::{Kernels, Launch};
 use params::TaylorParams;
@@ -92,6 +95,39 @@ fn unsupported(op: Op, what: String) -> AttnError {
         op,
         backend: BACKEND,
         what,
+    }
+}
+
+/// Whether a Taylor call runs as its quadratic form on the Hopper flash kernels (`TaylorScore`,
+/// kernels/taylor_flash.cu) rather than the state kernels of this module: order 2, f16 or bf16, a head
+/// dim those kernels have, the Hopper kernels of the pass on this device, and `hopper.taylor_dense`
+/// (by default where [`heuristics::dense_faster`]). Both paths save the same statistic (the
+/// denominators), so a forward on one and a backward on the other agree.
+pub(crate) fn dense_on_flash(spec: &AttnSpec, pass: Pass, hopper: Hopper) -> bool {
+    let FamilySpec::Taylor {
+        order: TaylorOrder::Two,
+        ..
+    } = *spec.family()
+    else {
+        return false;
+    };
+    let d = spec.head_dim();
+    let kernels = match pass {
+        Pass::Forward => hopper.on,
+        Pass::Backward => hopper.on && hopper.bwd && hopper.bwd_ws,
+        Pass::Spec | Pass::Decode => false,
+    };
+    if !kernels
+        || spec.dtype() == DType::F32
+        || spec.head_dim_v() != d
+        || !dispatch::head_dims(FamilyKind::Taylor).contains(&d)
+    {
+        return false;
+    }
+    match hopper.taylor_dense {
+        DenseMode::Off => false,
+        DenseMode::Everywhere => true,
+        DenseMode::Measured => heuristics::dense_faster(d, spec.causal() != Causal::None, spec.seq_k()),
     }
 }
 

@@ -52,6 +52,12 @@ const GPU_TEST_BINARIES: [&str; 6] = [
 /// wgmma backward kernels are tested on the H100 too.
 const FLASH_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_hyperbolic"];
 
+/// The Taylor tests again with `ATTN_CUDA_TAYLOR_DENSE=0`: the state kernels for every call (by
+/// default order 2 at f16/bf16, D = 64 and 128, runs its quadratic form on the Hopper flash kernels at
+/// the tests' lengths).
+const TAYLOR_VARIANTS: [(&str, &str, &str); 1] =
+    [("ATTN_CUDA_TAYLOR_DENSE", "0", "the state kernels for every call")];
+
 type Result<T> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
@@ -461,6 +467,14 @@ fn test_gpu(extra: &[String]) -> Result<()> {
         }
         cuda_tests = cuda_tests.and(run(&mut cmd));
     }
+    for (var, value, what) in TAYLOR_VARIANTS {
+        println!("xtask test-gpu: the Taylor tests again with {what} ({var}={value})");
+        let mut cmd = Command::new(cargo());
+        cmd.args(["test", "--release", "-p", "attn-cuda", "--test", "gpu_taylor"]);
+        cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
+        cmd.env("ATTN_REQUIRE_NVCC", "1").env(var, value);
+        cuda_tests = cuda_tests.and(run(&mut cmd));
+    }
 
     // attn-candle's CUDA tests: with the toolchain of setup-candle-cuda, or a CUDA install the
     // environment already describes (CUDA_COMPUTE_CAP set).
@@ -580,6 +594,17 @@ for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA
     summary="$summary$name [$var]: rc=$rc $line"$'\n'
     [ $rc -ne 0 ] && status=1
   done
+done
+# Taylor: once more with the state kernels for every call (by default order 2 at f16/bf16, D = 64 and
+# 128, runs its quadratic form on the Hopper flash kernels at the tests' lengths).
+for var in ATTN_CUDA_TAYLOR_DENSE=0; do
+  [ -x "$here/bin/gpu_taylor" ] || continue
+  out="$(env $var "$here/bin/gpu_taylor" --ignored --test-threads=1 "$@" 2>&1)"
+  rc=$?
+  echo "$out"
+  line="$(echo "$out" | grep -E '^test result:' | tail -n 1)"
+  summary="${summary}gpu_taylor [$var]: rc=$rc $line"$'\n'
+  [ $rc -ne 0 ] && status=1
 done
 echo "---- summary"
 printf '%s' "$summary"

@@ -37,7 +37,13 @@ __device__ __forceinline__ void zero(float (&a)[NT][DT]) {
 }
 
 // LSE in log2 units, +∞ for rows that must get P = 0 (past the sequence, or with no allowed key).
+// TaylorScore: 1/den instead (the statistic is den), 0 for those rows.
+template <class Score>
 __device__ __forceinline__ float lse_log2(const AttnParams& p, const SeqInfo& si, int h, int i) {
+    if (Score::kPoly) {
+        const float den = i < si.len_q ? p.lse[si.stats_index(p, h, i)] : 0.f;
+        return den > 0.f ? 1.f / den : 0.f;
+    }
     if (i >= si.len_q) return CUDART_INF_F;
     const float lse = p.lse[si.stats_index(p, h, i)];
     return lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e;
@@ -59,7 +65,7 @@ __device__ __forceinline__ void bwd_q_rows(const AttnParams& p, const SeqInfo& s
             row[mt][r] = i;
             lo[mt][r] = valid ? si.key_lo(p, i) : 0;
             hi[mt][r] = valid ? si.key_hi(p, i) : 0;
-            lse2[mt][r] = lse_log2(p, si, h, i);
+            lse2[mt][r] = lse_log2<Score>(p, si, h, i);
             delta[mt][r] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             rq[mt][r] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
             cq[mt][r] = p.scale * kLog2e * rq[mt][r];
@@ -105,7 +111,46 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
                                             const int (&row)[MT][2], const int (&lo)[MT][2], const int (&hi)[MT][2],
                                             const float* sRk, const float* sK0, const float* sLg, int t4) {
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-    if constexpr (Score::kLorentz) {
+    if constexpr (Score::kPoly) {  // dS = f'(s)/den ∘ (dP − δ); lse2 holds 1/den
+        const Poly f(p);
+        if (fast && !norms) {
+            // f'(x)/den = c1 + c2 s per row (x = scale·rq·s): one FMA, then one FADD and one FMUL.
+            float c1[MT][2], c2[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    c1[mt][r] = f.a1 * lse2[mt][r];
+                    c2[mt][r] = f.a2x2 * p.scale * rq[mt][r] * lse2[mt][r];
+                }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e / 2;
+                        const float g = fmaf(c2[mt][r], s[mt][nt][e], c1[mt][r]);
+                        s[mt][nt][e] = g * (dp[mt][nt][e] - delta[mt][r]);
+                    }
+            return;
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const int cl = nt * 8 + 2 * t4 + (e & 1);
+                    const int col = j0 + cl;
+                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                    const float rk = norms ? sRk[cl] : 1.f;
+                    const float x = s[mt][nt][e] * p.scale * rq[mt][r] * rk;
+                    const float g = allowed ? f.df(x) * lse2[mt][r] : 0.f;
+                    s[mt][nt][e] = g * (dp[mt][nt][e] - delta[mt][r]) * rk;
+                }
+    } else if constexpr (Score::kLorentz) {
         lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
             lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value, decltype(fc)::value>(
                 p, si, h, j0, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
@@ -209,7 +254,48 @@ __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInf
                                                const float (&lg)[MT][2], const int (&key)[MT][2], const float* sRq,
                                                const float* sLse, const float* sDelta, int t4) {
     const bool fast = dkdv_fast<Score>(p, full);
-    if constexpr (Score::kLorentz) {
+    if constexpr (Score::kPoly) {  // sLse holds 1/den
+        const Poly f(p);
+        if (fast && !norms) {
+            // Pᵀ = (a0 + s (A1 + A2 s))/den and dS'ᵀ = (a1 + B2 s)(dP/den − δ/den), with A1 = a1·scale,
+            // A2 = a2·scale², B2 = 2 a2·scale (the Hopper kernels' rows are q̂, k̂ or raw: no norms).
+            const float A1 = f.a1 * p.scale, A2 = f.a2 * p.scale * p.scale, B2 = f.a2x2 * p.scale;
+#pragma unroll
+            for (int qt = 0; qt < QT; ++qt) {
+                const float2 inv2 = *reinterpret_cast<const float2*>(sLse + qt * 8 + 2 * t4);
+                const float2 d2 = *reinterpret_cast<const float2*>(sDelta + qt * 8 + 2 * t4);
+                const float nd0 = -d2.x * inv2.x, nd1 = -d2.y * inv2.y;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float x = st[mt][qt][e];
+                        const float inv = (e & 1) ? inv2.y : inv2.x;
+                        st[mt][qt][e] = fmaf(fmaf(A2, x, A1), x, f.a0) * inv;
+                        dpt[mt][qt][e] = fmaf(B2, x, f.a1) * fmaf(dpt[mt][qt][e], inv, (e & 1) ? nd1 : nd0);
+                    }
+            }
+            return;
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int qt = 0; qt < QT; ++qt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const int cl = qt * 8 + 2 * t4 + (e & 1);
+                    const int i = i0 + cl;
+                    const int j = key[mt][r];
+                    const bool allowed =
+                        full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
+                    const float rqi = sRq[cl];
+                    const float x = st[mt][qt][e] * p.scale * rqi * rk[mt][r];
+                    const float inv = allowed ? sLse[cl] : 0.f;
+                    st[mt][qt][e] = f.f(x) * inv;
+                    dpt[mt][qt][e] = f.df(x) * inv * (dpt[mt][qt][e] - sDelta[cl]) * rqi;
+                }
+    } else if constexpr (Score::kLorentz) {
         lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
             lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value, decltype(fc)::value>(
                 p, si, h, i0, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta, t4);
@@ -481,7 +567,7 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
         if (tid < BM) {
             const int i = i0 + tid;
             const bool valid = i < si.len_q;
-            sLse[buf * BM + tid] = lse_log2(p, si, h, i);
+            sLse[buf * BM + tid] = lse_log2<Score>(p, si, h, i);
             sDelta[buf * BM + tid] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             sRq[buf * BM + tid] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
             if constexpr (kHyp) {

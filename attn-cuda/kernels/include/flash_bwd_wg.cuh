@@ -171,6 +171,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     constexpr int kWgThreads = BN * 2;
     constexpr int QT = BM / 8, AT = D / 8;
     static_assert(BN % 64 == 0 && BM % 16 == 0, "64 keys per warpgroup, whole k16 steps of queries");
+    static_assert(!Score::kPoly, "TaylorScore has the warp-specialised dK/dV kernels only (taylor_flash.cu)");
     // kDq (the fused backward, D = 128): also dQ += dS' K of each query block, reduced into p.dq_acc
     // with f32 atomics; warpgroup w takes the 64 columns 64w.. of dQ over every key of the tile. The
     // dQ product waits for the whole dS'ᵀ tile (a barrier) and its atomics follow it at once:
@@ -225,7 +226,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
         if (tid < BM) {
             const int i = i0 + tid;
             const bool valid = i < si.len_q;
-            float lse = lse_log2(p, si, h, i), rq = 1.f;
+            float lse = lse_log2<Score>(p, si, h, i), rq = 1.f;
             if constexpr (Score::kLorentz) {
                 lse -= p.hyp_lse * kLog2e;
                 rq = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;

@@ -69,7 +69,9 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     wg_commit();
 
     const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
-    const bool split = !Score::kLorentz && dkdv_fast<Score>(p, full);
+    // TaylorScore needs f(s) and f'(s) from one Sᵀ: both once dPᵀ is done (the split held
+    // both beside the products in flight and spilled 240 bytes at D = 64).
+    const bool split = !Score::kLorentz && !Score::kPoly && dkdv_fast<Score>(p, full);
     wg_wait<1>();
     fence_regs<QT>(st[0]);
     if (split) {

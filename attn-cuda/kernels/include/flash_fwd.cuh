@@ -99,6 +99,40 @@ __device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqI
     // Fast path (a tile with no mask, bias or softcap): keep the raw products (times 1/‖k‖ for
     // cosine-sim) and fold scale·log2 e (times 1/‖q‖) into the exponential's FMA. General path:
     // s = score + bias, masked → −∞, in log2 units.
+    if constexpr (Score::kPoly) {  // the weights themselves: no max, no rescale, 0 where masked
+        const Poly f(p);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            alpha[mt][0] = alpha[mt][1] = 1.f;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float cr = p.scale * rq[mt][r];
+                // Fast path (a tile with no mask, no per-key norms): the row's factor folded into the
+                // coefficients, f = a0 + s (a1 cr + a2 cr² s): two FMAs per element.
+                const float b1 = f.a1 * cr, b2 = f.a2 * cr * cr;
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                        float w;
+                        if (full && !norms) {
+                            w = fmaf(fmaf(b2, s[mt][nt][e], b1), s[mt][nt][e], f.a0);
+                        } else {
+                            const int cl = nt * 8 + 2 * t4 + (e & 1);
+                            const int col = j0 + cl;
+                            const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
+                            const float x = s[mt][nt][e] * cr * (norms ? rk[cl] : 1.f);
+                            w = allowed ? f.f(x) : 0.f;
+                        }
+                        s[mt][nt][e] = w;
+                        sum += w;
+                    }
+                l[mt][r] += sum;  // thread-partial, as softmax_rows
+            }
+        }
+        return;
+    }
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     float c[MT][2];
     if constexpr (Score::kLorentz) {
@@ -156,7 +190,7 @@ __device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqI
 }
 
 // Epilogue of a warp's MT 16-row tiles: o = O / l (0 for an empty row), LSE = m + ln l (−∞ for an
-// empty row), f32.
+// empty row), f32; TaylorScore: l itself.
 template <typename T, class Score, int MT, int DT>
 __device__ __forceinline__ void fwd_epilogue(const AttnParams& p, const SeqInfo& si, int h,
                                              const float (&acc_o)[MT][DT][4], const float (&m)[MT][2],
@@ -177,7 +211,9 @@ __device__ __forceinline__ void fwd_epilogue(const AttnParams& p, const SeqInfo&
                 const uint32_t packed = pack2<T>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
                 *reinterpret_cast<V2*>(orow + dt * 8 + 2 * t4) = *reinterpret_cast<const V2*>(&packed);
             }
-            if (t4 == 0) {
+            if (t4 == 0 && Score::kPoly) {  // Taylor's statistic: the denominator (0 for an empty row)
+                p.lse[si.stats_index(p, h, i)] = lsum;
+            } else if (t4 == 0) {
                 const float ref = m[mt][r] == -CUDART_INF_F ? 0.f : m[mt][r];
                 const float lse = lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
                 p.lse[si.stats_index(p, h, i)] = Score::kLorentz ? lse + p.hyp_lse : lse;
@@ -296,7 +332,7 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
         float alpha[MT][2];
         fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, norms, s, m, l, alpha, rq, row, lo, hi,
                                            sRk + buf * BN, sK0 + buf * BN, sLg + buf * BN, t4);
-        if (Score::kGeodesic || p.running_max) {
+        if (Score::kGeodesic || (!Score::kPoly && p.running_max)) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) rescale_rows<DT>(acc_o[mt], alpha[mt]);
         }

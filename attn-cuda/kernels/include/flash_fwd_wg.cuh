@@ -111,7 +111,7 @@ struct WgFwdOperands {
 template <typename T, class Score, int D, int BN>
 __device__ __forceinline__ void wg_fwd_next_p(const AttnParams& p, float (&acc_o)[D / 8][4], const float (&alpha)[2],
                                               const float (&s)[BN / 8][4], uint32_t (&pa)[BN / 16][4]) {
-    if (Score::kGeodesic || p.running_max) rescale_rows<D / 8>(acc_o, alpha);
+    if (Score::kGeodesic || (!Score::kPoly && p.running_max)) rescale_rows<D / 8>(acc_o, alpha);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
 }

@@ -67,4 +67,8 @@ struct AttnParams {
     int dq_acc_tiled;      // 1: dq_acc in the warp-specialised fused backward's layout (SeqInfo::dq_acc_index)
     int tiles_q;           // persistent forward: query tiles per (batch entry, head), persistent_tile
     int* tile_counter;     // persistent forward: tiles handed out past the first gridDim.x (zeroed), or null
+    // Taylor order 2 on the flash skeleton (TaylorScore): f(s) = a0 + a1 s + a2 s²; `poly` = 1 tells the
+    // row kernels that the statistics are the denominators (the backward's second half holds 1/den).
+    float poly_a0, poly_a1, poly_a2;
+    int poly;
 };

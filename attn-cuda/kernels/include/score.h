@@ -31,6 +31,7 @@ struct SoftmaxScore {
     static constexpr bool kSoftcap = true;
     static constexpr bool kLorentz = false;
     static constexpr bool kGeodesic = false;
+    static constexpr bool kPoly = false;
 };
 
 struct CosineScore {
@@ -38,6 +39,7 @@ struct CosineScore {
     static constexpr bool kSoftcap = false;
     static constexpr bool kLorentz = false;
     static constexpr bool kGeodesic = false;
+    static constexpr bool kPoly = false;
 };
 
 struct SqLorentzScore {
@@ -45,6 +47,7 @@ struct SqLorentzScore {
     static constexpr bool kSoftcap = false;
     static constexpr bool kLorentz = true;
     static constexpr bool kGeodesic = false;
+    static constexpr bool kPoly = false;
 };
 
 struct GeodesicScore {
@@ -52,6 +55,29 @@ struct GeodesicScore {
     static constexpr bool kSoftcap = false;
     static constexpr bool kLorentz = true;
     static constexpr bool kGeodesic = true;
+    static constexpr bool kPoly = false;
+};
+
+// Taylor order 2 on the flash skeleton (the quadratic form, REFERENCE.md §3): weight f(s) = a0 + a1 s +
+// a2 s² of s = scale·q·k (q̂·k̂ under qk_l2norm, as cosine-sim's norms), normalised by den = Σ_j f(s_ij);
+// no running max and no exponential. The forward saves den itself (the Taylor statistic); the backward
+// reads 1/den where the other scores read LSE, so P = f(s)/den and dS = f'(s)/den ∘ (dP − δ).
+struct TaylorScore {
+    static constexpr bool kNorms = true;
+    static constexpr bool kSoftcap = false;
+    static constexpr bool kLorentz = false;
+    static constexpr bool kGeodesic = false;
+    static constexpr bool kPoly = true;
+};
+
+// The coefficients of a call (TaylorScore): f(x) = a0 + x (a1 + a2 x) and f'(x) = a1 + 2 a2 x, two FMAs
+// and one.
+struct Poly {
+    float a0, a1, a2, a2x2;
+    __device__ __forceinline__ explicit Poly(const AttnParams& p)
+        : a0(p.poly_a0), a1(p.poly_a1), a2(p.poly_a2), a2x2(2.f * p.poly_a2) {}
+    __device__ __forceinline__ float f(float x) const { return fmaf(fmaf(a2, x, a1), x, a0); }
+    __device__ __forceinline__ float df(float x) const { return fmaf(a2x2, x, a1); }
 };
 
 // attn_core::ACOSH_EPS and KLEIN_MAX_NORM2: the same clamps as the CPU reference.

@@ -80,6 +80,7 @@ const ON: Hopper = Hopper {
     ws: WsMode::Off,
     bwd_ws: false,
     sms: 0,
+    taylor_dense: crate::runtime::DenseMode::Measured,
 };
 
 #[test]
@@ -468,4 +469,83 @@ fn unsupported_combinations_are_typed_errors() {
         .expect("valid problem");
     let err = check_supported(&dv, Pass::Forward).expect_err("Dv != D");
     assert!(err.to_string().contains("value head dim 32"), "{err}");
+}
+
+#[test]
+fn taylor_order_2_runs_on_the_hopper_flash_kernels_where_routed() {
+    use crate::runtime::DenseMode;
+    use crate::taylor::dense_on_flash;
+    let hopper = Hopper {
+        bwd_ws: true,
+        fused: FusedMode::WarpSpecialised,
+        ..ON
+    };
+    let taylor = |order: u8, dtype: DType, d: usize, n: usize, causal: Causal| {
+        AttnProblem::new(Family::taylor(order), dtype, 1, 4, 2, n, n, d)
+            .with_causal(causal)
+            .validate()
+            .expect("valid problem")
+    };
+    for d in [64, 128] {
+        let s = taylor(2, DType::BF16, d, 1000, Causal::None);
+        assert!(dense_on_flash(&s, Pass::Forward, hopper));
+        assert!(dense_on_flash(&s, Pass::Backward, hopper));
+        check_supported(&s, Pass::Forward).expect("supported");
+        let fwd = flash_kernel(&s, Stage::Forward, hopper).expect("kernel");
+        assert_eq!(fwd.module, Module::TaylorFlash);
+        assert!(fwd.name.starts_with("attn_taylor2_fwd_"), "{fwd:?}");
+        // Deterministic by default (no fused backward): the warp-specialised dQ and dK/dV pair.
+        assert!(!fused_backward(&s, hopper));
+        assert!(flash_kernel(&s, Stage::BwdFused, hopper).is_err());
+        for (stage, stem) in [(Stage::BwdDq, "bwd_dq_ws"), (Stage::BwdDkdv, "bwd_dkdv_ws")] {
+            let k = flash_kernel(&s, stage, hopper).expect("kernel");
+            assert_eq!(k.name, format!("attn_taylor2_{stem}_bf16_d{d}"));
+        }
+        // No Hopper kernels: a typed error, never an mma.sync kernel that does not exist.
+        assert!(flash_kernel(&s, Stage::Forward, Hopper::default()).is_err());
+        let no_ws = Hopper {
+            bwd_ws: false,
+            ..hopper
+        };
+        assert!(flash_kernel(&s, Stage::BwdDq, no_ws).is_err());
+        assert!(!dense_on_flash(&s, Pass::Backward, no_ws));
+        assert!(dense_on_flash(&s, Pass::Forward, no_ws));
+    }
+    // Where the state kernels run instead.
+    for s in [
+        taylor(1, DType::BF16, 64, 1000, Causal::None),
+        taylor(2, DType::F32, 64, 1000, Causal::None),
+        taylor(2, DType::BF16, 32, 1000, Causal::None),
+        taylor(2, DType::BF16, 64, 32769, Causal::None),
+        taylor(2, DType::BF16, 64, 65537, Causal::BottomRight),
+        taylor(2, DType::BF16, 128, 131_073, Causal::None),
+    ] {
+        assert!(!dense_on_flash(&s, Pass::Forward, hopper), "{:?}", s.family());
+    }
+    assert!(check_supported(&taylor(1, DType::BF16, 64, 100, Causal::None), Pass::Forward).is_err());
+    // The length rule: 32768 keys per query at D = 64 (half the keys causal), 131072 at D = 128.
+    for (d, n, causal) in [
+        (64, 32768, Causal::None),
+        (64, 65536, Causal::TopLeft),
+        (128, 131_072, Causal::None),
+    ] {
+        assert!(dense_on_flash(
+            &taylor(2, DType::BF16, d, n, causal),
+            Pass::Forward,
+            hopper
+        ));
+    }
+    // ATTN_CUDA_TAYLOR_DENSE: 0 never, 1 at every length.
+    let long = taylor(2, DType::BF16, 64, 40_000, Causal::None);
+    let short = taylor(2, DType::BF16, 64, 100, Causal::None);
+    let off = Hopper {
+        taylor_dense: DenseMode::Off,
+        ..hopper
+    };
+    let all = Hopper {
+        taylor_dense: DenseMode::Everywhere,
+        ..hopper
+    };
+    assert!(!dense_on_flash(&short, Pass::Forward, off));
+    assert!(dense_on_flash(&long, Pass::Forward, all));
 }

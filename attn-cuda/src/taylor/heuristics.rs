@@ -19,6 +19,20 @@ pub(crate) const STEP_TILES: usize = 4;
 /// Bytes the segment states of one sweep may take before the segments get longer.
 const STATE_BUDGET: usize = 8 << 30;
 
+/// Whether Taylor order 2's quadratic form on the Hopper flash kernels (N² products on tensor cores)
+/// beats the factorised state kernels (N·F·D, F = 2376 features at D = 64, 8.6k at D = 128): for keys
+/// per query (half the keys under a causal mask) up to 32768 at D = 64 and 131072 at D = 128. H100,
+/// bf16, 16k tokens × 2048 / D heads, forward and forward+backward in the same call
+/// (kernels/NOTES_taylor.md, session 20, run s20b): at D = 64 the flash kernels win at 32768 keys
+/// (forward 22.3 ms against 25.0, forward+backward 75 against 95) and lose at 65536 (86 against 49);
+/// causal they win at 65536 (46.1 against 47.9, 154 against 193); at D = 128 they win at 65536 (62.7
+/// ms against the state kernels' ≥ 178), 131072 is extrapolated (∝ N² against ∝ N).
+pub(crate) fn dense_faster(d: usize, causal: bool, seq_k: usize) -> bool {
+    let keys = if causal { seq_k.div_ceil(2) } else { seq_k };
+    let limit = if d >= 128 { 131_072 } else { 32_768 };
+    keys <= limit
+}
+
 /// Chunk length `C` of the fold and feature tiles `NT` per fold slab.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StateTile {
