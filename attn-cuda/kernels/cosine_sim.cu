@@ -36,16 +36,7 @@ ATTN_COSINE_DTYPES(96)
 ATTN_COSINE_DTYPES(128)
 ATTN_COSINE_DTYPES(256)
 
-#define ATTN_COSINE_WG(DT, T, D)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(attn::WgFwdTile<D>::BM * 2, attn::WgFwdTile<D>::MIN_BLOCKS)     \
-        attn_cosine_sim_fwd_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                   \
-        attn::flash_fwd_wg<T, D, attn::CosineScore, attn::WgFwdTile<D>::BM, attn::WgFwdTile<D>::BN>(p);               \
-    }
-
-ATTN_COSINE_WG(f16, __half, 64)
-ATTN_COSINE_WG(bf16, __nv_bfloat16, 64)
-ATTN_COSINE_WG(f16, __half, 128)
-ATTN_COSINE_WG(bf16, __nv_bfloat16, 128)
+ATTN_FLASH_FWD_WG_ALL(attn_cosine_sim, attn::CosineScore)
 
 // The Hopper backward (wgmma, sm_90a only): attn_cosine_sim_bwd_{dq,dkdv}_wg_{dt}_d{64,128} (deterministic), and
 // attn_cosine_sim_bwd_fused_wg_{dt}_d128 (dK, dV and dQ by f32 reductions in one kernel).

@@ -128,21 +128,8 @@ ATTN_HYP_ROWS(bf16, __nv_bfloat16)
 ATTN_HYP_DIMS(sq_lorentz, attn::SqLorentzScore)
 ATTN_HYP_DIMS(geodesic, attn::GeodesicScore)
 
-#define ATTN_HYP_WG(NAME, SCORE, DT, T, D)                                                                         \
-    extern "C" __global__ void __launch_bounds__(attn::WgFwdTile<D>::BM * 2,                               \
-                                                 attn::WgFwdTile<D>::MIN_BLOCKS)                             \
-        attn_hyperbolic_##NAME##_fwd_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                         \
-        attn::flash_fwd_wg<T, D, SCORE, attn::WgFwdTile<D>::BM, attn::WgFwdTile<D>::BN>(p);         \
-    }
-
-#define ATTN_HYP_WG_ALL(NAME, SCORE)                       \
-    ATTN_HYP_WG(NAME, SCORE, f16, __half, 64)              \
-    ATTN_HYP_WG(NAME, SCORE, bf16, __nv_bfloat16, 64)      \
-    ATTN_HYP_WG(NAME, SCORE, f16, __half, 128)             \
-    ATTN_HYP_WG(NAME, SCORE, bf16, __nv_bfloat16, 128)
-
-ATTN_HYP_WG_ALL(sq_lorentz, attn::SqLorentzScore)
-ATTN_HYP_WG_ALL(geodesic, attn::GeodesicScore)
+ATTN_FLASH_FWD_WG_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
+ATTN_FLASH_FWD_WG_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 ATTN_FLASH_BWD_WG_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_WG_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 ATTN_FLASH_BWD_FUSED_WG_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)

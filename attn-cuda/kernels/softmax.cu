@@ -33,16 +33,7 @@ ATTN_SOFTMAX_DTYPES(96)
 ATTN_SOFTMAX_DTYPES(128)
 ATTN_SOFTMAX_DTYPES(256)
 
-#define ATTN_SOFTMAX_WG(DT, T, D)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(attn::WgFwdTile<D>::BM * 2, attn::WgFwdTile<D>::MIN_BLOCKS)     \
-        attn_softmax_fwd_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                   \
-        attn::flash_fwd_wg<T, D, attn::SoftmaxScore, attn::WgFwdTile<D>::BM, attn::WgFwdTile<D>::BN>(p);               \
-    }
-
-ATTN_SOFTMAX_WG(f16, __half, 64)
-ATTN_SOFTMAX_WG(bf16, __nv_bfloat16, 64)
-ATTN_SOFTMAX_WG(f16, __half, 128)
-ATTN_SOFTMAX_WG(bf16, __nv_bfloat16, 128)
+ATTN_FLASH_FWD_WG_ALL(attn_softmax, attn::SoftmaxScore)
 
 // Tile experiments of the Hopper forward (bf16 softmax only), chosen by ATTN_CUDA_WG_TILE=BMxBN for A/B
 // timings: attn_softmax_fwd_wg{BM}x{BN}_bf16_d{D} (attn_cuda::heuristics::WG_TILE_VARIANTS).

@@ -13,16 +13,7 @@
 #include "include/flash_fwd_wg.cuh"
 #include "include/flash_fwd_ws.cuh"
 
-#define ATTN_TAYLOR2_WG(DT, T, D)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(attn::WgFwdTile<D>::BM * 2, attn::WgFwdTile<D>::MIN_BLOCKS)     \
-        attn_taylor2_fwd_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                   \
-        attn::flash_fwd_wg<T, D, attn::TaylorScore, attn::WgFwdTile<D>::BM, attn::WgFwdTile<D>::BN>(p);           \
-    }
-
-ATTN_TAYLOR2_WG(f16, __half, 64)
-ATTN_TAYLOR2_WG(bf16, __nv_bfloat16, 64)
-ATTN_TAYLOR2_WG(f16, __half, 128)
-ATTN_TAYLOR2_WG(bf16, __nv_bfloat16, 128)
+ATTN_FLASH_FWD_WG_ALL(attn_taylor2, attn::TaylorScore)
 
 ATTN_FLASH_FWD_WS_ALL(attn_taylor2, attn::TaylorScore)
 ATTN_FLASH_BWD_WS_ALL(attn_taylor2, attn::TaylorScore)

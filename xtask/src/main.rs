@@ -52,12 +52,6 @@ const GPU_TEST_BINARIES: [&str; 6] = [
 /// wgmma backward kernels are tested on the H100 too.
 const FLASH_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_hyperbolic"];
 
-/// The Taylor tests again with `ATTN_CUDA_TAYLOR_DENSE=0`: the state kernels for every call (by
-/// default order 2 at f16/bf16, D = 64 and 128, runs its quadratic form on the Hopper flash kernels at
-/// the tests' lengths).
-const TAYLOR_VARIANTS: [(&str, &str, &str); 1] =
-    [("ATTN_CUDA_TAYLOR_DENSE", "0", "the state kernels for every call")];
-
 type Result<T> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
@@ -425,39 +419,58 @@ fn test_gpu(extra: &[String]) -> Result<()> {
     cmd.env("ATTN_REQUIRE_NVCC", "1");
     let cuda_tests = run(&mut cmd);
     let mut cuda_tests = cuda_tests;
-    for (var, value, what) in [
-        ("ATTN_CUDA_WGMMA", "0", "the mma.sync kernels"),
+    // The Hopper flash tests, and Taylor's with its state kernels for every call (by default order 2 at
+    // f16/bf16, D = 64 and 128, runs its quadratic form on the flash kernels at the tests' lengths).
+    let taylor: &[&str] = &["gpu_taylor"];
+    for (var, value, what, binaries) in [
+        (
+            "ATTN_CUDA_WGMMA",
+            "0",
+            "the mma.sync kernels",
+            FLASH_TEST_BINARIES.as_slice(),
+        ),
         (
             "ATTN_CUDA_WG_FUSED",
             "0",
             "the two-kernel backward in place of the fused one",
+            FLASH_TEST_BINARIES.as_slice(),
         ),
         (
             "ATTN_CUDA_WG_FUSED",
             "1",
             "the fused Hopper backward everywhere it has a kernel",
+            FLASH_TEST_BINARIES.as_slice(),
         ),
         (
             "ATTN_CUDA_WG_WS",
             "0",
             "the wgmma forward in place of the warp-specialised one",
+            FLASH_TEST_BINARIES.as_slice(),
         ),
         (
             "ATTN_CUDA_WG_WS",
             "1",
             "the warp-specialised forward at every head dim it has, three blocks each working \
              through many tiles (ATTN_CUDA_PERSISTENT_BLOCKS=3)",
+            FLASH_TEST_BINARIES.as_slice(),
         ),
         (
             "ATTN_CUDA_WG_BWD_WS",
             "0",
             "the wgmma backward kernels in place of the warp-specialised ones",
+            FLASH_TEST_BINARIES.as_slice(),
+        ),
+        (
+            "ATTN_CUDA_TAYLOR_DENSE",
+            "0",
+            "Taylor's state kernels for every call",
+            taylor,
         ),
     ] {
-        println!("xtask test-gpu: the flash tests again with {what} ({var}={value})");
+        println!("xtask test-gpu: {binaries:?} again with {what} ({var}={value})");
         let mut cmd = Command::new(cargo());
         cmd.args(["test", "--release", "-p", "attn-cuda"]);
-        for t in FLASH_TEST_BINARIES {
+        for t in binaries {
             cmd.args(["--test", t]);
         }
         cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
@@ -465,14 +478,6 @@ fn test_gpu(extra: &[String]) -> Result<()> {
         if var == "ATTN_CUDA_WG_WS" && value == "1" {
             cmd.env("ATTN_CUDA_PERSISTENT_BLOCKS", "3");
         }
-        cuda_tests = cuda_tests.and(run(&mut cmd));
-    }
-    for (var, value, what) in TAYLOR_VARIANTS {
-        println!("xtask test-gpu: the Taylor tests again with {what} ({var}={value})");
-        let mut cmd = Command::new(cargo());
-        cmd.args(["test", "--release", "-p", "attn-cuda", "--test", "gpu_taylor"]);
-        cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
-        cmd.env("ATTN_REQUIRE_NVCC", "1").env(var, value);
         cuda_tests = cuda_tests.and(run(&mut cmd));
     }
 
@@ -583,9 +588,13 @@ done
 # backward, with the fused Hopper backward everywhere it has a kernel, with the wgmma forward where the
 # warp-specialised one is the default, with the warp-specialised one at every head dim it has (three
 # persistent blocks, so each works through many tiles), and with the wgmma backward kernels in place of
-# the warp-specialised ones.
-for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA_WG_WS=0 ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3 ATTN_CUDA_WG_BWD_WS=0; do
-  for name in gpu_softmax_like gpu_hyperbolic; do
+# the warp-specialised ones; and the Taylor tests with the state kernels for every call (by default
+# order 2 at f16/bf16, D = 64 and 128, runs its quadratic form on the flash kernels at the tests'
+# lengths). Each entry: variables (comma-separated) : binaries.
+flash="gpu_softmax_like,gpu_hyperbolic"
+for entry in ATTN_CUDA_WGMMA=0:$flash ATTN_CUDA_WG_FUSED=0:$flash ATTN_CUDA_WG_FUSED=1:$flash ATTN_CUDA_WG_WS=0:$flash ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3:$flash ATTN_CUDA_WG_BWD_WS=0:$flash ATTN_CUDA_TAYLOR_DENSE=0:gpu_taylor; do
+  var="${entry%%:*}"
+  for name in $(echo "${entry#*:}" | tr , ' '); do
     [ -x "$here/bin/$name" ] || continue
     out="$(env ${var//,/ } "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"
     rc=$?
@@ -594,17 +603,6 @@ for var in ATTN_CUDA_WGMMA=0 ATTN_CUDA_WG_FUSED=0 ATTN_CUDA_WG_FUSED=1 ATTN_CUDA
     summary="$summary$name [$var]: rc=$rc $line"$'\n'
     [ $rc -ne 0 ] && status=1
   done
-done
-# Taylor: once more with the state kernels for every call (by default order 2 at f16/bf16, D = 64 and
-# 128, runs its quadratic form on the Hopper flash kernels at the tests' lengths).
-for var in ATTN_CUDA_TAYLOR_DENSE=0; do
-  [ -x "$here/bin/gpu_taylor" ] || continue
-  out="$(env $var "$here/bin/gpu_taylor" --ignored --test-threads=1 "$@" 2>&1)"
-  rc=$?
-  echo "$out"
-  line="$(echo "$out" | grep -E '^test result:' | tail -n 1)"
-  summary="${summary}gpu_taylor [$var]: rc=$rc $line"$'\n'
-  [ $rc -ne 0 ] && status=1
 done
 echo "---- summary"
 printf '%s' "$summary"

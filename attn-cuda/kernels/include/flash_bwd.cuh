@@ -100,9 +100,10 @@ __device__ __forceinline__ void bwd_k_rows(const AttnParams& p, const SeqInfo& s
 
 // dQ kernels, one key block at j0 (`full`: no element of the tile is masked): s holds S = QKᵀ, dp
 // holds dP = dO Vᵀ; on return s holds dS' (P = exp(s − LSE), dS = P ∘ (dP − δ), times the softcap's
-// tanh' and, for cosine-sim, the key's reciprocal norm). Hyperbolic scores: lorentz_dq_tile. Fast path
-// (no mask, bias, softcap or bias gradient in the tile): one FMA and one exp2 per element. sRk, sK0,
-// sLg: the block's 1/‖k‖, k0 and log γ in shared memory.
+// tanh' and, for cosine-sim, the key's reciprocal norm; TaylorScore: dS = f'(s)/den ∘ (dP − δ), lse2
+// holding 1/den). Hyperbolic scores: lorentz_dq_tile. Fast path (no mask, bias, softcap or bias
+// gradient in the tile): one FMA and one exp2 per element (TaylorScore: one FMA). sRk, sK0, sLg: the
+// block's 1/‖k‖, k0 and log γ in shared memory.
 template <typename T, class Score, int MT, int NT>
 __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
                                             bool norms, float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
@@ -111,30 +112,22 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
                                             const int (&row)[MT][2], const int (&lo)[MT][2], const int (&hi)[MT][2],
                                             const float* sRk, const float* sK0, const float* sLg, int t4) {
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-    if constexpr (Score::kPoly) {  // dS = f'(s)/den ∘ (dP − δ); lse2 holds 1/den
+    if constexpr (Score::kLorentz) {
+        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
+            lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value, decltype(fc)::value>(
+                p, si, h, j0, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
+        });
+    } else if (Score::kPoly && fast && !norms) {  // dS = f'(s)/den ∘ (dP − δ); lse2 holds 1/den
         const Poly f(p);
-        if (fast && !norms) {
-            // f'(x)/den = c1 + c2 s per row (x = scale·rq·s): one FMA, then one FADD and one FMUL.
-            float c1[MT][2], c2[MT][2];
+        // f'(x)/den = c1 + c2 s per row (x = scale·rq·s): one FMA, then one FADD and one FMUL.
+        float c1[MT][2], c2[MT][2];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    c1[mt][r] = f.a1 * lse2[mt][r];
-                    c2[mt][r] = f.a2x2 * p.scale * rq[mt][r] * lse2[mt][r];
-                }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = e / 2;
-                        const float g = fmaf(c2[mt][r], s[mt][nt][e], c1[mt][r]);
-                        s[mt][nt][e] = g * (dp[mt][nt][e] - delta[mt][r]);
-                    }
-            return;
-        }
+            for (int r = 0; r < 2; ++r) {
+                c1[mt][r] = f.a1 * lse2[mt][r];
+                c2[mt][r] = f.a2x2 * p.scale * rq[mt][r] * lse2[mt][r];
+            }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -142,20 +135,10 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int r = e / 2;
-                    const int cl = nt * 8 + 2 * t4 + (e & 1);
-                    const int col = j0 + cl;
-                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
-                    const float rk = norms ? sRk[cl] : 1.f;
-                    const float x = s[mt][nt][e] * p.scale * rq[mt][r] * rk;
-                    const float g = allowed ? f.df(x) * lse2[mt][r] : 0.f;
-                    s[mt][nt][e] = g * (dp[mt][nt][e] - delta[mt][r]) * rk;
+                    const float g = fmaf(c2[mt][r], s[mt][nt][e], c1[mt][r]);
+                    s[mt][nt][e] = g * (dp[mt][nt][e] - delta[mt][r]);
                 }
-    } else if constexpr (Score::kLorentz) {
-        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
-            lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value, decltype(fc)::value>(
-                p, si, h, j0, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
-        });
-    } else if (fast) {
+    } else if (fast && !Score::kPoly) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             // This thread's two columns of the n8 tile: one 8-byte load of their 1/‖k‖ for all rows.
@@ -186,8 +169,10 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
                     float x = score<Score>(p, s[mt][nt][e], rq[mt][r], rk, dtanh);
                     if (allowed && p.bias != nullptr)
                         x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
-                    const float pr = allowed ? exp2_fast(x * kLog2e - lse2[mt][r]) : 0.f;
-                    const float ds = pr * (dp[mt][nt][e] - delta[mt][r]);
+                    // dS's weight: P, or TaylorScore's f'(s)/den.
+                    float w = 0.f;
+                    if (allowed) w = Score::kPoly ? Poly(p).df(x) * lse2[mt][r] : exp2_fast(x * kLog2e - lse2[mt][r]);
+                    const float ds = w * (dp[mt][nt][e] - delta[mt][r]);
                     if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
                     s[mt][nt][e] = ds * dtanh * rk;
                 }
@@ -246,7 +231,7 @@ __device__ __forceinline__ void dkdv_fast_ds(bool norms, const float (&st)[MT][Q
 // dK/dV kernels, one streamed query block of 8·QT queries at i0 (query head h): st holds Sᵀ = K Qᵀ,
 // dpt holds dPᵀ = V dOᵀ (rows: this thread's keys); on return st holds Pᵀ and dpt holds dS'ᵀ.
 // Hyperbolic scores: lorentz_dkdv_tile. sRq, sLse, sDelta: the query block's 1/‖q‖ (hyperbolic: q0),
-// LSE (log2 units) and δ in shared memory.
+// LSE (log2 units; TaylorScore: 1/den) and δ in shared memory.
 template <typename T, class Score, int MT, int QT>
 __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInfo& si, int h, int i0, bool full,
                                                bool norms, float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
@@ -254,53 +239,32 @@ __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInf
                                                const float (&lg)[MT][2], const int (&key)[MT][2], const float* sRq,
                                                const float* sLse, const float* sDelta, int t4) {
     const bool fast = dkdv_fast<Score>(p, full);
-    if constexpr (Score::kPoly) {  // sLse holds 1/den
-        const Poly f(p);
-        if (fast && !norms) {
-            // Pᵀ = (a0 + s (A1 + A2 s))/den and dS'ᵀ = (a1 + B2 s)(dP/den − δ/den), with A1 = a1·scale,
-            // A2 = a2·scale², B2 = 2 a2·scale (the Hopper kernels' rows are q̂, k̂ or raw: no norms).
-            const float A1 = f.a1 * p.scale, A2 = f.a2 * p.scale * p.scale, B2 = f.a2x2 * p.scale;
-#pragma unroll
-            for (int qt = 0; qt < QT; ++qt) {
-                const float2 inv2 = *reinterpret_cast<const float2*>(sLse + qt * 8 + 2 * t4);
-                const float2 d2 = *reinterpret_cast<const float2*>(sDelta + qt * 8 + 2 * t4);
-                const float nd0 = -d2.x * inv2.x, nd1 = -d2.y * inv2.y;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float x = st[mt][qt][e];
-                        const float inv = (e & 1) ? inv2.y : inv2.x;
-                        st[mt][qt][e] = fmaf(fmaf(A2, x, A1), x, f.a0) * inv;
-                        dpt[mt][qt][e] = fmaf(B2, x, f.a1) * fmaf(dpt[mt][qt][e], inv, (e & 1) ? nd1 : nd0);
-                    }
-            }
-            return;
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int qt = 0; qt < QT; ++qt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const int cl = qt * 8 + 2 * t4 + (e & 1);
-                    const int i = i0 + cl;
-                    const int j = key[mt][r];
-                    const bool allowed =
-                        full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
-                    const float rqi = sRq[cl];
-                    const float x = st[mt][qt][e] * p.scale * rqi * rk[mt][r];
-                    const float inv = allowed ? sLse[cl] : 0.f;
-                    st[mt][qt][e] = f.f(x) * inv;
-                    dpt[mt][qt][e] = f.df(x) * inv * (dpt[mt][qt][e] - sDelta[cl]) * rqi;
-                }
-    } else if constexpr (Score::kLorentz) {
+    if constexpr (Score::kLorentz) {
         lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
             lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value, decltype(fc)::value>(
                 p, si, h, i0, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta, t4);
         });
-    } else if (fast) {
+    } else if (Score::kPoly && fast && !norms) {  // sLse holds 1/den
+        const Poly f(p);
+        // Pᵀ = (a0 + s (A1 + A2 s))/den and dS'ᵀ = (a1 + B2 s)(dP/den − δ/den), with A1 = a1·scale,
+        // A2 = a2·scale², B2 = 2 a2·scale (the Hopper kernels' rows are q̂, k̂ or raw: no norms).
+        const float A1 = f.a1 * p.scale, A2 = f.a2 * p.scale * p.scale, B2 = f.a2x2 * p.scale;
+#pragma unroll
+        for (int qt = 0; qt < QT; ++qt) {
+            const float2 inv2 = *reinterpret_cast<const float2*>(sLse + qt * 8 + 2 * t4);
+            const float2 d2 = *reinterpret_cast<const float2*>(sDelta + qt * 8 + 2 * t4);
+            const float nd0 = -d2.x * inv2.x, nd1 = -d2.y * inv2.y;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float x = st[mt][qt][e];
+                    const float inv = (e & 1) ? inv2.y : inv2.x;
+                    st[mt][qt][e] = fmaf(fmaf(A2, x, A1), x, f.a0) * inv;
+                    dpt[mt][qt][e] = fmaf(B2, x, f.a1) * fmaf(dpt[mt][qt][e], inv, (e & 1) ? nd1 : nd0);
+                }
+        }
+    } else if (fast && !Score::kPoly) {
         dkdv_fast_p<MT, QT>(p, norms, st, rk, sRq, sLse, t4);
         dkdv_fast_ds<MT, QT>(norms, st, dpt, sRq, sDelta, t4);
     } else {
@@ -321,8 +285,16 @@ __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInf
                     float x = score<Score>(p, st[mt][qt][e], rqi, rk[mt][r], dtanh);
                     if (allowed && p.bias != nullptr)
                         x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
-                    const float pr = allowed ? exp2_fast(x * kLog2e - sLse[cl]) : 0.f;
-                    const float ds = pr * (dpt[mt][qt][e] - sDelta[cl]);
+                    // P, and dS's weight: P itself, or TaylorScore's f(s)/den and f'(s)/den.
+                    float pr = 0.f, w = 0.f;
+                    if (allowed && Score::kPoly) {
+                        const Poly f(p);
+                        pr = f.f(x) * sLse[cl];
+                        w = f.df(x) * sLse[cl];
+                    } else if (allowed) {
+                        pr = w = exp2_fast(x * kLog2e - sLse[cl]);
+                    }
+                    const float ds = w * (dpt[mt][qt][e] - sDelta[cl]);
                     st[mt][qt][e] = pr;
                     dpt[mt][qt][e] = ds * dtanh * rqi;
                 }

@@ -207,3 +207,15 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
 }
 
 }  // namespace attn
+
+// The Hopper (wgmma) forward of a score (NAME_fwd_wg_{f16,bf16}_d{64,128}), tile WgFwdTile.
+#define ATTN_FLASH_FWD_WG(NAME, SCORE, DT, T, D)                                                                   \
+    extern "C" __global__ void __launch_bounds__(attn::WgFwdTile<D>::BM * 2, attn::WgFwdTile<D>::MIN_BLOCKS)      \
+        NAME##_fwd_wg_##DT##_d##D(const __grid_constant__ AttnParams p) {                                           \
+        attn::flash_fwd_wg<T, D, SCORE, attn::WgFwdTile<D>::BM, attn::WgFwdTile<D>::BN>(p);                       \
+    }
+#define ATTN_FLASH_FWD_WG_ALL(NAME, SCORE)                  \
+    ATTN_FLASH_FWD_WG(NAME, SCORE, f16, __half, 64)         \
+    ATTN_FLASH_FWD_WG(NAME, SCORE, bf16, __nv_bfloat16, 64) \
+    ATTN_FLASH_FWD_WG(NAME, SCORE, f16, __half, 128)        \
+    ATTN_FLASH_FWD_WG(NAME, SCORE, bf16, __nv_bfloat16, 128)

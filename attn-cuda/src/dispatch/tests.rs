@@ -1,4 +1,8 @@
 //! Tests of the kernel dispatch: supported combinations, kernel names, tiles, grids and shared memory.
+//!
+//! Compiled only for `cargo test` (`#[cfg(test)] mod tests;` in dispatch.rs): every `assert!`,
+//! `assert_eq!` and `expect` here is a test's check on specs the test itself builds, never reached
+//! from a user's call.
 
 use super::*;
 use attn_core::{Aggregation, AttnProblem, Family, HypScore};
