@@ -19,6 +19,7 @@
 
 use crate::dispatch::{self, RowKernel, Stage};
 use crate::error::{CudaAttnError, Result};
+use crate::heuristics;
 use crate::params::AttnParams;
 use crate::runtime::{self, Kernels};
 use attn_core::{
@@ -364,6 +365,17 @@ impl CudaAttn {
         }
         let kernels = runtime::kernels_for(self.stream.context(), op)?;
         let mut params = AttnParams::from_spec(spec);
+        let (section_q, section_k) = heuristics::causal_sections(
+            spec.head_dim(),
+            spec.seq_q(),
+            spec.seq_k(),
+            spec.group(),
+            kernels.sections,
+        );
+        // At most every (batch entry, head) pair, so section × tiles stays within the grid's i32 count.
+        let pairs = spec.batch() * spec.heads_q();
+        params.section_q = i32::try_from(section_q.min(pairs)).unwrap_or(i32::MAX);
+        params.section_k = i32::try_from(section_k.min(pairs)).unwrap_or(i32::MAX);
         let mut lengths = Lengths {
             key_lens: None,
             cu_q: None,
@@ -609,7 +621,7 @@ impl CudaAttn {
         // enqueued before any kernel that reads it: δ and the log2 LSE by the delta kernel (every
         // query row), the reciprocal norms by the inv-norm kernels (every q row, every k row dk
         // holds), dq̂ by the dQ kernel (the fused kernel's dQ scratch is zeroed instead) and dk̂ by
-        // the dK/dV or fused kernel (every row of dq and dk, zeros for padded keys).
+        // the mma.sync dK/dV kernel (every row of dq and dk, zeros for padded keys).
         // δ, then the LSE in log2 units (both written by the delta kernel; the second half is what the
         // warp-specialised dK/dV kernel copies).
         let delta = unsafe { s.alloc::<f32>((2 * spec.stats_len()).max(1)) }?;
@@ -644,12 +656,17 @@ impl CudaAttn {
             ]
         };
         // Cosine-sim: the Hopper kernels read q̂ and k̂ (NormScratch::hat); the mma.sync ones scale by
-        // the reciprocal norms in their tiles; the l2-norm's row kernels read the raw rows.
+        // the reciprocal norms in their tiles; the l2-norm's row kernels read the raw rows. A Hopper
+        // dK/dV kernel (the last of `flash`, fused or not) projects dk̂ through the l2-norm itself
+        // and writes dk; the mma.sync one leaves dk̂ in f32 for the row kernel.
+        let dk_in_kernel = flash.last().is_some_and(|k| k.hopper);
         let mut norm_scratch = None;
         if norms {
-            let dk_acc = unsafe { s.alloc::<f32>(spec.dk_len().max(1)) }?;
-            p.dk_acc = dk_acc.device_ptr(s).0;
-            scratch.push(dk_acc);
+            if !dk_in_kernel {
+                let dk_acc = unsafe { s.alloc::<f32>(spec.dk_len().max(1)) }?;
+                p.dk_acc = dk_acc.device_ptr(s).0;
+                scratch.push(dk_acc);
+            }
             let hopper = flash.iter().any(|k| k.hopper);
             norm_scratch = Some(self.norm_rows::<T>(spec, &kernels, &mut p, op, (hopper, hopper))?);
         }
@@ -684,7 +701,9 @@ impl CudaAttn {
         }
         if norms {
             launch(dispatch::row_kernel(spec, RowKernel::L2normBwdQ))?;
-            launch(dispatch::row_kernel(spec, RowKernel::L2normBwdK))?;
+            if !dk_in_kernel {
+                launch(dispatch::row_kernel(spec, RowKernel::L2normBwdK))?;
+            }
         }
         if spec.bias().is_some() {
             launch(dispatch::row_kernel(spec, RowKernel::DbiasReduce))?;

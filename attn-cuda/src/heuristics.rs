@@ -407,6 +407,39 @@ pub(crate) fn lorentz_extra_smem(t: Tile) -> usize {
     2 * t.bn * 4
 }
 
+/// The L2 share one section of a causal grid may stream (bytes), a quarter of the H100's 50 MB (two
+/// partitions of 25): 24 MiB made D = 128 at 16k keys (3 heads of 8 MiB) 3–4% slower than head by
+/// head, while 2–6 MiB per head (D = 64 at 16k, 4k keys) gained 1–3% (kernels/NOTES.md, version 12).
+pub(crate) const SECTION_L2_BYTES: usize = 12 << 20;
+
+/// (batch entry, head) pairs per section of a causal grid's work order (`AttnParams::section_q` for
+/// the grids of query tiles, `section_k` for those of key tiles; kernels/include/mask.h `tile_order`):
+/// as many pairs as the rows their tiles stream fit in [`SECTION_L2_BYTES`] (K and V per query head
+/// for query tiles, shared by a GQA group; Q and dO of a kv head's group for key tiles), at least 1.
+/// `forced` (`ATTN_CUDA_CAUSAL_SECTIONS=N`) sets both, 1 being the launch order (pair by pair).
+/// Without a causal mask the order is the launch's whatever these say.
+///
+/// ```text
+/// D = 64, 16384 keys, no GQA: K and V are 4 MiB per head → 3 heads per section; D = 128 → 1
+/// ```
+pub(crate) fn causal_sections(
+    head_dim: usize,
+    seq_q: usize,
+    seq_k: usize,
+    group: usize,
+    forced: Option<usize>,
+) -> (usize, usize) {
+    if let Some(n) = forced {
+        return (n.max(1), n.max(1));
+    }
+    // Two 16-bit rows (K and V, or Q and dO) of head_dim per position.
+    let row_pair = 4 * head_dim;
+    let per_query_head = (row_pair * seq_k).div_ceil(group.max(1));
+    let per_kv_head = row_pair * seq_q * group.max(1);
+    let fit = |bytes: usize| (SECTION_L2_BYTES / bytes.max(1)).max(1);
+    (fit(per_query_head), fit(per_kv_head))
+}
+
 /// Blocks needed to cover `n` rows `per_block` at a time.
 pub(crate) fn blocks(n: usize, per_block: usize) -> usize {
     n.div_ceil(per_block)
@@ -415,6 +448,21 @@ pub(crate) fn blocks(n: usize, per_block: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn causal_sections_fill_the_l2_share_and_never_drop_below_one() {
+        // K and V of 16384 keys: 4 MiB per head at D = 64, 8 MiB at D = 128.
+        assert_eq!(causal_sections(64, 16384, 16384, 1, None), (3, 3));
+        assert_eq!(causal_sections(64, 4096, 4096, 1, None), (12, 12));
+        // Rows of one head filling the share: pair by pair.
+        assert_eq!(causal_sections(128, 16384, 16384, 1, None), (1, 1));
+        assert_eq!(causal_sections(128, 131072, 131072, 1, None), (1, 1));
+        // A GQA group shares K and V (query tiles) and streams every head's Q and dO (key tiles).
+        assert_eq!(causal_sections(128, 16384, 16384, 4, None), (6, 1));
+        assert_eq!(causal_sections(64, 4096, 1024, 1, None), (48, 12));
+        assert_eq!(causal_sections(64, 16, 16, 1, Some(0)), (1, 1));
+        assert_eq!(causal_sections(64, 16, 16, 1, Some(5)), (5, 5));
+    }
 
     #[test]
     fn shared_memory_fits_the_h100_opt_in_limit() {

@@ -110,6 +110,11 @@ pub(crate) struct AttnParams {
     /// 1: Taylor on the flash skeleton: the statistics are the denominators, and the backward's row
     /// kernel hands the kernels `1/den` where the other scores get the LSE.
     pub poly: i32,
+    /// Causal grids: (batch entry, head) pairs per section of the work order (kernels/include/mask.h
+    /// `tile_order`) for the grids of query tiles (forward, dQ) and of key tiles (dK/dV, fused);
+    /// 1 is head by head. `heuristics::causal_sections`.
+    pub section_q: i32,
+    pub section_k: i32,
 }
 
 // SAFETY: `AttnParams` is `#[repr(C)]`, made only of integers and floats, and its field order and
@@ -269,11 +274,12 @@ mod tests {
     fn params_are_eight_byte_aligned_without_tail_padding() {
         // 20 pointers + 21 strides (8 bytes) + 16 ints + 4 floats (4 bytes) = 408 bytes, then the
         // hyperbolic block: 6 pointers + 1 int + 5 floats + 1 pointer = 80 bytes, then two ints and
-        // a pointer, then Taylor's three floats and an int.
+        // a pointer, then Taylor's three floats and an int, then the two causal section sizes.
         assert_eq!(
             std::mem::size_of::<AttnParams>(),
-            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4 + 8 + 2 * 4 + 8 + 3 * 4 + 4
+            20 * 8 + 21 * 8 + 16 * 4 + 4 * 4 + 6 * 8 + 4 + 5 * 4 + 8 + 2 * 4 + 8 + 3 * 4 + 4 + 2 * 4
         );
+        assert_eq!(std::mem::offset_of!(AttnParams, section_q), 408 + 112);
         assert_eq!(std::mem::offset_of!(AttnParams, poly_a0), 408 + 96);
         assert_eq!(std::mem::offset_of!(AttnParams, poly), 408 + 108);
         assert_eq!(std::mem::offset_of!(AttnParams, dq_acc_tiled), 408 + 80);

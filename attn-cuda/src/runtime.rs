@@ -29,6 +29,9 @@ pub(crate) struct Kernels {
     functions: FunctionCache,
     /// Whether (and how) the forward uses the Hopper (wgmma) kernels on this context.
     pub(crate) hopper: Hopper,
+    /// Pairs per section of a causal grid's work order for every call (`ATTN_CUDA_CAUSAL_SECTIONS=N`,
+    /// 1 = head by head, for A/B timings); `None` (unset): heuristics::causal_sections decides.
+    pub(crate) sections: Option<usize>,
 }
 
 /// The Hopper (sm_90a, wgmma) kernels on a context: `on` where the device is compute capability 9.0
@@ -287,9 +290,13 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
         }
         _ => 0,
     };
+    let sections = std::env::var("ATTN_CUDA_CAUSAL_SECTIONS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
     let kernels = Arc::new(Kernels {
         modules,
         functions: FunctionCache::default(),
+        sections,
         hopper: Hopper {
             sms: usize::try_from(sms).unwrap_or(0),
             taylor_dense: DenseMode::parse(std::env::var("ATTN_CUDA_TAYLOR_DENSE").ok().as_deref()),

@@ -327,9 +327,14 @@ __device__ __forceinline__ void dq_store(const AttnParams& p, const SeqInfo& si,
         }
 }
 
-// dv = acc_dv, dk = scale · acc_dk for columns [d0, d0 + 8·AT) of this thread's keys (cosine-sim: dk̂
-// in f32, projected by a row kernel). Padded keys (rows dk holds past len_k) get the zeros they hold.
-template <typename T, int MT, int AT>
+// dv = acc_dv, dk = scale · acc_dk for columns [d0, d0 + 8·AT) of this thread's keys. Padded keys
+// (rows dk holds past len_k) get the zeros they hold. Cosine-sim (norms): dk̂ goes through the
+// l2-norm, dk = (dk̂ − k̂ (k̂·dk̂))·r with r = 1/max(‖k‖, eps) (dk̂·r where ‖k‖ ≤ eps, r = 1/eps):
+//   kProject (the Hopper kernels, whose four lanes of a quad hold a key's whole row: d0 = 0, 8·AT = D):
+//     here, with k̂ the normalised copy the kernel read (p.k) and r from the inv-norm row kernel;
+//   otherwise (the mma.sync kernel, which may split the columns): dk̂ in f32 into p.dk_acc, projected
+//     by the l2norm_bwd_k row kernel.
+template <typename T, int MT, int AT, bool kProject = false>
 __device__ __forceinline__ void dkdv_store(const AttnParams& p, const SeqInfo& si, int hk, int d0,
                                            const float (&acc_dk)[MT][AT][4], const float (&acc_dv)[MT][AT][4],
                                            const int (&key)[MT][2], bool norms, int t4) {
@@ -338,21 +343,49 @@ __device__ __forceinline__ void dkdv_store(const AttnParams& p, const SeqInfo& s
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            if (key[mt][r] >= si.key_rows(p)) continue;
-            const long long offk = si.dk_off(p, key[mt][r], hk) + d0;
+            const bool valid = key[mt][r] < si.key_rows(p);
+            const long long offk = valid ? si.dk_off(p, key[mt][r], hk) + d0 : 0;
+            // Cosine-sim here: k̂·dk̂ over the quad (every lane of the warp takes part in the shuffles).
+            float kd = 0.f, rk = 1.f;
+            if (kProject && norms) {
+                if (valid) {
+                    const T* kh = static_cast<const T*>(p.k) + si.k_off(p, key[mt][r], hk);
+#pragma unroll
+                    for (int at = 0; at < AT; ++at) {
+                        const V2 k2 = *reinterpret_cast<const V2*>(kh + at * 8 + 2 * t4);
+                        kd = fmaf(to_f32(k2.x), acc_dk[mt][at][2 * r], kd);
+                        kd = fmaf(to_f32(k2.y), acc_dk[mt][at][2 * r + 1], kd);
+                    }
+                    rk = p.rk[offk / p.head_dim];
+                }
+                kd = quad_sum(kd) * p.scale;
+            }
+            if (!valid) continue;
             const long long offv = si.dv_off(p, key[mt][r], hk) + d0;
+            const T* kh = static_cast<const T*>(p.k) + si.k_off(p, key[mt][r], hk);
+            // ‖k‖ > eps: the projection; else dk̂/eps (rk = 1/eps).
+            const bool project = rk * p.eps < 1.f;
 #pragma unroll
             for (int at = 0; at < AT; ++at) {
                 const int col = at * 8 + 2 * t4;
                 const uint32_t pv = pack2<T>(acc_dv[mt][at][2 * r], acc_dv[mt][at][2 * r + 1]);
                 *reinterpret_cast<V2*>(static_cast<T*>(p.dv) + offv + col) = *reinterpret_cast<const V2*>(&pv);
-                const float x0 = acc_dk[mt][at][2 * r] * p.scale, x1 = acc_dk[mt][at][2 * r + 1] * p.scale;
-                if (norms) {
+                float x0 = acc_dk[mt][at][2 * r] * p.scale, x1 = acc_dk[mt][at][2 * r + 1] * p.scale;
+                if (norms && !kProject) {
                     *reinterpret_cast<float2*>(p.dk_acc + offk + col) = make_float2(x0, x1);
-                } else {
-                    const uint32_t pk = pack2<T>(x0, x1);
-                    *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
+                    continue;
                 }
+                if (kProject && norms) {
+                    if (project) {
+                        const V2 k2 = *reinterpret_cast<const V2*>(kh + col);  // L1 hit: read above
+                        x0 = fmaf(-to_f32(k2.x), kd, x0);
+                        x1 = fmaf(-to_f32(k2.y), kd, x1);
+                    }
+                    x0 *= rk;
+                    x1 *= rk;
+                }
+                const uint32_t pk = pack2<T>(x0, x1);
+                *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
             }
         }
 }
@@ -375,10 +408,11 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     float* sLg = sRk + 2 * BN;                                 // [2][BN] hyperbolic midpoint: log γ_j
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int b = blockIdx.z, h = blockIdx.y;
+    int b, h;
+    const int m_block = grid_tile<true>(p, b, h);
     const SeqInfo si(p, b);
     int i0, hk, n_first, n_count;
-    if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
+    if (!query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count)) return;
     const bool norms = Score::kNorms && p.l2norm;
     constexpr bool kHyp = Score::kLorentz;
     const bool midpoint = kHyp && p.midpoint;
@@ -512,8 +546,9 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     float* sRq = sDelta + 2 * BM;                               // [2][BM] (hyperbolic: q0)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int b = blockIdx.z, hk = blockIdx.y;
-    const int n_block = blockIdx.x / kSplits, d0 = (blockIdx.x % kSplits) * DA;
+    int b, hk;
+    const int split_tile = grid_tile<false>(p, b, hk);
+    const int n_block = split_tile / kSplits, d0 = (split_tile % kSplits) * DA;
     const SeqInfo si(p, b);
     const int j0 = n_block * BN;
     if (j0 >= si.key_rows(p)) return;

@@ -65,10 +65,11 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
     float* sLg = sK0 + 3 * BN;                                // [3][BN] hyperbolic midpoint: log γ_j
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-    const int b = blockIdx.z, h = blockIdx.y;
+    int b, h;
+    const int m_block = grid_tile<true>(p, b, h);
     const SeqInfo si(p, b);
     int i0, hk, n_first, n_count;
-    if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
+    if (!query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count)) return;
     const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dq_store writes dq̂ in f32
     const bool midpoint = Score::kLorentz && p.midpoint;
 
@@ -197,14 +198,15 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     float* sKey0 = sRq + kBufs * BM;  // kDq, hyperbolic: [BN] k0 of the tile's keys (BN = kBufs·BM)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-    const int b = blockIdx.z, hk = blockIdx.y;
+    int b, hk;
+    const int n_block = grid_tile<false>(p, b, hk);
     const SeqInfo si(p, b);
-    const int j0 = blockIdx.x * BN;
+    const int j0 = n_block * BN;
     if (j0 >= si.key_rows(p)) return;
     int m_first, m_count;
     key_tile_query_blocks<BM, BN>(p, si, j0, m_first, m_count);
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
-    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dkdv_store writes dk̂ in f32
+    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dkdv_store projects dk̂
     const bool midpoint = Score::kLorentz && p.midpoint;
     auto head_of = [&](int it) { return hk * p.group + it / m_count; };
     auto row0_of = [&](int it) { return (m_first + it % m_count) * BM; };
@@ -378,7 +380,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
             },
             wrow, lane, midpoint);
     else
-        dkdv_store<T, MT, AT>(p, si, hk, 0, acc_dk, acc_dv, key, norms, t4);
+        dkdv_store<T, MT, AT, true>(p, si, hk, 0, acc_dk, acc_dv, key, norms, t4);
 #else
     __trap();  // launched only on compute capability 9.0 (host dispatch)
 #endif

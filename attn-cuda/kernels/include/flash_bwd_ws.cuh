@@ -137,16 +137,17 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     uint64_t* empty = full + kStages;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-    const int b = blockIdx.z, hk = blockIdx.y;
+    int b, hk;
+    const int n_block = grid_tile<false>(p, b, hk);
     const SeqInfo si(p, b);
-    const int j0 = blockIdx.x * BN;
+    const int j0 = n_block * BN;
     if (j0 >= si.key_rows(p)) return;
     int m_first, m_count;
     key_tile_query_blocks<BM, BN>(p, si, j0, m_first, m_count);
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
-    // kDq: each key tile starts at its own query block (blockIdx.x ahead, wrapping), so the blocks of
+    // kDq: each key tile starts at its own query block (n_block ahead, wrapping), so the blocks of
     // one head reduce into different rows of dq_acc at any one time rather than all into the same 64.
-    const int rot = kDq && m_count > 0 ? blockIdx.x % m_count : 0;
+    const int rot = kDq && m_count > 0 ? n_block % m_count : 0;
     auto head_of = [&](int it) { return hk * p.group + it / m_count; };
     auto row0_of = [&](int it) {
         const int m = it % m_count;
@@ -195,7 +196,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     }
     regs_inc<kConsumerRegs>();
 
-    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dkdv_store writes dk̂ in f32
+    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dkdv_store projects dk̂
     const bool midpoint = Score::kLorentz && p.midpoint;
     const int g = lane / 4, t4 = lane % 4;
     const int wrow = warp * 16;
@@ -316,7 +317,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             },
             wrow, lane, midpoint);
     else
-        dkdv_store<T, MT, AT>(p, si, hk, 0, acc_dk, acc_dv, key, norms, t4);
+        dkdv_store<T, MT, AT, true>(p, si, hk, 0, acc_dk, acc_dv, key, norms, t4);
 #else
     __trap();  // launched only on compute capability 9.0 (host dispatch)
 #endif
@@ -361,10 +362,11 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     uint64_t* empty_v = empty_k + kKs;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-    const int b = blockIdx.z, h = blockIdx.y;
+    int b, h;
+    const int m_block = grid_tile<true>(p, b, h);
     const SeqInfo si(p, b);
     int i0, hk, n_first, n_count;
-    if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
+    if (!query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count)) return;
     if (tid == 0) {
         mbar_init(full_q, kProducers);
         for (int s = 0; s < kKs; ++s) {

@@ -241,10 +241,11 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     float* sLg = sRq + BM;                                     // [2][BN] hyperbolic midpoint: log γ_j
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int b = blockIdx.z, h = blockIdx.y;
+    int b, h;
+    const int m_block = grid_tile<true>(p, b, h);
     const SeqInfo si(p, b);
     int i0, hk, n_first, n_count;
-    if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
+    if (!query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count)) return;
 
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);

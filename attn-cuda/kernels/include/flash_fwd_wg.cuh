@@ -135,10 +135,11 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     float* sLg = sK0 + 2 * BN + BM;                           // [2][BN] hyperbolic midpoint: log γ_j
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-    const int b = blockIdx.z, h = blockIdx.y;
+    int b, h;
+    const int m_block = grid_tile<true>(p, b, h);
     const SeqInfo si(p, b);
     int i0, hk, n_first, n_count;
-    if (!query_tile<BM, BN>(p, si, h, i0, hk, n_first, n_count)) return;
+    if (!query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count)) return;
 
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);

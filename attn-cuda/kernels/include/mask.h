@@ -138,11 +138,10 @@ __device__ __forceinline__ void key_tile_query_blocks(const AttnParams& p, const
     m_count = q_end > m_first * BM ? (q_end - 1) / BM - m_first + 1 : 0;
 }
 
-// The query tile of this block in the forward and dQ kernels: rows i0.. of BM (causal grids run the
-// last tiles first: they have the most keys), the kv head hk of query head h, and the key blocks
-// [n_first, n_first + n_count) of BN keys it visits (0 when every row's key range is empty; both ends
-// of the key range are non-decreasing, so the first row's lower end and the last row's upper end bound
-// them). False when the tile starts past this sequence: the block has nothing to do.
+// The query tile m_block of the forward and dQ kernels: rows i0.. of BM, the kv head hk of query head
+// h, and the key blocks [n_first, n_first + n_count) of BN keys it visits (0 when every row's key range
+// is empty; both ends of the key range are non-decreasing, so the first row's lower end and the last
+// row's upper end bound them). False when the tile starts past this sequence: nothing to do.
 template <int BM, int BN>
 __device__ __forceinline__ bool query_tile_at(const AttnParams& p, const SeqInfo& si, int h, int m_block, int& i0,
                                               int& hk, int& n_first, int& n_count) {
@@ -155,19 +154,48 @@ __device__ __forceinline__ bool query_tile_at(const AttnParams& p, const SeqInfo
     n_count = j_end > j_begin ? (j_end - 1) / BN - n_first + 1 : 0;
     return true;
 }
-template <int BM, int BN>
-__device__ __forceinline__ bool query_tile(const AttnParams& p, const SeqInfo& si, int h, int& i0, int& hk,
-                                           int& n_first, int& n_count) {
-    const int m_block = p.causal != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    return query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count);
+
+// The work order of a flash grid: the t-th block in launch order of `tiles` tiles per (batch entry,
+// head) pair, `heads` heads and `pairs` pairs in all takes batch entry b, head h and tile rank r.
+// Without a causal mask every tile of a pair has the same work, and the launch order stands: tiles
+// fastest, pair by pair, so the blocks at work share one or two heads' streamed rows in L2. Under a
+// causal mask rank 0 has the most work (a query tile's keys, a key tile's queries) and the last rank
+// the least: pair by pair, the heaviest tiles of the last pairs would start near the end of the grid
+// and run on alone. So the pairs go in sections of `section` (heuristics::causal_sections: as many as
+// share the L2) with the ranks slowest inside one: every pair's heaviest tile first, the lightest
+// last (longest-processing-time-first, which keeps the tail short). section = 1 is pair by pair.
+__device__ __forceinline__ void tile_order(const AttnParams& p, int t, int tiles, int heads, int pairs, int section,
+                                           int& b, int& h, int& r) {
+    int bh;
+    if (p.causal == 0 || section <= 1) {
+        r = t % tiles;
+        bh = t / tiles;
+    } else {
+        const int first = t / (section * tiles) * section;  // the section's first pair
+        const int count = min(section, pairs - first);
+        const int i = t - first * tiles;
+        r = i / count;
+        bh = first + i % count;
+    }
+    h = bh % heads;
+    b = bh / heads;
 }
 
-// The persistent forward's tile t of the (query tile, head, batch) space, query tiles fastest (so the
-// blocks at work at any time share one or two heads' K and V in L2), a head's last tiles first under a
-// causal mask (they have the most keys): batch entry b, query head h and query tile m_block.
+// This block's batch entry b, head h (query head, or kv head for key tiles) and tile of a (tiles,
+// heads, batch) grid (tile_order). Query tiles (forward, dQ) count from the last under a causal mask
+// (it has the most keys); key tiles (dK/dV) from the first (it has the most queries).
+template <bool kQueryTiles>
+__device__ __forceinline__ int grid_tile(const AttnParams& p, int& b, int& h) {
+    const int t = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    int r;
+    tile_order(p, t, gridDim.x, gridDim.y, gridDim.y * gridDim.z, kQueryTiles ? p.section_q : p.section_k, b, h, r);
+    return kQueryTiles && p.causal != 0 ? gridDim.x - 1 - r : r;
+}
+
+// The warp-specialised forward's tile t of the (query tile, head, batch) space (tile_order; the last
+// query tiles first under a causal mask): batch entry b, query head h and query tile m_block.
 __device__ __forceinline__ void persistent_tile(const AttnParams& p, int t, int& b, int& h, int& m_block) {
-    const int m = t % p.tiles_q, bh = t / p.tiles_q;
-    h = bh % p.heads_q;
-    b = bh / p.heads_q;
-    m_block = p.causal != 0 ? p.tiles_q - 1 - m : m;
+    int r;
+    tile_order(p, t, p.tiles_q, p.heads_q, p.heads_q * p.batch, p.section_q, b, h, r);
+    m_block = p.causal != 0 ? p.tiles_q - 1 - r : r;
 }

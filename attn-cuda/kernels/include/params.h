@@ -71,4 +71,8 @@ struct AttnParams {
     // row kernels that the statistics are the denominators (the backward's second half holds 1/den).
     float poly_a0, poly_a1, poly_a2;
     int poly;
+    // Causal grids: (batch entry, head) pairs per section of mask.h's tile_order, for the grids of
+    // query tiles (forward, dQ) and of key tiles (dK/dV, fused); 1: head by head (host:
+    // heuristics::causal_sections).
+    int section_q, section_k;
 };
