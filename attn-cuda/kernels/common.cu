@@ -1,4 +1,5 @@
-// Row kernels shared by every family's backward, for f32, f16 and bf16 storage. One warp per row.
+// Row kernels shared by every family's backward, for f32, f16 and bf16 storage; rows as
+// simt_f32.cuh's with_lane_row lays them out (a group of lanes per 16-bit row, else a warp).
 //   attn_bwd_delta_{dt}:       δ_i = dO_i · o_i (f32, statistics layout), and after the stats_len
 //                              values of δ the LSE in log2 units (the warp-specialised dK/dV kernel's;
 //                              1/den for Taylor on the flash skeleton)
@@ -20,18 +21,17 @@ namespace attn {
 
 template <typename T>
 __device__ __forceinline__ void bwd_delta(const AttnParams& p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
+    const int b = blockIdx.z, h = blockIdx.y;
     const SeqInfo si(p, b);
-    if (i >= si.len_q) return;
-    const long long off = si.o_off(p, i, h);
-    with_lane_row<T>(p.head_dim, lane, [&](auto lr) {
+    with_lane_row<T>(p.head_dim, [&](auto lr, int i) {
+        if (i >= si.len_q) return;
         constexpr int E = decltype(lr)::kE;
+        const long long off = si.o_off(p, i, h);
         float o[E], g[E];
         lr.load(static_cast<const T*>(p.o) + off, o);
         lr.load(static_cast<const T*>(p.d_o) + off, g);
-        const float s = dot_lanes(o, g);
-        if (lane == 0) {
+        const float s = lr.dot(o, g);
+        if (lr.lane == 0) {
             const long long at = si.stats_index(p, h, i);
             p.delta[at] = s;
             // The LSE in log2 units less the hyperbolic scores' constant (0 for the others; +∞ for a
@@ -50,18 +50,17 @@ __device__ __forceinline__ void bwd_delta(const AttnParams& p) {
 // x̂ = x·r, rounded to T, into p.dq / p.dk (scratch of the dq / dk layout).
 template <typename T, bool kQuery, bool kWrite>
 __device__ __forceinline__ void inv_norm_rows(const AttnParams& p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.z, h = blockIdx.y, n = blockIdx.x * kSimtRows + warp;
+    const int b = blockIdx.z, h = blockIdx.y;
     const SeqInfo si(p, b);
-    if (n >= (kQuery ? si.len_q : si.key_rows(p))) return;
-    const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
-    const long long off = kQuery ? si.dq_off(p, n, h) : si.dk_off(p, n, h);
-    with_lane_row<T>(p.head_dim, lane, [&](auto lr) {
+    with_lane_row<T>(p.head_dim, [&](auto lr, int n) {
+        if (n >= (kQuery ? si.len_q : si.key_rows(p))) return;
         constexpr int E = decltype(lr)::kE;
+        const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
+        const long long off = kQuery ? si.dq_off(p, n, h) : si.dk_off(p, n, h);
         float v[E];
         lr.load(x, v);
-        const float r = 1.f / fmaxf(sqrtf(dot_lanes(v, v)), p.eps);
-        if (lane == 0) (kQuery ? p.rq : p.rk)[off / p.head_dim] = r;
+        const float r = 1.f / fmaxf(sqrtf(lr.dot(v, v)), p.eps);
+        if (lr.lane == 0) (kQuery ? p.rq : p.rk)[lr.rows(off)] = r;
         if (kWrite) {
 #pragma unroll
             for (int i = 0; i < E; ++i) v[i] *= r;
@@ -72,26 +71,23 @@ __device__ __forceinline__ void inv_norm_rows(const AttnParams& p) {
 
 template <typename T, bool kQuery>
 __device__ __forceinline__ void l2norm_bwd_rows(const AttnParams& p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.z, h = blockIdx.y, n = blockIdx.x * kSimtRows + warp;
+    const int b = blockIdx.z, h = blockIdx.y;
     const SeqInfo si(p, b);
-    if (n >= (kQuery ? si.len_q : si.key_rows(p))) return;
-    const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
-    const long long off = kQuery ? si.dq_off(p, n, h) : si.dk_off(p, n, h);
-    with_lane_row<T>(p.head_dim, lane, [&](auto lr) {
+    with_lane_row<T>(p.head_dim, [&](auto lr, int n) {
+        if (n >= (kQuery ? si.len_q : si.key_rows(p))) return;
         constexpr int E = decltype(lr)::kE;
+        const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
+        const long long off = kQuery ? si.dq_off(p, n, h) : si.dk_off(p, n, h);
         float xv[E], g[E];
         lr.load(x, xv);
-        if (kQuery && p.dq_acc_tiled) {  // dq̂ of the warp-specialised fused backward
-#pragma unroll
-            for (int i = 0; i < E; ++i) g[i] = lr.has(i) ? si.dq_acc_at(p, h, n, off, lr.col(i)) : 0.f;
-        } else {
-            lr.load((kQuery ? p.dq_acc : p.dk_acc) + off, g);  // dx̂
-        }
-        const float norm = sqrtf(dot_lanes(xv, xv));
+        if (kQuery)  // dq̂ (the fused backward's tiled layout or the dq layout)
+            load_dq_acc(lr, p, si, h, n, off, g);
+        else
+            lr.load(p.dk_acc + off, g);  // dk̂
+        const float norm = sqrtf(lr.dot(xv, xv));
         if (norm > p.eps) {
             const float inv = 1.f / norm;
-            const float xd = dot_lanes(xv, g) * inv;  // x̂ · dx̂
+            const float xd = lr.dot(xv, g) * inv;  // x̂ · dx̂
 #pragma unroll
             for (int i = 0; i < E; ++i) g[i] = (g[i] - xv[i] * inv * xd) * inv;
         } else {

@@ -10,13 +10,13 @@
 //   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_wg_{f16,bf16}_d128: the fused Hopper backward (dK,
 //       dV, and dQ with its row sums reduced into f32 scratch), finished by attn_hyp_dq_store_{dt}
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
-//   attn_hyp_rows_{q,k}_{f32,f16,bf16}: the per-row scalars every kernel above reads, one warp per
-//       row (simt_f32.cuh's LaneRow loads), sums in f64 and rounded once to f32:
+//   attn_hyp_rows_{q,k}_{f32,f16,bf16}: the per-row scalars every kernel above reads, rows as
+//       simt_f32.cuh's with_lane_row lays them out, sums in f64 and rounded once to f32:
 //       q rows: q0 = √(1/c + ‖q‖²) and ‖q‖ (stats_index);
 //       k rows: k0 and ‖k‖, and for the Einstein midpoint γ_j = 1/√(1 − min(c‖v_j‖², KLEIN_MAX_NORM2)):
 //       log γ_j and its gradient factor c γ_j² (0 where the clamp is active), at key_index.
 //   attn_hyp_dq_store_{f16,bf16}: dq_i = hyp_grad·(dq_acc_i − (a_i/q0_i)·q_i) after the fused backward,
-//       one warp per row (the dQ kernel's epilogue, lorentz_dq_epilogue, from the f32 sums).
+//       with_lane_row's rows (the dQ kernel's epilogue, lorentz_dq_epilogue, from the f32 sums).
 #include "include/flash_bwd.cuh"
 #include "include/flash_fwd.cuh"
 #include "include/flash_fwd_wg.cuh"
@@ -27,7 +27,8 @@
 
 namespace attn {
 
-// Σ x_d² of a row in f64 (each lane's elements, then the warp), the elements read as LaneRow lays them.
+// Σ x_d² of a row in f64 (each lane's elements, then the lanes of the row), the elements read as
+// LaneRow lays them.
 template <class LR, typename T>
 __device__ __forceinline__ double row_sum_sq_f64(const LR& lr, const T* x) {
     float v[LR::kE];
@@ -35,34 +36,22 @@ __device__ __forceinline__ double row_sum_sq_f64(const LR& lr, const T* x) {
     double s = 0.0;
 #pragma unroll
     for (int i = 0; i < LR::kE; ++i) s = fma((double)v[i], (double)v[i], s);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    return s;
+    return lr.sum(s);
 }
 
 template <typename T, bool kQuery>
 __device__ __forceinline__ void hyp_rows(const AttnParams& p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.z, h = blockIdx.y, n = blockIdx.x * kSimtRows + warp;
+    const int b = blockIdx.z, h = blockIdx.y;
     const SeqInfo si(p, b);
-    if (n >= (kQuery ? si.len_q : si.key_rows(p))) return;
-    const int D = p.head_dim;
     const double c = p.curvature;
-    const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
-    double s2 = 0.0, n2 = 0.0;
-    with_lane_row<T>(D, lane, [&](auto lr) {
-        s2 = row_sum_sq_f64(lr, x);
+    with_lane_row<T>(p.head_dim, [&](auto lr, int n) {
+        if (n >= (kQuery ? si.len_q : si.key_rows(p))) return;
+        const T* x = static_cast<const T*>(kQuery ? p.q : p.k) + (kQuery ? si.q_off(p, n, h) : si.k_off(p, n, h));
+        const double s2 = row_sum_sq_f64(lr, x);
+        double n2 = 0.0;
         if (!kQuery && p.midpoint) n2 = c * row_sum_sq_f64(lr, static_cast<const T*>(p.v) + si.v_off(p, n, h));
-    });
-    const long long at = kQuery ? si.stats_index(p, h, n) : si.key_index(p, h, n);
-    float lg = 0.f, dg = 0.f;
-    if (!kQuery && p.midpoint) {
-        const bool clamped = n2 > kKleinMaxNorm2;
-        const double m2 = fmin(n2, kKleinMaxNorm2);
-        lg = (float)(-0.5 * log1p(-m2));
-        dg = clamped ? 0.f : (float)(c / (1.0 - m2));
-    }
-    if (lane == 0) {
+        if (lr.lane != 0) return;
+        const long long at = kQuery ? si.stats_index(p, h, n) : si.key_index(p, h, n);
         const float x0 = (float)sqrt(1.0 / c + s2), norm = (float)sqrt(s2);
         if (kQuery) {
             p.x0q[at] = x0;
@@ -71,11 +60,13 @@ __device__ __forceinline__ void hyp_rows(const AttnParams& p) {
             p.x0k[at] = x0;
             p.nk[at] = norm;
             if (p.midpoint) {
-                p.lgk[at] = lg;
-                p.dgk[at] = dg;
+                const bool clamped = n2 > kKleinMaxNorm2;
+                const double m2 = fmin(n2, kKleinMaxNorm2);
+                p.lgk[at] = (float)(-0.5 * log1p(-m2));
+                p.dgk[at] = clamped ? 0.f : (float)(c / (1.0 - m2));
             }
         }
-    }
+    });
 }
 
 }  // namespace attn

@@ -499,7 +499,8 @@ pub(crate) enum RowKernel {
 }
 
 pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
-    let rows = heuristics::SIMT_ROWS;
+    let rows =
+        heuristics::SIMT_ROWS * heuristics::row_kernel_rows_per_warp(spec.head_dim(), spec.dtype().size());
     let (b, hq, hkv) = (spec.batch(), spec.heads_q(), spec.heads_kv());
     let over_q = (heuristics::blocks(spec.seq_q(), rows), hq, b);
     let over_k = (heuristics::blocks(spec.seq_k(), rows), hkv, b);

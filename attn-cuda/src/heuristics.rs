@@ -7,8 +7,18 @@
 
 /// Threads per block of every flash and row kernel.
 pub(crate) const THREADS: u32 = 128;
-/// Rows (one warp each) per block of the SIMT and row kernels (`kSimtRows`).
+/// Warps per block of the SIMT and row kernels (`kSimtRows`); a SIMT kernel's warp holds one row.
 pub(crate) const SIMT_ROWS: usize = 4;
+
+/// Rows per warp of the row kernels (`with_lane_row` in `simt_f32.cuh`): 16-bit rows of
+/// D ∈ {16, 32, 64} take D/8 lanes each, of D ∈ {128, 256} D/16; every other row the whole warp.
+pub(crate) fn row_kernel_rows_per_warp(head_dim: usize, elem_bytes: usize) -> usize {
+    match (elem_bytes, head_dim) {
+        (2, 16 | 32 | 64) => 32 / (head_dim / 8),
+        (2, 128 | 256) => 32 / (head_dim / 16),
+        _ => 1,
+    }
+}
 
 /// Tile shape of one pass at one head dim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -448,6 +458,20 @@ pub(crate) fn blocks(n: usize, per_block: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_kernels_share_warps_between_16_bit_rows() {
+        // Lanes of 8-element chunks, at most 16 elements a lane: rows per warp × lanes per row = 32.
+        for (d, rows, lanes) in [(16, 16, 2), (32, 8, 4), (64, 4, 8), (128, 4, 8), (256, 2, 16)] {
+            assert_eq!(row_kernel_rows_per_warp(d, 2), rows, "D = {d}");
+            assert_eq!(rows * lanes, 32, "D = {d}");
+            assert!(d / lanes <= 16 && (d / lanes) % 8 == 0, "D = {d}");
+        }
+        // f32 rows and head dims off the vector layout take a warp each.
+        assert_eq!(row_kernel_rows_per_warp(64, 4), 1);
+        assert_eq!(row_kernel_rows_per_warp(96, 2), 1);
+        assert_eq!(row_kernel_rows_per_warp(48, 2), 1);
+    }
 
     #[test]
     fn causal_sections_fill_the_l2_share_and_never_drop_below_one() {

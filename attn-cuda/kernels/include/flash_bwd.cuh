@@ -345,11 +345,11 @@ __device__ __forceinline__ void dkdv_store(const AttnParams& p, const SeqInfo& s
         for (int r = 0; r < 2; ++r) {
             const bool valid = key[mt][r] < si.key_rows(p);
             const long long offk = valid ? si.dk_off(p, key[mt][r], hk) + d0 : 0;
+            const T* kh = static_cast<const T*>(p.k) + (valid ? si.k_off(p, key[mt][r], hk) : 0);
             // Cosine-sim here: k̂·dk̂ over the quad (every lane of the warp takes part in the shuffles).
             float kd = 0.f, rk = 1.f;
             if (kProject && norms) {
                 if (valid) {
-                    const T* kh = static_cast<const T*>(p.k) + si.k_off(p, key[mt][r], hk);
 #pragma unroll
                     for (int at = 0; at < AT; ++at) {
                         const V2 k2 = *reinterpret_cast<const V2*>(kh + at * 8 + 2 * t4);
@@ -362,7 +362,6 @@ __device__ __forceinline__ void dkdv_store(const AttnParams& p, const SeqInfo& s
             }
             if (!valid) continue;
             const long long offv = si.dv_off(p, key[mt][r], hk) + d0;
-            const T* kh = static_cast<const T*>(p.k) + si.k_off(p, key[mt][r], hk);
             // ‖k‖ > eps: the projection; else dk̂/eps (rk = 1/eps).
             const bool project = rk * p.eps < 1.f;
 #pragma unroll

@@ -24,53 +24,100 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-// The elements of a row that a lane holds in the row kernels (common.cu, hyperbolic.cu; one warp per
-// row). kVec: E
-// consecutive elements from lane·E, one vector access per row and lane — 16-bit rows of D = 32·E
-// (E = 2, 4, 8), 16-byte aligned on the tensor-core path (backend.rs checks pointers and strides),
-// and their f32 scratch rows; otherwise d = lane + 32·i for i < E = kSimtChunks (D ≤ 256), d < D, the
-// layout of the f32 SIMT kernels below (load_row).
-template <int Bytes> struct LaneWord;
-template <> struct LaneWord<4> { using type = uint32_t; };
-template <> struct LaneWord<8> { using type = uint2; };
-template <> struct LaneWord<16> { using type = uint4; };
-
-template <int E, bool kVec>
+// The elements of a row that a lane holds in the row kernels (common.cu, hyperbolic.cu).
+// kVec (16-bit rows of D ∈ {16, 32, 64, 128, 256}, 16-byte aligned on the tensor-core path: backend.rs
+// checks the inputs' pointers and strides, `store` checks its row): G lanes share a row (D/8 up to
+// D = 64, D/16 above: at most 16 elements a lane, which keeps the l2-norm backward, two rows of E f32
+// values per lane, under 64 registers), so a warp holds 32/G rows, and lane s of the group holds the
+// 8-element chunks s, s + G, s + 2G, … of the row (E = D/G elements), one 16-byte access per chunk, the
+// group's accesses contiguous; the f32
+// scratch rows of those rows the same columns. The per-row work (indices, norms, the statistics'
+// stores) is then shared by 32/G rows per instruction: with one row per warp these kernels were
+// bound by issue, not by bandwidth (NOTES.md, version 13). Otherwise the whole warp holds one row,
+// d = lane + 32·i for i < E = kSimtChunks (D ≤ 256), d < D, the layout of the f32 SIMT kernels below
+// (load_row).
+template <int E, bool kVec, int G = 32>
 struct LaneRow {
     static constexpr int kE = E;
-    int lane, D;
-    __device__ __forceinline__ int col(int i) const { return kVec ? lane * E + i : lane + 32 * i; }
+    static constexpr int kC = 8;  // elements per 16-byte chunk (kVec)
+    static_assert(!kVec || (E % kC == 0 && G <= 32 && (G & (G - 1)) == 0), "LaneRow: chunks of 8, groups of 2^k");
+    int lane;       // within the row's group
+    int D;
+    unsigned mask;  // the group's lanes (shuffles)
+    __device__ __forceinline__ int col(int i) const { return kVec ? ((i / kC) * G + lane) * kC + i % kC : lane + 32 * i; }
     __device__ __forceinline__ bool has(int i) const { return kVec || col(i) < D; }
+    // off / D for an offset of whole rows (a shift where D is fixed by the layout).
+    __device__ __forceinline__ long long rows(long long off) const { return kVec ? off / (E * G) : off / D; }
+
+    template <typename X>
+    __device__ __forceinline__ X sum(X x) const {
+#pragma unroll
+        for (int o = G / 2; o > 0; o >>= 1) x += __shfl_xor_sync(mask, x, o);
+        return x;
+    }
+    __device__ __forceinline__ float dot(const float (&a)[E], const float (&b)[E]) const {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < E; ++i) s = fmaf(a[i], b[i], s);
+        return sum(s);
+    }
 
     template <typename T>
     __device__ __forceinline__ void load(const T* row, float (&v)[E]) const {
         if constexpr (kVec && sizeof(T) == 2) {
-            using W = typename LaneWord<2 * E>::type;
-            const W w = *reinterpret_cast<const W*>(row + lane * E);
-            const T* e = reinterpret_cast<const T*>(&w);
 #pragma unroll
-            for (int i = 0; i < E; ++i) v[i] = to_f32(e[i]);
-        } else if constexpr (kVec) {
+            for (int c = 0; c < E / kC; ++c) {
+                const uint4 w = *reinterpret_cast<const uint4*>(row + col(c * kC));
+                const T* e = reinterpret_cast<const T*>(&w);
 #pragma unroll
-            for (int i = 0; i < E; i += 2) {
-                const float2 w = *reinterpret_cast<const float2*>(row + lane * E + i);
-                v[i] = w.x, v[i + 1] = w.y;
+                for (int i = 0; i < kC; ++i) v[c * kC + i] = to_f32(e[i]);
             }
+        } else if constexpr (kVec) {
+            load_f32_chunks([&](int c0) { return row + c0; }, v);
         } else {
 #pragma unroll
             for (int i = 0; i < E; ++i) v[i] = has(i) ? to_f32(row[col(i)]) : 0.f;
         }
     }
 
+    // f32 elements of a row whose 8-column chunks are contiguous, 32-byte aligned runs at chunk(c0)
+    // (c0 = the chunk's first column): the f32 scratch rows, and the tiled dq_acc of the fused backward.
+    template <class Chunk>
+    __device__ __forceinline__ void load_f32_chunks(Chunk&& chunk, float (&v)[E]) const {
+        if constexpr (kVec) {
+#pragma unroll
+            for (int c = 0; c < E / kC; ++c) {
+                const float4* s = reinterpret_cast<const float4*>(chunk(col(c * kC)));
+                const float4 a = s[0], b = s[1];
+                v[c * kC + 0] = a.x, v[c * kC + 1] = a.y, v[c * kC + 2] = a.z, v[c * kC + 3] = a.w;
+                v[c * kC + 4] = b.x, v[c * kC + 5] = b.y, v[c * kC + 6] = b.z, v[c * kC + 7] = b.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < E; ++i) v[i] = has(i) ? chunk(col(i) & ~7)[col(i) & 7] : 0.f;
+        }
+    }
+
     template <typename T>
     __device__ __forceinline__ void store(T* row, const float (&v)[E]) const {
         if constexpr (kVec && sizeof(T) == 2) {
-            using W = typename LaneWord<2 * E>::type;
-            W w;
-            T* e = reinterpret_cast<T*>(&w);
+            // Outputs are checked for 4-byte alignment only (backend.rs): 16-byte stores where the row
+            // allows them, else pairs.
+            const bool wide = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
 #pragma unroll
-            for (int i = 0; i < E; ++i) e[i] = from_f32<T>(v[i]);
-            *reinterpret_cast<W*>(row + lane * E) = w;
+            for (int c = 0; c < E / kC; ++c) {
+                uint4 w;
+                T* e = reinterpret_cast<T*>(&w);
+#pragma unroll
+                for (int i = 0; i < kC; ++i) e[i] = from_f32<T>(v[c * kC + i]);
+                T* at = row + col(c * kC);
+                if (wide) {
+                    *reinterpret_cast<uint4*>(at) = w;
+                } else {
+                    uint32_t* d = reinterpret_cast<uint32_t*>(at);
+                    d[0] = w.x, d[1] = w.y, d[2] = w.z, d[3] = w.w;
+                }
+            }
         } else {
 #pragma unroll
             for (int i = 0; i < E; ++i)
@@ -79,51 +126,68 @@ struct LaneRow {
     }
 };
 
-// f(LaneRow) with the vector layout where T is 16-bit and D ∈ {64, 128, 256}, else the strided one.
+template <int E, int G, class F>
+__device__ __forceinline__ void lane_group(int warp_row, int lane, int D, F& f) {
+    const int first = lane & ~(G - 1);
+    const unsigned mask = G == 32 ? 0xffffffffu : ((1u << G) - 1u) << first;
+    f(LaneRow<E, true, G>{lane - first, D, mask}, warp_row * (32 / G) + lane / G);
+}
+
+// The row kernels' thread → row map: f(LaneRow, n) with n the row (position) of this thread's group,
+// blocks of kSimtRows warps along blockIdx.x. Rows per warp (host: heuristics::row_kernel_rows_per_warp):
+// 32/G for the vector layout (16-bit T, D ∈ {16, 32, 64, 128, 256}), else 1.
 template <typename T, class F>
-__device__ __forceinline__ void with_lane_row(int D, int lane, F&& f) {
+__device__ __forceinline__ void with_lane_row(int D, F&& f) {
+    const int lane = threadIdx.x % 32;
+    const int w = blockIdx.x * kSimtRows + threadIdx.x / 32;
     if constexpr (sizeof(T) == 2) {
-        if (D == 64) return f(LaneRow<2, true>{lane, D});
-        if (D == 128) return f(LaneRow<4, true>{lane, D});
-        if (D == 256) return f(LaneRow<8, true>{lane, D});
+        if (D == 16) return lane_group<8, 2>(w, lane, D, f);
+        if (D == 32) return lane_group<8, 4>(w, lane, D, f);
+        if (D == 64) return lane_group<8, 8>(w, lane, D, f);
+        if (D == 128) return lane_group<16, 8>(w, lane, D, f);
+        if (D == 256) return lane_group<16, 16>(w, lane, D, f);
     }
-    f(LaneRow<kSimtChunks, false>{lane, D});
+    f(LaneRow<kSimtChunks, false>{lane, D, 0xffffffffu}, w);
 }
 
-template <int E>
-__device__ __forceinline__ float dot_lanes(const float (&a)[E], const float (&b)[E]) {
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < E; ++i) s = fmaf(a[i], b[i], s);
-    return warp_sum(s);
+// Query i's f32 dQ sums in the LaneRow layout, whichever layout p.dq_acc has (SeqInfo::dq_acc_at;
+// `off`: the row's dq offset). In the tiled layout a row's 8-column chunks are contiguous runs.
+template <class LR>
+__device__ __forceinline__ void load_dq_acc(const LR& lr, const AttnParams& p, const SeqInfo& si, int h, int i,
+                                            long long off, float (&v)[LR::kE]) {
+    if (p.dq_acc_tiled)
+        lr.load_f32_chunks([&](int c0) { return p.dq_acc + si.dq_acc_index(p, h, i, c0); }, v);
+    else
+        lr.load(p.dq_acc + off, v);
 }
 
-// Row kernel after the fused Hopper backward, one warp per query row: dq_i from the f32 dQ scratch
+// Row kernel after the fused Hopper backward (with_lane_row's rows): dq_i from the f32 dQ scratch
 // p.dq_acc. kLorentz (hyperbolic scores): dq_i = hyp_grad·(dq_acc_i − (a_i/q0_i)·q_i) with the row
 // sums a_i of p.dq_rowsum, the dQ kernel's epilogue (lorentz_dq_epilogue) on the f32 sums.
 template <typename T, bool kLorentz>
 __device__ __forceinline__ void dq_acc_store_rows(const AttnParams& p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
+    const int b = blockIdx.z, h = blockIdx.y;
     const SeqInfo si(p, b);
-    if (i >= si.len_q) return;
-    const long long off = si.dq_off(p, i, h);
-    float ratio = 0.f;
-    const T* q = nullptr;
-    if constexpr (kLorentz) {
-        const long long at = si.stats_index(p, h, i);
-        ratio = p.dq_rowsum[at] / p.x0q[at];
-        q = static_cast<const T*>(p.q) + si.q_off(p, i, h);
-    }
-    for (int d = lane; d < p.head_dim; d += 32) {
-        const float acc = si.dq_acc_at(p, h, i, off, d);
-        static_cast<T*>(p.dq)[off + d] =
-            from_f32<T>(kLorentz ? p.hyp_grad * fmaf(-ratio, to_f32(q[d]), acc) : acc);
-    }
+    with_lane_row<T>(p.head_dim, [&](auto lr, int i) {
+        if (i >= si.len_q) return;
+        constexpr int E = decltype(lr)::kE;
+        const long long off = si.dq_off(p, i, h);
+        float acc[E];
+        load_dq_acc(lr, p, si, h, i, off, acc);
+        if constexpr (kLorentz) {
+            const long long at = si.stats_index(p, h, i);
+            const float ratio = p.dq_rowsum[at] / p.x0q[at];
+            float q[E];
+            lr.load(static_cast<const T*>(p.q) + si.q_off(p, i, h), q);
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[e] = p.hyp_grad * fmaf(-ratio, q[e], acc[e]);
+        }
+        lr.store(static_cast<T*>(p.dq) + off, acc);
+    });
 }
 
 __device__ __forceinline__ void load_row(float (&x)[kSimtChunks], const float* row, int D, int lane) {
-    LaneRow<kSimtChunks, false>{lane, D}.load(row, x);
+    LaneRow<kSimtChunks, false>{lane, D, 0xffffffffu}.load(row, x);
 }
 
 __device__ __forceinline__ float row_dot(const float (&x)[kSimtChunks], const float* row, int D, int lane) {
