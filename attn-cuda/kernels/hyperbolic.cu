@@ -10,8 +10,9 @@
 //   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_wg_{f16,bf16}_d128: the fused Hopper backward (dK,
 //       dV, and dQ with its row sums reduced into f32 scratch), finished by attn_hyp_dq_store_{dt}
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
-//   attn_hyp_rows_{q,k}_{f32,f16,bf16}: the per-row scalars every kernel above reads, rows as
-//       simt_f32.cuh's with_lane_row lays them out, sums in f64 and rounded once to f32:
+//   attn_hyp_rows_{f32,f16,bf16}: the per-row scalars every kernel above reads (grid.y: the query heads,
+//       then the key heads), rows as simt_f32.cuh's with_lane_row lays them out, sums in f64 and rounded
+//       once to f32:
 //       q rows: q0 = √(1/c + ‖q‖²) and ‖q‖ (stats_index);
 //       k rows: k0 and ‖k‖, and for the Einstein midpoint γ_j = 1/√(1 − min(c‖v_j‖², KLEIN_MAX_NORM2)):
 //       log γ_j and its gradient factor c γ_j² (0 where the clamp is active), at key_index.
@@ -40,8 +41,8 @@ __device__ __forceinline__ double row_sum_sq_f64(const LR& lr, const T* x) {
 }
 
 template <typename T, bool kQuery>
-__device__ __forceinline__ void hyp_rows(const AttnParams& p) {
-    const int b = blockIdx.z, h = blockIdx.y;
+__device__ __forceinline__ void hyp_rows(const AttnParams& p, int h) {
+    const int b = blockIdx.z;
     const SeqInfo si(p, b);
     const double c = p.curvature;
     with_lane_row<T>(p.head_dim, [&](auto lr, int n) {
@@ -79,12 +80,13 @@ __device__ __forceinline__ void hyp_rows(const AttnParams& p) {
 ATTN_HYP_DQ_STORE(f16, __half)
 ATTN_HYP_DQ_STORE(bf16, __nv_bfloat16)
 
+// One launch for both: grid.y walks the query heads, then the key heads.
 #define ATTN_HYP_ROWS(DT, T)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(128) attn_hyp_rows_q_##DT(const __grid_constant__ AttnParams p) {  \
-        attn::hyp_rows<T, true>(p);                                                                                \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) attn_hyp_rows_k_##DT(const __grid_constant__ AttnParams p) {  \
-        attn::hyp_rows<T, false>(p);                                                                               \
+    extern "C" __global__ void __launch_bounds__(128) attn_hyp_rows_##DT(const __grid_constant__ AttnParams p) {    \
+        if ((int)blockIdx.y < p.heads_q)                                                                           \
+            attn::hyp_rows<T, true>(p, blockIdx.y);                                                                \
+        else                                                                                                       \
+            attn::hyp_rows<T, false>(p, blockIdx.y - p.heads_q);                                                   \
     }
 
 ATTN_HYP_ROWS(f32, float)

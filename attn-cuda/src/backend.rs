@@ -569,8 +569,7 @@ impl CudaAttn {
         if let [.., lgk, dgk] = ptrs[4..] {
             (p.lgk, p.dgk) = (lgk, dgk);
         }
-        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::HypRowsQ), p, op)?;
-        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::HypRowsK), p, op)?;
+        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::HypRows), p, op)?;
         Ok(bufs)
     }
 

@@ -15,7 +15,7 @@
 //!
 //! `{score}` is `sq_lorentz` or `geodesic` (the family label); the aggregation (Euclidean or Einstein
 //! midpoint) is a runtime flag of the same kernels. Hyperbolic kernels also need the per-row scalars
-//! of `attn_hyp_rows_{q,k}_{dt}` (time coordinates, norms, log γ) before any of them runs.
+//! of `attn_hyp_rows_{dt}` (time coordinates, norms, log γ) before any of them runs.
 
 use crate::heuristics::{self, Tile};
 use crate::runtime::{FusedMode, Hopper, WsMode};
@@ -488,10 +488,9 @@ pub(crate) enum RowKernel {
     L2normBwdQ,
     L2normBwdK,
     DbiasReduce,
-    /// Hyperbolic: q0 and ‖q‖ per query row.
-    HypRowsQ,
-    /// Hyperbolic: k0, ‖k‖ (and log γ, c γ² for the Einstein midpoint) per key row.
-    HypRowsK,
+    /// Hyperbolic: q0 and ‖q‖ per query row, k0, ‖k‖ (and log γ, c γ² for the Einstein midpoint) per
+    /// key row, in one launch (grid.y: the query heads, then the key heads).
+    HypRows,
     /// dq from the f32 dQ of the fused backward.
     DqStore,
     /// Hyperbolic: dq from the f32 dQ and its row sums of the fused backward.
@@ -505,12 +504,11 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
     let over_q = (heuristics::blocks(spec.seq_q(), rows), hq, b);
     let over_k = (heuristics::blocks(spec.seq_k(), rows), hkv, b);
     let module = match which {
-        RowKernel::HypRowsQ | RowKernel::HypRowsK | RowKernel::HypDqStore => Module::Hyperbolic,
+        RowKernel::HypRows | RowKernel::HypDqStore => Module::Hyperbolic,
         _ => Module::Common,
     };
     let (stem, grid) = match which {
-        RowKernel::HypRowsQ => ("hyp_rows_q", over_q),
-        RowKernel::HypRowsK => ("hyp_rows_k", over_k),
+        RowKernel::HypRows => ("hyp_rows", (over_q.0.max(over_k.0), hq + hkv, b)),
         RowKernel::Delta => ("bwd_delta", over_q),
         RowKernel::InvNormQ => ("inv_norm_q", over_q),
         RowKernel::InvNormK => ("inv_norm_k", over_k),

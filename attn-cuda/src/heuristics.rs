@@ -11,11 +11,11 @@ pub(crate) const THREADS: u32 = 128;
 pub(crate) const SIMT_ROWS: usize = 4;
 
 /// Rows per warp of the row kernels (`with_lane_row` in `simt_f32.cuh`): 16-bit rows of
-/// D ∈ {16, 32, 64} take D/8 lanes each, of D ∈ {128, 256} D/16; every other row the whole warp.
+/// D ∈ {32, 64, 128, 256} take D/16 lanes each, of D = 16 two; every other row the whole warp.
 pub(crate) fn row_kernel_rows_per_warp(head_dim: usize, elem_bytes: usize) -> usize {
     match (elem_bytes, head_dim) {
-        (2, 16 | 32 | 64) => 32 / (head_dim / 8),
-        (2, 128 | 256) => 32 / (head_dim / 16),
+        (2, 16) => 16,
+        (2, 32 | 64 | 128 | 256) => 32 / (head_dim / 16),
         _ => 1,
     }
 }
@@ -462,7 +462,7 @@ mod tests {
     #[test]
     fn row_kernels_share_warps_between_16_bit_rows() {
         // Lanes of 8-element chunks, at most 16 elements a lane: rows per warp × lanes per row = 32.
-        for (d, rows, lanes) in [(16, 16, 2), (32, 8, 4), (64, 4, 8), (128, 4, 8), (256, 2, 16)] {
+        for (d, rows, lanes) in [(16, 16, 2), (32, 16, 2), (64, 8, 4), (128, 4, 8), (256, 2, 16)] {
             assert_eq!(row_kernel_rows_per_warp(d, 2), rows, "D = {d}");
             assert_eq!(rows * lanes, 32, "D = {d}");
             assert!(d / lanes <= 16 && (d / lanes) % 8 == 0, "D = {d}");

@@ -26,9 +26,9 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 // The elements of a row that a lane holds in the row kernels (common.cu, hyperbolic.cu).
 // kVec (16-bit rows of D ∈ {16, 32, 64, 128, 256}, 16-byte aligned on the tensor-core path: backend.rs
-// checks the inputs' pointers and strides, `store` checks its row): G lanes share a row (D/8 up to
-// D = 64, D/16 above: at most 16 elements a lane, which keeps the l2-norm backward, two rows of E f32
-// values per lane, under 64 registers), so a warp holds 32/G rows, and lane s of the group holds the
+// checks the inputs' pointers and strides, `store` checks its row): G lanes share a row (D/16, and 2 at
+// D = 16: 16 elements a lane, which keeps the l2-norm backward, two rows of E f32 values per lane,
+// under 64 registers), so a warp holds 32/G rows, and lane s of the group holds the
 // 8-element chunks s, s + G, s + 2G, … of the row (E = D/G elements), one 16-byte access per chunk, the
 // group's accesses contiguous; the f32
 // scratch rows of those rows the same columns. The per-row work (indices, norms, the statistics'
@@ -142,8 +142,8 @@ __device__ __forceinline__ void with_lane_row(int D, F&& f) {
     const int w = blockIdx.x * kSimtRows + threadIdx.x / 32;
     if constexpr (sizeof(T) == 2) {
         if (D == 16) return lane_group<8, 2>(w, lane, D, f);
-        if (D == 32) return lane_group<8, 4>(w, lane, D, f);
-        if (D == 64) return lane_group<8, 8>(w, lane, D, f);
+        if (D == 32) return lane_group<16, 2>(w, lane, D, f);
+        if (D == 64) return lane_group<16, 4>(w, lane, D, f);
         if (D == 128) return lane_group<16, 8>(w, lane, D, f);
         if (D == 256) return lane_group<16, 16>(w, lane, D, f);
     }

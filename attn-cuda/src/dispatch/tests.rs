@@ -72,8 +72,15 @@ fn hyperbolic_kernels_carry_their_column_scalars_in_shared_memory() {
         (k.module, k.name.as_str()),
         (Module::Hyperbolic, "attn_hyperbolic_sq_lorentz_bwd_dq_f32")
     );
-    let rows = row_kernel(&f32, RowKernel::HypRowsK);
-    assert_eq!((rows.module, rows.grid), (Module::Hyperbolic, (33, 2, 2)));
+    // One launch over the 4 query heads, then the 2 key heads; blocks for the longer of 100 queries
+    // and 130 keys: 4 rows a block in f32 (a warp each), 32 in bf16 at D = 64 (8 a warp).
+    let rows = row_kernel(&f32, RowKernel::HypRows);
+    assert_eq!(
+        (rows.module, rows.name.as_str(), rows.grid),
+        (Module::Hyperbolic, "attn_hyp_rows_f32", (33, 6, 2))
+    );
+    let rows = row_kernel(&spec(fam, DType::BF16, 64), RowKernel::HypRows);
+    assert_eq!(rows.grid, (5, 6, 2));
 }
 
 const ON: Hopper = Hopper {
