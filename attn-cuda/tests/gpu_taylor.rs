@@ -20,8 +20,8 @@ use attn_cuda::{CudaAttnError, DeviceElem, ForwardViews};
 use common::bench::{all_finite, forward_backward, time_ms, Bufs};
 use common::shapes::{dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
 use common::{
-    check_dims, dot, gpu, identical_runs, key_rows, l2norm_bwd, prep_row, query_rows, run_gpu, taylor_family,
-    Cases, KeyRow, Outputs, QueryRow,
+    case_selected, check_dims, dot, gpu, identical_runs, key_rows, l2norm_bwd, prep_row, query_rows, run_gpu,
+    taylor_family, Cases, KeyRow, Outputs, QueryRow,
 };
 use half::{bf16, f16};
 
@@ -321,23 +321,25 @@ gpu_tests! {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
 fn taylor_results_are_identical_run_to_run() {
-    let mut failures = Vec::new();
+    let mut cases = Cases::new("taylor_results_are_identical_run_to_run");
     for (fi, &fam) in ORDERS.iter().enumerate() {
         for d in [16, 128] {
             for dtype in DType::ALL {
+                if !case_selected(d, dtype) {
+                    cases.skip();
+                    continue;
+                }
                 let spec = AttnProblem::new(fam, dtype, 2, 4, 2, 517, 700, d)
                     .with_causal(Causal::BottomRight)
                     .validate()
                     .expect("valid");
                 let case = random_case(&spec, 70 + fi as u64);
-                let r = identical_runs(&spec, &case);
-                if let Err(e) = r {
-                    failures.push(format!("{} D={d} {dtype}: {e}", spec.family().label()));
-                }
+                let label = format!("{} D={d} {dtype}", spec.family().label());
+                cases.record(label, identical_runs(&spec, &case));
             }
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    cases.finish();
 }
 
 /// MQA with 128 query heads per kv head, causal: 128 consecutive probes of the forward sweep share one
@@ -346,21 +348,24 @@ fn taylor_results_are_identical_run_to_run() {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
 fn taylor_order1_causal_large_group_matches_reference() {
-    let mut failures = Vec::new();
+    let mut cases = Cases::new("taylor_order1_causal_large_group_matches_reference");
     for (fi, fam) in [ORDERS[0], ORDER1_PLAIN].into_iter().enumerate() {
         for dtype in [DType::BF16, DType::F16] {
             for (n, (nq, nk)) in [(64, 65), (150, 200)].into_iter().enumerate() {
+                if !case_selected(32, dtype) {
+                    cases.skip();
+                    continue;
+                }
                 let spec = AttnProblem::new(fam, dtype, 1, 128, 1, nq, nk, 32)
                     .with_causal(Causal::TopLeft)
                     .validate()
                     .expect("valid");
-                if let Err(e) = check_dtype(&spec, 300 + 10 * fi as u64 + n as u64, 0, 1.0) {
-                    failures.push(format!("{} {dtype} Nq={nq} Nk={nk}: {e}", spec.family().label()));
-                }
+                let label = format!("{} {dtype} Nq={nq} Nk={nk}", spec.family().label());
+                cases.record(label, check_dtype(&spec, 300 + 10 * fi as u64 + n as u64, 0, 1.0));
             }
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    cases.finish();
 }
 
 /// Order 2 keeps f ≥ 1/2 for any score: with q, k scaled by 30 (|s| in the thousands) every output and
@@ -368,19 +373,21 @@ fn taylor_order1_causal_large_group_matches_reference() {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
 fn taylor_order2_large_scores_stay_finite_and_match_reference() {
-    let mut failures = Vec::new();
+    let mut cases = Cases::new("taylor_order2_large_scores_stay_finite_and_match_reference");
     for (n, &d) in DIMS.iter().enumerate() {
         for dtype in [DType::F32, DType::BF16] {
+            if !case_selected(d, dtype) {
+                cases.skip();
+                continue;
+            }
             let seed = 900 + n as u64;
             let spec = causal_top_left_q_shorter(taylor_family(2), dtype, d, &mut Shapes::new(seed, LENGTHS))
                 .validate()
                 .expect("valid");
-            if let Err(e) = check_dtype(&spec, seed, 0, 30.0) {
-                failures.push(format!("D={d} {dtype}: {e}"));
-            }
+            cases.record(format_args!("D={d} {dtype}"), check_dtype(&spec, seed, 0, 30.0));
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    cases.finish();
 }
 
 /// Order 1 has no floor on f: with a1·scale = a0 the weights f = a0(1 + ŝ) reach 0 where q̂ = −k̂ and the
@@ -516,24 +523,24 @@ fn decode_case<T: DeviceElem>(order: u8, d: usize) -> Result<(), String> {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
 fn taylor_decode_token_by_token_matches_the_cpu_decode() {
-    let mut failures = Vec::new();
-    let mut cases = 0;
+    let mut cases = Cases::new("taylor_decode_token_by_token_matches_the_cpu_decode");
     for order in [1, 2] {
         for d in DIMS {
-            for r in [
-                decode_case::<f32>(order, d),
-                decode_case::<f16>(order, d),
-                decode_case::<bf16>(order, d),
-            ] {
-                cases += 1;
-                if let Err(e) = r {
-                    failures.push(e);
+            for dtype in DType::ALL {
+                if !case_selected(d, dtype) {
+                    cases.skip();
+                    continue;
                 }
+                let r = match dtype {
+                    DType::F32 => decode_case::<f32>(order, d),
+                    DType::F16 => decode_case::<f16>(order, d),
+                    DType::BF16 => decode_case::<bf16>(order, d),
+                };
+                cases.record(format_args!("order {order} D={d} {dtype}"), r);
             }
         }
     }
-    println!("decode: {cases} cases, {} failed", failures.len());
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    cases.finish();
 }
 
 fn views_for<'a, T: DeviceElem>(
