@@ -23,8 +23,8 @@ use crate::heuristics;
 use crate::params::AttnParams;
 use crate::runtime::{self, Kernels};
 use attn_core::{
-    Aggregation, AttnBackend, AttnError, AttnSpec, BackwardIo, DType, Element, FamilyKind, FamilySpec,
-    ForwardIo, Op, Pass, SeqLengths,
+    Aggregation, AttnBackend, AttnError, AttnSpec, BackwardIo, Causal, DType, Element, FamilyKind,
+    FamilySpec, ForwardIo, Op, Pass, SeqLengths,
 };
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
@@ -365,17 +365,20 @@ impl CudaAttn {
         }
         let kernels = runtime::kernels_for(self.stream.context(), op)?;
         let mut params = AttnParams::from_spec(spec);
-        let (section_q, section_k) = heuristics::causal_sections(
-            spec.head_dim(),
-            spec.seq_q(),
-            spec.seq_k(),
-            spec.group(),
-            kernels.sections,
-        );
-        // At most every (batch entry, head) pair, so section × tiles stays within the grid's i32 count.
-        let pairs = spec.batch() * spec.heads_q();
-        params.section_q = i32::try_from(section_q.min(pairs)).unwrap_or(i32::MAX);
-        params.section_k = i32::try_from(section_k.min(pairs)).unwrap_or(i32::MAX);
+        // The work order's sections matter under a causal mask only (mask.h::tile_order; 0 elsewhere).
+        if spec.causal() != Causal::None {
+            let (section_q, section_k) = heuristics::causal_sections(
+                spec.head_dim(),
+                spec.seq_q(),
+                spec.seq_k(),
+                spec.group(),
+                kernels.sections,
+            );
+            // At most every (batch entry, head) pair, so section × tiles stays within the grid's i32 count.
+            let pairs = spec.batch() * spec.heads_q();
+            params.section_q = i32::try_from(section_q.min(pairs)).unwrap_or(i32::MAX);
+            params.section_k = i32::try_from(section_k.min(pairs)).unwrap_or(i32::MAX);
+        }
         let mut lengths = Lengths {
             key_lens: None,
             cu_q: None,

@@ -26,16 +26,15 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 // The elements of a row that a lane holds in the row kernels (common.cu, hyperbolic.cu).
 // kVec (16-bit rows of D ∈ {16, 32, 64, 128, 256}, 16-byte aligned on the tensor-core path: backend.rs
-// checks the inputs' pointers and strides, `store` checks its row): G lanes share a row (D/16, and 2 at
-// D = 16: 16 elements a lane, which keeps the l2-norm backward, two rows of E f32 values per lane,
-// under 64 registers), so a warp holds 32/G rows, and lane s of the group holds the
-// 8-element chunks s, s + G, s + 2G, … of the row (E = D/G elements), one 16-byte access per chunk, the
-// group's accesses contiguous; the f32
-// scratch rows of those rows the same columns. The per-row work (indices, norms, the statistics'
-// stores) is then shared by 32/G rows per instruction: with one row per warp these kernels were
-// bound by issue, not by bandwidth (NOTES.md, version 13). Otherwise the whole warp holds one row,
-// d = lane + 32·i for i < E = kSimtChunks (D ≤ 256), d < D, the layout of the f32 SIMT kernels below
-// (load_row).
+// checks the inputs' pointers and strides, `store` checks its row): G lanes share a row (D/16, and 2
+// at D = 16: at most 16 elements a lane, which keeps the l2-norm backward, two rows of E f32 values
+// per lane, under 64 registers), so a warp holds 32/G rows; lane s of the group holds the 8-element
+// chunks s, s + G, s + 2G, … of the row (E = D/G elements), one 16-byte access per chunk, the group's
+// accesses contiguous, and the same columns of the rows' f32 scratch. The per-row work (indices,
+// norms, the statistics' stores) is then shared by 32/G rows per instruction: with one row per warp
+// these kernels were bound by issue, not by bandwidth (NOTES.md, version 13). Otherwise the whole
+// warp holds one row, d = lane + 32·i for i < E = kSimtChunks (D ≤ 256), d < D, the layout of the f32
+// SIMT kernels below (load_row).
 template <int E, bool kVec, int G = 32>
 struct LaneRow {
     static constexpr int kE = E;
