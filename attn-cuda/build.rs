@@ -9,9 +9,10 @@
 //! e.g. `-gencode=arch=compute_90a,code=sm_90a` alone to cut build time while iterating on an H100.
 //!
 //! nvcc takes minutes on two cores, and cargo runs this script once per profile (check, test,
-//! release). Built fatbins are therefore cached under `<target dir>/attn-cuda-fatbins/<key>/`,
-//! keyed by a hash of nvcc's path, the flags and every kernel source: a second profile with the
-//! same inputs copies them instead of compiling again.
+//! release). Built fatbins are therefore cached under `<target dir>/attn-cuda-fatbins/`, one per
+//! kernel file, keyed by a hash of nvcc's path, the flags, the file and the headers it includes: a
+//! second profile with the same inputs copies them instead of compiling again, and an edit to one
+//! header recompiles only the files that include it.
 
 use std::collections::hash_map::DefaultHasher;
 use std::env;
@@ -32,24 +33,9 @@ const KERNELS: [(&str, &str); 7] = [
     ("taylor_flash", "kernels/taylor_flash.cu"),
 ];
 
-/// Headers every kernel file may include.
-/// Every header the kernels include: the whole `kernels/include` folder, read at build time (a
-/// fixed list went stale when a header was added: the build then neither re-ran on its edits nor
-/// keyed the fatbin cache on it).
+/// The headers' folder: cargo re-runs this script when any file in it changes (a fixed list went
+/// stale when a header was added); which files see a header is read from their includes.
 const INCLUDE_DIR: &str = "kernels/include";
-
-fn headers(manifest: &Path) -> Result<Vec<String>, String> {
-    let dir = manifest.join(INCLUDE_DIR);
-    let mut names = Vec::new();
-    for entry in fs::read_dir(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))? {
-        let entry = entry.map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
-        if entry.file_type().map(|t| t.is_file()).unwrap_or(false) {
-            names.push(format!("{INCLUDE_DIR}/{}", entry.file_name().to_string_lossy()));
-        }
-    }
-    names.sort();
-    Ok(names)
-}
 
 const GENCODE: [&str; 3] = [
     "-gencode=arch=compute_90a,code=sm_90a",
@@ -92,40 +78,45 @@ fn main() -> Result<(), String> {
     };
 
     let gencode = gencode();
-    let cache = cache_dir(&manifest, &nvcc, &gencode, &headers(&manifest)?)?;
-    if let Some(cache) = &cache {
-        let cached: Vec<PathBuf> = KERNELS
-            .iter()
-            .map(|(name, _)| cache.join(format!("{name}.fatbin")))
-            .collect();
-        if cached.iter().all(|p| p.is_file()) {
+    // Each file's cached fatbin, when there is one for its exact inputs; the others compile.
+    let mut built = Vec::new();
+    let mut to_compile = Vec::new();
+    for &(name, src) in &KERNELS {
+        let cached = cache_path(&manifest, &nvcc, &gencode, name, src)?;
+        let to = out_dir.join(format!("{name}.fatbin"));
+        match &cached {
             // Copied into OUT_DIR so the crate never depends on the cache staying in place.
-            let mut entries = Vec::new();
-            for ((name, _), from) in KERNELS.iter().zip(&cached) {
-                let to = out_dir.join(format!("{name}.fatbin"));
+            Some(from) if from.is_file() => {
                 fs::copy(from, &to).map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
-                entries.push((*name, to));
+                built.push((name, to));
             }
-            return write(&generated, &embed(entries));
+            _ => to_compile.push((name, src, cached)),
         }
     }
 
     // Compile every file concurrently; collect every error before failing.
-    let jobs: Vec<_> = KERNELS
-        .iter()
-        .map(|&(name, src)| {
+    let jobs: Vec<_> = to_compile
+        .into_iter()
+        .map(|(name, src, cached)| {
             let nvcc = nvcc.clone();
             let gencode = gencode.clone();
             let src = manifest.join(src);
             let out = out_dir.join(format!("{name}.fatbin"));
-            thread::spawn(move || compile(&nvcc, &gencode, &src, &out).map(|()| (name, out)))
+            thread::spawn(move || compile(&nvcc, &gencode, &src, &out).map(|()| (name, out, cached)))
         })
         .collect();
-    let mut built = Vec::new();
     let mut errors = Vec::new();
     for job in jobs {
         match job.join() {
-            Ok(Ok(ok)) => built.push(ok),
+            Ok(Ok((name, out, cached))) => {
+                // Best effort: a failed copy only means the next build compiles this file again.
+                if let Some(cached) = cached {
+                    if cached.parent().is_some_and(|d| fs::create_dir_all(d).is_ok()) {
+                        let _ = fs::copy(&out, cached);
+                    }
+                }
+                built.push((name, out));
+            }
             Ok(Err(e)) => errors.push(e),
             Err(_) => errors.push("an nvcc worker thread panicked".to_string()),
         }
@@ -144,14 +135,7 @@ fn main() -> Result<(), String> {
             "pub(crate) const FATBINS: Option<&[(&str, &[u8])]> = None;\n",
         );
     }
-    if let Some(cache) = &cache {
-        // Best effort: a failed copy only means the next profile compiles again.
-        if fs::create_dir_all(cache).is_ok() {
-            for (name, path) in &built {
-                let _ = fs::copy(path, cache.join(format!("{name}.fatbin")));
-            }
-        }
-    }
+    built.sort_by_key(|(name, _)| KERNELS.iter().position(|(n, _)| n == name));
     write(&generated, &embed(built))
 }
 
@@ -175,13 +159,16 @@ fn gencode() -> Vec<String> {
     }
 }
 
-/// `<target dir>/attn-cuda-fatbins/<hash of nvcc, flags and sources>`, or None when the target
-/// dir cannot be told (the build then simply compiles).
-fn cache_dir(
+/// `<target dir>/attn-cuda-fatbins/<name>-<hash>.fatbin`, the hash of nvcc's path, the flags, the
+/// kernel file and every header it includes (`#include "…"`, followed transitively), so an edit
+/// recompiles only the files that see it; None when the target dir cannot be told (the build then
+/// simply compiles).
+fn cache_path(
     manifest: &Path,
     nvcc: &Path,
     gencode: &[String],
-    headers: &[String],
+    name: &str,
+    src: &str,
 ) -> Result<Option<PathBuf>, String> {
     let target = match env::var_os("CARGO_TARGET_DIR") {
         Some(t) => PathBuf::from(t),
@@ -194,19 +181,31 @@ fn cache_dir(
     nvcc.hash(&mut h);
     gencode.hash(&mut h);
     NVCC_FLAGS.hash(&mut h);
-    for file in KERNELS
-        .iter()
-        .map(|(_, src)| *src)
-        .chain(headers.iter().map(String::as_str))
-    {
-        let text = fs::read(manifest.join(file)).map_err(|e| format!("cannot read {file}: {e}"))?;
-        file.hash(&mut h);
+    let mut seen = Vec::new();
+    let mut todo = vec![manifest.join(src)];
+    while let Some(file) = todo.pop() {
+        if seen.contains(&file) {
+            continue;
+        }
+        let text = fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
+        for line in text.lines() {
+            let quoted = line.trim_start().strip_prefix("#include").map(str::trim);
+            if let Some(inc) = quoted
+                .and_then(|q| q.strip_prefix('"'))
+                .and_then(|q| q.split('"').next())
+            {
+                todo.push(dir.join(inc));
+            }
+        }
+        file.strip_prefix(manifest).unwrap_or(&file).hash(&mut h);
         text.hash(&mut h);
+        seen.push(file);
     }
     Ok(Some(
         target
             .join("attn-cuda-fatbins")
-            .join(format!("{:016x}", h.finish())),
+            .join(format!("{name}-{:016x}.fatbin", h.finish())),
     ))
 }
 

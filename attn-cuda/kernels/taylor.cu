@@ -19,7 +19,10 @@
 //        attn_taylor_forward_{f16,bf16}_d{D},
 //        attn_taylor_decode_{step,prefill}_{dt}_d{D}, attn_taylor_decode_reduce,
 //        attn_taylor_order1_{fold,forward,dq,dkdv}_{f16,bf16}_d{D},
-//        attn_taylor_order1_causal{,_dq,_dkdv}_{f16,bf16}_d{16,32,64}.
+//        attn_taylor_order1_causal{,_dq,_dkdv}_{f16,bf16}_d{16,32,64},
+//        attn_taylor2_wg_{fold,reduce,read}_bf16_d64.
+// Order 2, bf16, D = 64, no causal mask, on Hopper (taylor_wg.cuh): a forward is wg_fold → wg_reduce →
+// wg_read (attn_cuda::taylor::Call::wg_forward).
 #include "include/taylor_decode.cuh"
 #include "include/taylor_dense.cuh"
 #include "include/taylor_order1.cuh"
@@ -27,6 +30,7 @@
 #include "include/taylor_order1_causal.cuh"
 #include "include/taylor_rows.cuh"
 #include "include/taylor_state.cuh"
+#include "include/taylor_wg.cuh"
 
 #define ATTN_TAYLOR_ROW(NAME, DT, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
@@ -154,3 +158,18 @@ ATTN_TAYLOR_DIM(128)
 ATTN_TAYLOR_ORDER1_CAUSAL(16)
 ATTN_TAYLOR_ORDER1_CAUSAL(32)
 ATTN_TAYLOR_ORDER1_CAUSAL(64)
+
+// Order 2 without a causal mask on Hopper tensor cores (taylor_wg.cuh): bf16, D = 64, sm_90a (the bodies
+// are empty for other targets; the host launches them on compute capability 9.0 only).
+extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)
+    attn_taylor2_wg_fold_bf16_d64(const __grid_constant__ TaylorParams p) {
+    attn::taylor_wg_fold(p);
+}
+extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)
+    attn_taylor2_wg_reduce_bf16_d64(const __grid_constant__ TaylorParams p) {
+    attn::taylor_wg_reduce(p);
+}
+extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)
+    attn_taylor2_wg_read_bf16_d64(const __grid_constant__ TaylorParams p) {
+    attn::taylor_wg_read(p);
+}

@@ -55,6 +55,9 @@ pub(crate) struct Hopper {
     pub sms: usize,
     /// Where Taylor order 2 runs its quadratic form on these kernels (`ATTN_CUDA_TAYLOR_DENSE`).
     pub taylor_dense: DenseMode,
+    /// Where Taylor order 2's forward without a causal mask (bf16, D = 64) runs on the wgmma state
+    /// kernels (`crate::taylor::wg_forward`, `ATTN_CUDA_TAYLOR_WG`: 0 never, 1 wherever they apply).
+    pub taylor_wg: DenseMode,
 }
 
 /// Where Taylor order 2 runs as its quadratic form on the Hopper flash kernels instead of the
@@ -139,6 +142,7 @@ impl Hopper {
             bwd_ws: bwd_ws.map(str::trim) != Some("0"),
             sms: 0,
             taylor_dense: DenseMode::Measured,
+            taylor_wg: DenseMode::Measured,
         }
     }
 }
@@ -300,6 +304,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
         hopper: Hopper {
             sms: usize::try_from(sms).unwrap_or(0),
             taylor_dense: DenseMode::parse(std::env::var("ATTN_CUDA_TAYLOR_DENSE").ok().as_deref()),
+            taylor_wg: DenseMode::parse(std::env::var("ATTN_CUDA_TAYLOR_WG").ok().as_deref()),
             ..Hopper::new(
                 cc,
                 std::env::var("ATTN_CUDA_WGMMA").ok().as_deref(),

@@ -101,7 +101,8 @@ fn unsupported(op: Op, what: String) -> AttnError {
 /// Whether a Taylor call runs as its quadratic form on the Hopper flash kernels (`TaylorScore`,
 /// kernels/taylor_flash.cu) rather than the state kernels of this module: order 2, f16 or bf16, a head
 /// dim those kernels have, the Hopper kernels of the pass on this device, and `hopper.taylor_dense`
-/// (by default where [`heuristics::dense_faster`]). Both paths save the same statistic (the
+/// (by default where [`heuristics::dense_faster`], unless a forward takes the wgmma state kernels,
+/// [`wg_forward`]). Both paths save the same statistic (the
 /// denominators), so a forward on one and a backward on the other agree.
 pub(crate) fn dense_on_flash(spec: &AttnSpec, pass: Pass, hopper: Hopper) -> bool {
     let FamilySpec::Taylor {
@@ -127,7 +128,38 @@ pub(crate) fn dense_on_flash(spec: &AttnSpec, pass: Pass, hopper: Hopper) -> boo
     match hopper.taylor_dense {
         DenseMode::Off => false,
         DenseMode::Everywhere => true,
-        DenseMode::Measured => heuristics::dense_faster(d, spec.causal() != Causal::None, spec.seq_k()),
+        DenseMode::Measured => {
+            !(pass == Pass::Forward && wg_forward(spec, hopper))
+                && heuristics::dense_faster(d, spec.causal() != Causal::None, spec.seq_k())
+        }
+    }
+}
+
+/// Whether a Taylor forward runs on the wgmma state kernels (kernels/include/taylor_wg.cuh: fold,
+/// reduce, read): order 2, bf16, D = Dv = 64, no causal mask, the Hopper kernels on this device, and
+/// `hopper.taylor_wg` (by default where [`heuristics::wg_state_faster`]; `ATTN_CUDA_TAYLOR_WG=1`
+/// wherever they apply, `=0` never). They save the denominators as the other paths do, so the
+/// backward may run on either of the others.
+pub(crate) fn wg_forward(spec: &AttnSpec, hopper: Hopper) -> bool {
+    let FamilySpec::Taylor {
+        order: TaylorOrder::Two,
+        ..
+    } = *spec.family()
+    else {
+        return false;
+    };
+    if !hopper.on
+        || spec.dtype() != DType::BF16
+        || spec.head_dim() != heuristics::WG_HEAD_DIM
+        || spec.head_dim_v() != heuristics::WG_HEAD_DIM
+        || spec.causal() != Causal::None
+    {
+        return false;
+    }
+    match hopper.taylor_wg {
+        DenseMode::Off => false,
+        DenseMode::Everywhere => true,
+        DenseMode::Measured => heuristics::wg_state_faster(spec.seq_k()),
     }
 }
 
@@ -637,6 +669,56 @@ impl<'s> Call<'s> {
         )
     }
 
+    /// The forward on the wgmma state kernels ([`wg_forward`]): the fold's per-split sums (f32), the
+    /// reduce into the read's bf16 state and f32 vector, the read (o, den).
+    fn wg_forward(&self, p: &mut TaylorParams) -> Result<()> {
+        let s = self.spec;
+        let heads = s.batch() * s.heads_kv();
+        let seg = heuristics::wg_split_len(s.seq_k(), heads, self.kernels.sms);
+        let splits = s.seq_k().div_ceil(seg).max(1);
+        (p.seg_len, p.n_seg) = (seg as i32, splits as i32);
+        // SAFETY (uninitialised): the fold writes every sum of every split that has keys, the only ones
+        // the reduce reads; the reduce writes every element of the bf16 state (u16: as many bytes).
+        let partial = unsafe {
+            self.stream
+                .alloc::<f32>(heads * splits * heuristics::WG_SPLIT_SUMS)
+        }?;
+        let state = unsafe { self.stream.alloc::<u16>(heads * heuristics::WG_STATE_ELEMS) }?;
+        let vec = self.stream.alloc_zeros::<f32>(heads * heuristics::WG_VEC)?;
+        p.st = partial.device_ptr(self.stream).0;
+        p.st_t = state.device_ptr(self.stream).0;
+        p.st_vec = vec.device_ptr(self.stream).0;
+        let name = |stem: &str| format!("attn_taylor2_wg_{stem}_bf16_d64");
+        self.run(
+            Launch {
+                name: name("fold"),
+                grid: (heuristics::WG_FOLD_BLOCKS * splits, s.heads_kv(), s.batch()),
+                smem: heuristics::WG_FOLD_SMEM,
+            },
+            p,
+        )?;
+        self.run(
+            Launch {
+                name: name("reduce"),
+                grid: (heuristics::WG_STATE_GROUPS + 1, s.heads_kv(), s.batch()),
+                smem: 0,
+            },
+            p,
+        )?;
+        self.run(
+            Launch {
+                name: name("read"),
+                grid: (
+                    heuristics::blocks(s.seq_q(), heuristics::WG_READ_QUERIES),
+                    s.heads_q(),
+                    s.batch(),
+                ),
+                smem: heuristics::WG_READ_SMEM,
+            },
+            p,
+        )
+    }
+
     /// The order-1 backward after prep_grads, per sweep (dq; then dk and dv from the reversed one, both
     /// reads of one state): its states, then one probe kernel that writes finished gradients, with no f32
     /// scratch rows and no finalize. Not causal: the whole sum of each sweep's sources (copies hi and lo),
@@ -698,6 +780,15 @@ fn forward_impl<T: DeviceElem>(call: &Call<'_>, p: &mut TaylorParams, b: Forward
     (p.base.q, p.base.k, p.base.v, p.base.o, p.base.lse) = (q, k, v, o, stats);
 
     if spec.dtype().size() == 2 {
+        // The wgmma state kernels copy 16-byte row chunks (cp.async) and store o in pairs.
+        let rows = rows_aligned(q, spec.q_strides())
+            && rows_aligned(k, spec.k_strides())
+            && rows_aligned(v, spec.v_strides())
+            && rows_aligned(o, spec.o_strides());
+        let hopper = crate::runtime::kernels_for(call.stream.context(), call.op).map(|k| k.hopper);
+        if rows && hopper.is_ok_and(|h| wg_forward(spec, h)) {
+            return call.wg_forward(p);
+        }
         return call.forward_tiles(p);
     }
     let rows_q = spec.total_q() * spec.heads_q();

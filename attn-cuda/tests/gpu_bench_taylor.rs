@@ -1,5 +1,5 @@
 //! Taylor kernel timings, for iterating on the kernels: `gpu_bench_taylor --bench [--out FILE.csv]
-//! [--orders 1,2] [--dims 64,128] [--max-n 65536]` (the bundle of `cargo xtask gpu-bundle` carries it).
+//! [--orders 1,2] [--dims 64,128] [--max-n 65536] [--ns 4096,16384] [--causal 0,1]` (the bundle of `cargo xtask gpu-bundle` carries it).
 //! Without `--bench` it does nothing, so `cargo test` stays quick. attn-bench owns the reported
 //! benchmark; this is the kernel author's stopwatch.
 //!
@@ -27,6 +27,9 @@ fn main() {
     let orders = args.list("--orders", &[1, 2]);
     let dims = args.list("--dims", &[64, 128]);
     let max_n = args.list("--max-n", &[65_536])[0];
+    let all_n: Vec<usize> = (10..=16).map(|e| 1usize << e).collect();
+    let ns = args.list("--ns", &all_n);
+    let causals = args.list("--causal", &[0, 1]);
     let g = args.gpu();
     let mut rows = vec!["order,d,n,b,h,causal,pass,ms,tb_per_s,hbm_pct,tflops,finite".to_string()];
     println!(
@@ -35,9 +38,8 @@ fn main() {
     );
     for &order in &orders {
         for &d in &dims {
-            let n_list = (10..=16).map(|e| 1usize << e).filter(|&n| n <= max_n);
-            for n in n_list {
-                for causal in [false, true] {
+            for n in ns.iter().copied().filter(|&n| n <= max_n) {
+                for causal in causals.iter().map(|&c| c != 0) {
                     let (b, h) = ((16_384 / n).max(1), 2048 / d);
                     let mut p = AttnProblem::new(taylor_family(order as u8), DType::BF16, b, h, h, n, n, d);
                     if causal {

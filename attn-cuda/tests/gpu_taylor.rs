@@ -390,6 +390,49 @@ fn taylor_order2_large_scores_stay_finite_and_match_reference() {
     cases.finish();
 }
 
+/// Order 2, bf16, D = 64 without a causal mask runs its forward on the wgmma state kernels from 8192 keys
+/// per query (the default routing, no variable needed; `ATTN_CUDA_TAYLOR_WG=1` sends the shorter shapes
+/// of this file there too): several fold splits with a partial last chunk, GQA with `Nq ≠ Nk`, key
+/// padding with an empty batch entry, and packed varlen with an empty sequence, for the default and
+/// custom coefficients. The backward (the flash kernels at these lengths) reads the denominators it saved.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_order2_wgmma_state_forward_matches_reference() {
+    let mut cases = Cases::new("taylor_order2_wgmma_state_forward_matches_reference");
+    let cu = |l: &[usize]| -> Vec<usize> {
+        let mut c = vec![0];
+        for x in l {
+            c.push(c.last().expect("non-empty") + x);
+        }
+        c
+    };
+    let shapes = [
+        (
+            "GQA Nq 300 Nk 8200",
+            AttnProblem::new(taylor_family(2), DType::BF16, 2, 4, 2, 300, 8200, 64),
+        ),
+        (
+            "key padding 8250, 0, 8193",
+            AttnProblem::new(custom_order2(), DType::BF16, 3, 2, 1, 130, 8250, 64)
+                .with_key_lens(vec![8250, 0, 8193]),
+        ),
+        (
+            "varlen",
+            AttnProblem::new(taylor_family(2), DType::BF16, 3, 2, 2, 200, 8300, 64)
+                .with_varlen(cu(&[200, 0, 77]), cu(&[8300, 40, 8192])),
+        ),
+    ];
+    for (n, (label, problem)) in shapes.into_iter().enumerate() {
+        if !case_selected(64, DType::BF16) {
+            cases.skip();
+            continue;
+        }
+        let spec = problem.validate().expect("valid");
+        cases.record(label, check_dtype(&spec, 700 + n as u64, 0, 1.0));
+    }
+    cases.finish();
+}
+
 /// Order 1 has no floor on f: with a1·scale = a0 the weights f = a0(1 + ŝ) reach 0 where q̂ = −k̂ and the
 /// denominators get small. The kernels return num/den as computed, like the reference: checked in f32
 /// on rows whose denominators are small but not 0.

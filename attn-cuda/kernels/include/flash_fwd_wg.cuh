@@ -22,26 +22,6 @@
 
 namespace attn {
 
-// cp.async a ROWS×D tile into the sw128 layout (16-byte chunks; rows at or past rows_valid zero).
-// Each thread copies one 16-byte column of rows r, r + P, r + 2P, ... (P = THREADS / chunks per row, a
-// multiple of 8, so every copy keeps the thread's swizzle phase): one row address and one shared
-// address per call, then a 64-bit add and a compare per copy.
-template <typename T, int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_tile_sw128(T* smem, const T* base, long long row_stride, int row0,
-                                                int rows_valid, int tid) {
-    constexpr int kChunksPerRow = D / 8;
-    static_assert(sizeof(T) == 2 && D % 64 == 0 && ROWS % 8 == 0, "sw128 tiles: 16-bit, 64-column blocks");
-    static_assert(THREADS % kChunksPerRow == 0, "whole rows per pass");
-    constexpr int kRowsPerPass = THREADS / kChunksPerRow;
-    static_assert(kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0, "passes keep the swizzle phase");
-    const int r = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
-    const uint32_t dst = smem_addr(smem) + sw128_offset<ROWS>(r, col);
-    const T* src = base + (long long)(row0 + r) * row_stride + col;
-    const long long step = (long long)kRowsPerPass * row_stride;
-    cp_async_column<ROWS / kRowsPerPass, kRowsPerPass, kRowsPerPass * 128>(dst, src, step, rows_valid - row0 - r,
-                                                                          base);
-}
-
 // A consumer warp of the Hopper forwards (flash_fwd_wg, flash_fwd_ws) before its first key block: its
 // two rows (of the 16 from wrow) and their key ranges, O = 0, the running state, and for cosine-sim
 // with fused norms 1/‖q‖ of the rows (from the inv-norm row kernel).

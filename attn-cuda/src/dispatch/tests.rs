@@ -92,6 +92,7 @@ const ON: Hopper = Hopper {
     bwd_ws: false,
     sms: 0,
     taylor_dense: crate::runtime::DenseMode::Measured,
+    taylor_wg: crate::runtime::DenseMode::Measured,
 };
 
 #[test]
@@ -534,18 +535,47 @@ fn taylor_order_2_runs_on_the_hopper_flash_kernels_where_routed() {
         assert!(!dense_on_flash(&s, Pass::Forward, hopper), "{:?}", s.family());
     }
     assert!(check_supported(&taylor(1, DType::BF16, 64, 100, Causal::None), Pass::Forward).is_err());
-    // The length rule: 32768 keys per query at D = 64 (half the keys causal), 131072 at D = 128.
-    for (d, n, causal) in [
-        (64, 32768, Causal::None),
-        (64, 65536, Causal::TopLeft),
-        (128, 131_072, Causal::None),
+    // The length rule: 32768 keys per query at D = 64 (half the keys causal), 131072 at D = 128 (a
+    // forward at D = 64 without a causal mask takes the wgmma state kernels from 8192 keys instead).
+    for (d, n, causal, pass) in [
+        (64, 32768, Causal::None, Pass::Backward),
+        (64, 4096, Causal::None, Pass::Forward),
+        (64, 65536, Causal::TopLeft, Pass::Forward),
+        (128, 131_072, Causal::None, Pass::Forward),
     ] {
         assert!(dense_on_flash(
             &taylor(2, DType::BF16, d, n, causal),
-            Pass::Forward,
+            pass,
             hopper
         ));
     }
+    // The wgmma state forward: order 2, bf16, D = 64, no causal mask, from 8192 keys.
+    use crate::taylor::wg_forward;
+    let wg = taylor(2, DType::BF16, 64, 8192, Causal::None);
+    assert!(wg_forward(&wg, hopper));
+    assert!(!dense_on_flash(&wg, Pass::Forward, hopper));
+    assert!(dense_on_flash(&wg, Pass::Backward, hopper));
+    for s in [
+        taylor(2, DType::BF16, 64, 4096, Causal::None),
+        taylor(2, DType::F16, 64, 8192, Causal::None),
+        taylor(2, DType::BF16, 128, 8192, Causal::None),
+        taylor(2, DType::BF16, 64, 8192, Causal::BottomRight),
+        taylor(1, DType::BF16, 64, 8192, Causal::None),
+    ] {
+        assert!(!wg_forward(&s, hopper), "{s:?}");
+    }
+    assert!(!wg_forward(&wg, Hopper::default()));
+    let wg_off = Hopper {
+        taylor_wg: DenseMode::Off,
+        ..hopper
+    };
+    let wg_all = Hopper {
+        taylor_wg: DenseMode::Everywhere,
+        ..hopper
+    };
+    assert!(!wg_forward(&wg, wg_off) && dense_on_flash(&wg, Pass::Forward, wg_off));
+    let tiny = taylor(2, DType::BF16, 64, 100, Causal::None);
+    assert!(wg_forward(&tiny, wg_all) && !dense_on_flash(&tiny, Pass::Forward, wg_all));
     // ATTN_CUDA_TAYLOR_DENSE: 0 never, 1 at every length.
     let long = taylor(2, DType::BF16, 64, 40_000, Causal::None);
     let short = taylor(2, DType::BF16, 64, 100, Causal::None);

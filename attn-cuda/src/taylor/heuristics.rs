@@ -33,6 +33,50 @@ pub(crate) fn dense_faster(d: usize, causal: bool, seq_k: usize) -> bool {
     keys <= limit
 }
 
+/// The head dim (= value head dim) of the wgmma state kernels (kernels/include/taylor_wg.cuh).
+pub(crate) const WG_HEAD_DIM: usize = 64;
+/// Fold blocks per (split, kv head, batch entry): 68 products of 64 × 64, four per block.
+pub(crate) const WG_FOLD_BLOCKS: usize = 17;
+/// f32 sums one fold split writes per (batch entry, kv head): 68 × 64 × 64.
+pub(crate) const WG_SPLIT_SUMS: usize = 68 * 64 * 64;
+/// k16 groups of the read's bf16 state (4 + 4 + 16·(4 + 3 + 2 + 1)); the reduce has one block each
+/// and one for the vector.
+pub(crate) const WG_STATE_GROUPS: usize = 168;
+/// bf16 elements of the read's state per (batch entry, kv head): 168 groups of 16 × 64.
+pub(crate) const WG_STATE_ELEMS: usize = WG_STATE_GROUPS * 16 * 64;
+/// f32 vector per (batch entry, kv head): a0 Σv [64], a1 Σk̂ [64], a0 n, padding to 16 bytes.
+pub(crate) const WG_VEC: usize = 132;
+/// Queries per read block (two m64 tiles of one warpgroup).
+pub(crate) const WG_READ_QUERIES: usize = 128;
+/// Dynamic shared memory of the fold (`TaylorWgFoldSmem::kBytes` + 1 KiB of alignment slack): K
+/// (then k̂), V `[3][64 × 64]` sw128, k̂ᵀ `[64][72]` bf16.
+pub(crate) const WG_FOLD_SMEM: usize = 6 * 64 * 64 * 2 + 64 * 72 * 2 + 1024;
+/// Dynamic shared memory of the read (`TaylorWgReadSmem::kBytes` + 1 KiB): the ring `[5][8 × 16 × 64]`
+/// bf16, q/u `[128][72]` bf16, the vector.
+pub(crate) const WG_READ_SMEM: usize = 5 * 8 * 16 * 64 * 2 + 128 * 72 * 2 + WG_VEC * 4 + 1024;
+
+/// Whether the wgmma state forward beats the quadratic form on the flash kernels (bf16, D = 64, no
+/// causal mask): from 8192 keys per query (provisional until measured; the two cost ∝ N and ∝ N²).
+pub(crate) fn wg_state_faster(seq_k: usize) -> bool {
+    seq_k >= 8192
+}
+
+/// Keys per split of the wgmma fold (a multiple of 64): splits enough that the 17 blocks of each
+/// split and (batch entry, kv head) make about 8 blocks per SM (two resident, four waves), at most one
+/// per 64 keys.
+///
+/// ```text
+/// wg_split_len(4096, 128, 132) = 4096       one split: 2176 blocks
+/// wg_split_len(65536, 32, 132) = 32768      two splits: 1088 blocks
+/// wg_split_len(1 << 20, 8, 132) = 131072    eight splits: 1088 blocks
+/// ```
+pub(crate) fn wg_split_len(seq_k: usize, heads: usize, sms: usize) -> usize {
+    let target = 8 * sms.max(1);
+    let per_split = WG_FOLD_BLOCKS * heads.max(1);
+    let splits = target.div_ceil(per_split).clamp(1, seq_k.div_ceil(64).max(1));
+    seq_k.div_ceil(splits).div_ceil(64).max(1) * 64
+}
+
 /// Chunk length `C` of the fold and feature tiles `NT` per fold slab.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StateTile {
@@ -424,6 +468,22 @@ pub(crate) fn blocks(n: usize, per_block: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wgmma_state_kernels_split_and_shared_memory() {
+        assert_eq!(wg_split_len(4096, 128, 132), 4096);
+        assert_eq!(wg_split_len(65536, 32, 132), 32768);
+        assert_eq!(wg_split_len(1 << 20, 8, 132), 131072);
+        // A short sequence: at most one split per 64 keys, every split a whole number of chunks.
+        assert_eq!(wg_split_len(100, 1, 132), 64);
+        assert_eq!(wg_split_len(1, 1, 132), 64);
+        // The kernels' layouts (TaylorWgFoldSmem, TaylorWgReadSmem) plus 1 KiB of slack.
+        assert_eq!(WG_FOLD_SMEM, 58_368 + 1024);
+        assert_eq!(WG_READ_SMEM, 100_880 + 1024);
+        // Two blocks of each per SM on an H100 (228 KiB of shared memory, 1 KiB reserved per block).
+        assert!(2 * (WG_READ_SMEM + 1024) <= 228 * 1024);
+        assert_eq!(WG_STATE_GROUPS, 4 + 4 + 16 * (4 + 3 + 2 + 1));
+    }
 
     #[test]
     fn worked_examples() {

@@ -29,6 +29,7 @@ pub(crate) struct TaylorParams {
     pub st_max: u64,
     /// f16/bf16 state sweep: the states in the storage type, `[B][Hkv][n_seg][copies][M][f_pad]`.
     pub st_t: u64,
+    pub st_vec: u64,
     pub a0: f32,
     pub a1: f32,
     pub a2: f32,
@@ -93,10 +94,10 @@ mod tests {
     use attn_core::{AttnProblem, DType, Family, TaylorParams as Taylor};
 
     #[test]
-    fn params_are_the_attn_params_then_twelve_pointers_and_twelve_scalars() {
+    fn params_are_the_attn_params_then_thirteen_pointers_and_twelve_scalars() {
         assert_eq!(
             std::mem::size_of::<TaylorParams>(),
-            std::mem::size_of::<AttnParams>() + 12 * 8 + 12 * 4
+            std::mem::size_of::<AttnParams>() + 13 * 8 + 12 * 4
         );
         assert_eq!(std::mem::size_of::<TaylorParams>() % 8, 0);
         assert_eq!(std::mem::align_of::<TaylorParams>(), 8);

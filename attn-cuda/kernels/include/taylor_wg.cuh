@@ -1,0 +1,495 @@
+// Taylor order 2 without a causal mask on Hopper tensor cores (wgmma, sm_90a), D = Dv = 64, bf16: the
+// factorised forward of REFERENCE.md §3 as products of whole 64 × 64 tiles. With u_i = scale·q̂_i and
+// k̂_j (taylor_common.cuh's symbols) and f(s) = a0 + a1 s + a2 s²,
+//   num_i = a0 Σ_j v_j + a1 Σ_b u_ib S1[b] + a2 Σ_a u_ia Σ_b u_ib S2[a][b]
+//   den_i = a0 n    + a1 u_i·Σ_j k̂_j    + a2 u_iᵀ K2 u_i
+// with the states S1[b][·] = Σ_j k̂_jb v_j, S2[a][b][·] = Σ_j k̂_ja k̂_jb v_j (symmetric in a, b) and
+// K2[b][c] = Σ_j k̂_jb k̂_jc. Three kernels:
+//
+// fold (grid (17 · splits, Hkv, B), one warpgroup): 68 SLOTS, each one 64 × 64 f32 product summed over
+//   a split of the keys (tp.seg_len keys, chunks of 64), four slots per block:
+//     slot a < 64:  S2[a]  = Σ_j (k̂_ja k̂_j) v_jᵀ   A = (k̂_a ∘ k̂)ᵀ,  B = V
+//     slot 64:      S1     = Σ_j k̂_j v_jᵀ           A = k̂ᵀ,         B = V
+//     slot 65:      K2     = Σ_j k̂_j k̂_jᵀ          A = k̂ᵀ,         B = k̂
+//     slot 66:      Σ_j v_j (every row)             A = 1,          B = V
+//     slot 67:      Σ_j k̂_j (every row)            A = 1,          B = k̂
+//   k̂_j = r_j k_j rounded to bf16 (r_j = 1/max(‖k_j‖, eps) under qk_l2norm, else 1) is written over the
+//   chunk's K tile (sw128, cp.async, three stages with V) and transposed into a plain copy; A comes from
+//   registers, k̂_ja k̂_jb one bf16x2 multiply (rounded once, as the naive bf16 computation rounds k̂ and
+//   the mma fold its features). Each block writes its four f32 sums to tp.st [B][Hkv][splits][68][64][64].
+// reduce (grid (169, Hkv, B)): sums the splits in order (the same bits every run) and writes the read's
+//   state in bf16 (tp.st_t, [B][Hkv][168 k16 groups][16][64], each group a sw128 tile of 16 rows) with the
+//   coefficients folded in: groups 0–3 a2·K2, 4–7 a1·S1, then for a = 0…63 the rows b ≥ 16⌊a/16⌋ of
+//   a2·c_ab·S2[a] (c_ab = 2 for b > a, 1 for b = a, 0 below: each pair once, the symmetry of k⊗k), 160
+//   groups where 256 would hold every row; and the f32 vector tp.st_vec [B][Hkv][132]: a0 Σ_j v_j [64],
+//   a1 Σ_j k̂_j [64], a0 n [1].
+// read (grid (⌈seq_q/128⌉, Hq, B), one warpgroup, two m64 tiles of queries): U = u rounded to bf16 in
+//   registers (the A fragments); the 168 groups stream through a ring of five 16 KiB stages (cp.async,
+//   three in flight). First Y = U·(a2 K2), den = a0 n + u·(a1 Σk̂) + rowsum(U ∘ Y); then
+//   O = a0 Σv + U·(a1 S1) + Σ_a (u_a ∘ U)·(a2 c S2[a]) on the k16 steps of the stored rows, A = u_ia·U
+//   rounded once to bf16 (one bf16x2 multiply per register); o = O/den, den saved as the statistic.
+//
+// Cost per (token, head): the fold 68 · 64 · 64 · 2 = 557k FLOP, the read 168 · 16 · 64 · 2 = 344k (the
+// ideal factorisation, 4·F·M = 558k, counts each of the 2145 features once, both sides).
+#pragma once
+#include "loads.h"
+#include "taylor_common.cuh"
+#include "wgmma.h"
+
+namespace attn {
+
+constexpr int kWgD = 64;              // head dim = value head dim
+constexpr int kWgChunk = 64;          // keys per fold step
+constexpr int kWgSlots = 68;          // fold products (above)
+constexpr int kWgSlotsPerBlock = 4;   // per fold block (128 accumulator registers per thread)
+constexpr int kWgFoldBlocks = kWgSlots / kWgSlotsPerBlock;  // 17 per (split, kv head, batch entry)
+constexpr int kWgGroups = 168;        // k16 groups of the read's state: 4 (K2) + 4 (S1) + 16·(4 + 3 + 2 + 1)
+constexpr int kWgGroupElems = 16 * kWgD;  // one k16 group: 16 rows × 64 columns
+constexpr int kWgStateElems = kWgGroups * kWgGroupElems;  // per (batch entry, kv head)
+constexpr int kWgVec = 132;           // a0 Σv [64], a1 Σk̂ [64], a0 n [1], padding
+constexpr int kWgQueries = 128;       // queries per read block (two m64 tiles)
+constexpr int kWgStageGroups = 8;     // k16 groups per ring stage (16 KiB)
+constexpr int kWgStages = 5;          // ring stages; stage s + 3 is loaded at the start of stage s
+static_assert(kWgSlots % kWgSlotsPerBlock == 0, "whole fold blocks");
+static_assert(kWgGroups % kWgStageGroups == 0, "whole ring stages");
+
+// Shared memory of the fold (bytes from a 1024-aligned base; the host adds 1 KiB of slack):
+// K (then k̂ in place), V [3][64 × 64] sw128; k̂ᵀ [64][LDT] plain.
+struct TaylorWgFoldSmem {
+    static constexpr int LDT = kWgD + 8;
+    static constexpr int kTile = kWgChunk * kWgD * 2;
+    static constexpr int kK = 0;
+    static constexpr int kV = kK + 3 * kTile;
+    static constexpr int kKt = kV + 3 * kTile;
+    static constexpr int kBytes = kKt + kWgD * LDT * 2;
+};
+
+// Shared memory of the read: the ring [5][8 groups] (1024-aligned stages), q/u [128][LDQ] plain, the vector.
+struct TaylorWgReadSmem {
+    static constexpr int LDQ = kWgD + 8;
+    static constexpr int kStage = kWgStageGroups * kWgGroupElems * 2;
+    static constexpr int kRing = 0;
+    static constexpr int kQ = kRing + kWgStages * kStage;
+    static constexpr int kVec = kQ + kWgQueries * LDQ * 2;
+    static constexpr int kBytes = kVec + kWgVec * 4;
+};
+
+template <int N> struct IntC { static constexpr int value = N; };
+
+__device__ __forceinline__ float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
+    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&x), *reinterpret_cast<__nv_bfloat162*>(&y));
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// The fold. tp.seg_len keys per split (a multiple of 64); blockIdx.x = split · 17 + slot block.
+__device__ __forceinline__ void taylor_wg_fold(const TaylorParams& tp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using T = __nv_bfloat16;
+    using L = TaylorWgFoldSmem;
+    const AttnParams& P = tp.base;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int blk = blockIdx.x % kWgFoldBlocks, split = blockIdx.x / kWgFoldBlocks;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const SeqInfo si(P, b);
+    const int j_begin = split * tp.seg_len;
+    const int j_end = min(si.len_k, j_begin + tp.seg_len);
+    if (j_begin >= j_end) return;  // no key here: the reduce reads the splits that have keys only
+
+    extern __shared__ __align__(1024) unsigned char smem_wg[];
+    unsigned char* base = smem_wg + ((1024u - (smem_addr(smem_wg) & 1023u)) & 1023u);
+    T* sK = reinterpret_cast<T*>(base + L::kK);
+    T* sV = reinterpret_cast<T*>(base + L::kV);
+    T* sKt = reinterpret_cast<T*>(base + L::kKt);
+
+    if (dynamic_smem_bytes() < (unsigned)L::kBytes + 1024u) __trap();
+    const T* kbase = static_cast<const T*>(P.k) + si.k_off(P, 0, hk);
+    const T* vbase = static_cast<const T*>(P.v) + si.v_off(P, 0, hk);
+    const int n_chunks = (j_end - j_begin + kWgChunk - 1) / kWgChunk;
+    auto load = [&](int c) {
+        const int j0 = j_begin + c * kWgChunk;
+        load_tile_sw128<T, kWgChunk, kWgD, 128>(sK + (c % 3) * kWgChunk * kWgD, kbase, P.k_seq, j0, j_end, tid);
+        load_tile_sw128<T, kWgChunk, kWgD, 128>(sV + (c % 3) * kWgChunk * kWgD, vbase, P.v_seq, j0, j_end, tid);
+    };
+    load(0);
+    cp_async_commit();
+    if (n_chunks > 1) load(1);
+    cp_async_commit();
+
+    float acc[kWgSlotsPerBlock][kWgD / 8][4];
+#pragma unroll
+    for (int s = 0; s < kWgSlotsPerBlock; ++s)
+#pragma unroll
+        for (int n = 0; n < kWgD / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[s][n][e] = 0.f;
+
+    const int slot0 = blk * kWgSlotsPerBlock;
+    const int b0 = 16 * warp + g;  // this thread's rows b0, b0 + 8 of A (features b)
+    for (int c = 0; c < n_chunks; ++c) {
+        cp_async_wait<1>();  // chunk c has landed (c + 1 may be in flight)
+        fence_proxy_async();
+        __syncthreads();  // chunk c visible; every warp is done with chunk c − 1 (its products waited)
+        if (c + 2 < n_chunks) load(c + 2);  // into the stage chunk c − 1 used
+        cp_async_commit();
+        const int stage = c % 3;
+        T* k_tile = sK + stage * kWgChunk * kWgD;
+
+        // k̂_j = bf16(r_j k_j) (r_j = 1/max(‖k_j‖, eps) under qk_l2norm, else 1; 0 past the split) in place
+        // in the sw128 tile (B of K2 and Σk̂) and transposed into k̂ᵀ (A's rows b and multipliers k̂_ja):
+        // thread → key j = tid / 2, columns 32·(tid % 2) ….
+        {
+            const int j = tid / 2, half = tid % 2;
+            uint4 chunk[4];
+            float ss = 0.f;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                chunk[q] = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(k_tile) +
+                                                            sw128_offset<kWgChunk>(j, 32 * half + 8 * q));
+                const uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float x0 = bf16_lo(w[e]), x1 = bf16_hi(w[e]);
+                    ss += x0 * x0 + x1 * x1;
+                }
+            }
+            ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+            const bool valid = j_begin + c * kWgChunk + j < j_end;
+            const float r = !valid ? 0.f : (P.l2norm ? 1.f / fmaxf(sqrtf(ss), P.eps) : 1.f);
+            unsigned short* kt = reinterpret_cast<unsigned short*>(sKt);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    w[e] = pack2<T>(r * bf16_lo(w[e]), r * bf16_hi(w[e]));
+                    const int col = 32 * half + 8 * q + 2 * e;
+                    kt[col * L::LDT + j] = (unsigned short)(w[e] & 0xffffu);
+                    kt[(col + 1) * L::LDT + j] = (unsigned short)(w[e] >> 16);
+                }
+                *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(k_tile) +
+                                          sw128_offset<kWgChunk>(j, 32 * half + 8 * q)) =
+                    make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+        fence_proxy_async();  // k̂ written in place, read by the products below
+        __syncthreads();
+
+        // The A operand's base fragments (rows b0, b0 + 8; keys 16kk + 2t4 + {0, 1} and + 8): k̂ᵀ.
+        uint32_t kb[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+                kb[kk][r] = *reinterpret_cast<const uint32_t*>(sKt + (b0 + 8 * (r & 1)) * L::LDT + 16 * kk + 2 * t4 +
+                                                                8 * (r >> 1));
+
+        uint32_t af[2][4][4];
+        constexpr uint32_t kOnes = 0x3F803F80u;  // bf16x2 (1, 1)
+#pragma unroll
+        for (int s = 0; s < kWgSlotsPerBlock; ++s) {
+            const int slot = slot0 + s;
+            uint32_t(&a)[4][4] = af[s & 1];
+            // A: k̂ᵀ times the pair (k̂_ja, k̂_{j+1,a}) of slot a < 64 (one bf16x2 multiply: k̂_ja k̂_jb rounded
+            // once), k̂ᵀ itself (slots 64, 65), or 1 (66, 67).
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int j = 16 * kk + 2 * t4 + 8 * hf;
+                    const uint32_t ka = slot < kWgD ? *reinterpret_cast<const uint32_t*>(sKt + slot * L::LDT + j) : 0u;
+#pragma unroll
+                    for (int rs = 0; rs < 2; ++rs) {
+                        const int ri = 2 * hf + rs;
+                        a[kk][ri] = slot < kWgD ? bf16x2_mul(kb[kk][ri], ka) : (slot < 66 ? kb[kk][ri] : kOnes);
+                    }
+                }
+            const bool b_is_k = slot == 65 || slot == 67;
+            const uint32_t b_addr = smem_addr(b_is_k ? sK + stage * kWgChunk * kWgD : sV + stage * kWgChunk * kWgD);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) Wgmma<T, kWgD>::rs(acc[s], a[kk], mnmajor_desc<kWgChunk>(b_addr, kk), 1);
+            wg_commit();
+            wg_wait<1>();  // the previous slot's products are done: its A registers may be rewritten
+        }
+        wg_wait<0>();
+        fence_regs(acc[0]);
+        fence_regs(acc[1]);
+        fence_regs(acc[2]);
+        fence_regs(acc[3]);
+    }
+
+    // The four sums: rows b (16 per warp), columns 8n + 2t4 + {0, 1}.
+    float* out = tp.st + ((((long long)b * P.heads_kv + hk) * tp.n_seg + split) * kWgSlots + slot0) * kWgD * kWgD;
+#pragma unroll
+    for (int s = 0; s < kWgSlotsPerBlock; ++s)
+#pragma unroll
+        for (int n = 0; n < kWgD / 8; ++n)
+#pragma unroll
+            for (int rh = 0; rh < 2; ++rh) {
+                const int row = b0 + 8 * rh, col = 8 * n + 2 * t4;
+                *reinterpret_cast<float2*>(out + (s * kWgD + row) * kWgD + col) =
+                    make_float2(acc[s][n][2 * rh], acc[s][n][2 * rh + 1]);
+            }
+#endif
+}
+
+// The fold slot and coefficient row of k16 group G of the read's state: {slot, kk, a} with a = −1 for
+// K2 (G < 4) and S1 (G < 8).
+struct WgGroup {
+    int slot, kk, a;
+};
+__host__ __device__ constexpr WgGroup wg_group(int G) {
+    if (G < 4) return {65, G, -1};
+    if (G < 8) return {64, G - 4, -1};
+    const int q = G - 8;
+    if (q < 64) return {q / 4, q % 4, q / 4};
+    if (q < 112) return {16 + (q - 64) / 3, 1 + (q - 64) % 3, 16 + (q - 64) / 3};
+    if (q < 144) return {32 + (q - 112) / 2, 2 + (q - 112) % 2, 32 + (q - 112) / 2};
+    return {48 + (q - 144), 3, 48 + (q - 144)};
+}
+
+// The reduce (128 threads): blockIdx.x < 168 is k16 group G (thread → row r = tid / 8 of 16, columns 8·(tid % 8) …),
+// block 168 the vector.
+__device__ __forceinline__ void taylor_wg_reduce(const TaylorParams& tp) {
+    const AttnParams& P = tp.base;
+    const int tid = threadIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const SeqInfo si(P, b);
+    const int splits = (si.len_k + tp.seg_len - 1) / tp.seg_len;
+    const long long head = (long long)b * P.heads_kv + hk;
+    const float* part = tp.st + head * tp.n_seg * kWgSlots * kWgD * kWgD;
+    constexpr long long kSplit = (long long)kWgSlots * kWgD * kWgD;
+    if (blockIdx.x == kWgGroups) {
+        // a0 Σ_j v_j (slot 66, row 0), a1 Σ_j k̂_j (slot 67, row 0), a0 n.
+        const int slot = tid < kWgD ? 66 : 67, col = tid % kWgD;
+        float s = 0.f;
+        for (int k = 0; k < splits; ++k) s += part[k * kSplit + (long long)slot * kWgD * kWgD + col];
+        tp.st_vec[head * kWgVec + tid] = (tid < kWgD ? tp.a0 : tp.a1) * s;
+        if (tid == 0) tp.st_vec[head * kWgVec + 2 * kWgD] = tp.a0 * (float)si.len_k;
+        return;
+    }
+    const WgGroup grp = wg_group(blockIdx.x);
+    const int r = tid / 8, cc = tid % 8;
+    const int row = 16 * grp.kk + r;
+    float coef = grp.slot == 64 ? tp.a1 : tp.a2;
+    if (grp.a >= 0) coef *= row > grp.a ? 2.f : (row == grp.a ? 1.f : 0.f);
+    float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const float* src = part + ((long long)grp.slot * kWgD + row) * kWgD + 8 * cc;
+    for (int k = 0; k < splits; ++k) {
+        const float4 x = *reinterpret_cast<const float4*>(src + k * kSplit);
+        const float4 y = *reinterpret_cast<const float4*>(src + k * kSplit + 4);
+        s[0] += x.x, s[1] += x.y, s[2] += x.z, s[3] += x.w, s[4] += y.x, s[5] += y.y, s[6] += y.z, s[7] += y.w;
+    }
+    uint4 o;
+    o.x = pack2<__nv_bfloat16>(coef * s[0], coef * s[1]);
+    o.y = pack2<__nv_bfloat16>(coef * s[2], coef * s[3]);
+    o.z = pack2<__nv_bfloat16>(coef * s[4], coef * s[5]);
+    o.w = pack2<__nv_bfloat16>(coef * s[6], coef * s[7]);
+    // sw128 within the group: row r's 16-byte chunk cc at chunk cc ^ (r % 8).
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(tp.st_t) + head * kWgStateElems +
+                         (long long)blockIdx.x * kWgGroupElems + r * kWgD + ((cc ^ (r & 7)) * 8);
+    *reinterpret_cast<uint4*>(dst) = o;
+}
+
+// The read. blockIdx.x = tile of 128 queries, blockIdx.y = query head.
+__device__ __forceinline__ void taylor_wg_read(const TaylorParams& tp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using T = __nv_bfloat16;
+    using L = TaylorWgReadSmem;
+    const AttnParams& P = tp.base;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / P.group;
+    const SeqInfo si(P, b);
+    const int i0 = blockIdx.x * kWgQueries;
+    if (i0 >= si.len_q) return;
+    const long long head = (long long)b * P.heads_kv + hk;
+
+    extern __shared__ __align__(1024) unsigned char smem_wg[];
+    unsigned char* base = smem_wg + ((1024u - (smem_addr(smem_wg) & 1023u)) & 1023u);
+    T* sRing = reinterpret_cast<T*>(base + L::kRing);
+    T* sQ = reinterpret_cast<T*>(base + L::kQ);
+    float* sVec = reinterpret_cast<float*>(base + L::kVec);
+
+    if (dynamic_smem_bytes() < (unsigned)L::kBytes + 1024u) __trap();
+    const T* state = static_cast<const T*>(tp.st_t) + head * kWgStateElems;
+    auto load_stage = [&](int st) {
+        if (st * kWgStageGroups < kWgGroups) {
+            const T* src = state + (long long)st * kWgStageGroups * kWgGroupElems;
+            T* dst = sRing + (st % kWgStages) * kWgStageGroups * kWgGroupElems;
+#pragma unroll
+            for (int q = 0; q < L::kStage / 16 / 128; ++q) {
+                const int e = (tid + 128 * q) * 8;
+                cp_async_16(dst + e, src + e, true);
+            }
+        }
+        cp_async_commit();
+    };
+    load_tile_async<T, kWgQueries, kWgD, 128>(sQ, static_cast<const T*>(P.q) + si.q_off(P, 0, h), P.q_seq, i0,
+                                              si.len_q, tid);
+    if (tid < kWgVec / 4) cp_async_16(sVec + 4 * tid, tp.st_vec + head * kWgVec + 4 * tid, true);
+    load_stage(0);  // group 0: q, the vector and stage 0
+    load_stage(1);
+    load_stage(2);
+    cp_async_wait<2>();
+    __syncthreads();
+
+    // U = u rounded to bf16: the A fragments of both tiles (rows 64t + 16·warp + g, + 8), and u back into sQ
+    // for the per-row multipliers u_ia.
+    uint32_t U[2][4][4];
+    float uvals[2][4][4][2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        const int r0 = 64 * t + 16 * warp + g;
+        float ss[2] = {0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int ri = 0; ri < 4; ++ri) {
+                const int row = r0 + 8 * (ri & 1), col = 16 * kk + 2 * t4 + 8 * (ri >> 1);
+                const uint32_t x = *reinterpret_cast<const uint32_t*>(sQ + row * L::LDQ + col);
+                const float x0 = bf16_lo(x), x1 = bf16_hi(x);
+                uvals[t][kk][ri][0] = x0;
+                uvals[t][kk][ri][1] = x1;
+                ss[ri & 1] += x0 * x0 + x1 * x1;
+            }
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+            ss[rh] += __shfl_xor_sync(0xffffffffu, ss[rh], 1);
+            ss[rh] += __shfl_xor_sync(0xffffffffu, ss[rh], 2);
+            ss[rh] = P.l2norm ? P.scale / fmaxf(sqrtf(ss[rh]), P.eps) : P.scale;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int ri = 0; ri < 4; ++ri) {
+                const float rq = ss[ri & 1];
+                U[t][kk][ri] = pack2<T>(rq * uvals[t][kk][ri][0], rq * uvals[t][kk][ri][1]);
+            }
+    }
+    __syncthreads();  // every thread has read its q
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int ri = 0; ri < 4; ++ri) {
+                const int row = 64 * t + 16 * warp + g + 8 * (ri & 1), col = 16 * kk + 2 * t4 + 8 * (ri >> 1);
+                *reinterpret_cast<uint32_t*>(sQ + row * L::LDQ + col) = U[t][kk][ri];
+            }
+
+    float acc[2][kWgD / 8][4];  // every product's first step overwrites it
+    uint32_t af[2][4][4];  // [tile][kk][register]
+    const uint32_t ring = smem_addr(sRing);
+    int G = 0;
+    // Stage boundary before group G: stage G/8 has landed (wait, fence, barrier), then stage G/8 + 3 is
+    // loaded into the buffer of stage G/8 − 2, whose products every warp has waited for.
+    auto group_desc = [&](int grp) {
+        if (grp % kWgStageGroups == 0) {
+            cp_async_wait<2>();
+            fence_proxy_async();
+            __syncthreads();
+            load_stage(grp / kWgStageGroups + 3);
+        }
+        const int slot_in_ring = (grp / kWgStageGroups) % kWgStages * kWgStageGroups + grp % kWgStageGroups;
+        return Sw128Desc(ring + slot_in_ring * kWgGroupElems * 2, 16, 1024).at16(0);
+    };
+    // One product over groups G … G + 3 − KK0 (k16 steps KK0 … 3) with A fragments a: the descriptors
+    // (and any stage boundary) first, then the products back to back.
+    auto issue = [&](auto kk0, const uint32_t(&a)[2][4][4], int accumulate) {
+        constexpr int KK0 = decltype(kk0)::value;
+        uint64_t d[4];
+#pragma unroll
+        for (int kk = KK0; kk < 4; ++kk) d[kk] = group_desc(G++);
+        wg_fence();
+#pragma unroll
+        for (int kk = KK0; kk < 4; ++kk) {
+            Wgmma<T, kWgD>::rs(acc[0], a[0][kk], d[kk], kk > KK0 || accumulate);
+            Wgmma<T, kWgD>::rs(acc[1], a[1][kk], d[kk], kk > KK0 || accumulate);
+        }
+        wg_commit();
+    };
+
+    // den = a0 n + u·(a1 Σk̂) + rowsum(U ∘ (U · a2 K2)), Y in acc (the first step overwrites it).
+    issue(IntC<0>(), U, 0);
+    wg_wait<0>();
+    fence_regs(acc[0]);
+    fence_regs(acc[1]);
+    float den[2][2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+            float s = 0.f;
+#pragma unroll
+            for (int n = 0; n < kWgD / 8; ++n) {
+                const uint32_t uu = U[t][n / 2][2 * (n % 2) + rh];
+                const int col = 8 * n + 2 * t4;
+                s += bf16_lo(uu) * (acc[t][n][2 * rh] + sVec[kWgD + col]) +
+                     bf16_hi(uu) * (acc[t][n][2 * rh + 1] + sVec[kWgD + col + 1]);
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            den[t][rh] = s + sVec[2 * kWgD];
+        }
+    // O = U·(a1 S1) (overwriting Y), then the quadratic slots; a0 Σv is added at the end.
+    issue(IntC<0>(), U, 0);
+    // Slot a: A = u_a ∘ U (u_ia of rows r0, r0 + 8 from sQ), on the k16 steps KK0 … 3.
+    auto quad = [&](auto kk0, uint32_t(&A)[2][4][4], int a) {
+        constexpr int KK0 = decltype(kk0)::value;
+        fence_regs(acc[0]);
+        fence_regs(acc[1]);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const int r0 = 64 * t + 16 * warp + g;
+            const uint32_t m0 = reinterpret_cast<const unsigned short*>(sQ)[r0 * L::LDQ + a];
+            const uint32_t m1 = reinterpret_cast<const unsigned short*>(sQ)[(r0 + 8) * L::LDQ + a];
+            const uint32_t mm[2] = {m0 * 0x10001u, m1 * 0x10001u};
+#pragma unroll
+            for (int kk = KK0; kk < 4; ++kk)
+#pragma unroll
+                for (int ri = 0; ri < 4; ++ri) A[t][kk][ri] = bf16x2_mul(U[t][kk][ri], mm[ri & 1]);
+        }
+        issue(kk0, A, 1);
+        // Every slot chains into the same accumulators: A of the next slot written while this one runs
+        // makes ptxas serialise every product (C7513), so each slot completes first; the second block
+        // on the SM fills the tensor cores meanwhile.
+        wg_wait<0>();
+        fence_regs(acc[0]);
+        fence_regs(acc[1]);
+    };
+    // a ∈ [16 q, 16 q + 16) keeps the rows b ≥ 16 q: k16 steps q … 3.
+#pragma unroll 1
+    for (int a = 0; a < 16; ++a) quad(IntC<0>(), af, a);
+#pragma unroll 1
+    for (int a = 16; a < 32; ++a) quad(IntC<1>(), af, a);
+#pragma unroll 1
+    for (int a = 32; a < 48; ++a) quad(IntC<2>(), af, a);
+#pragma unroll 1
+    for (int a = 48; a < 64; ++a) quad(IntC<3>(), af, a);
+    wg_wait<0>();
+    fence_regs(acc[0]);
+    fence_regs(acc[1]);
+
+    // o = O / den and den, rows i0 + 64t + 16·warp + g (+ 8).
+    const bool empty = si.len_k == 0;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+            const int i = i0 + 64 * t + 16 * warp + g + 8 * rh;
+            if (i >= si.len_q) continue;
+            const float d = empty ? 0.f : den[t][rh];
+            const float inv = empty ? 0.f : 1.f / d;
+            T* o = static_cast<T*>(P.o) + si.o_off(P, i, h);
+#pragma unroll
+            for (int n = 0; n < kWgD / 8; ++n)
+                *reinterpret_cast<uint32_t*>(o + 8 * n + 2 * t4) =
+                    pack2<T>((acc[t][n][2 * rh] + sVec[8 * n + 2 * t4]) * inv,
+                             (acc[t][n][2 * rh + 1] + sVec[8 * n + 2 * t4 + 1]) * inv);
+            if (t4 == 0) P.lse[si.stats_index(P, h, i)] = d;
+        }
+#endif
+}
+
+}  // namespace attn
