@@ -13,10 +13,12 @@
 //     slot 65:      K2     = Σ_j k̂_j k̂_jᵀ          A = k̂ᵀ,         B = k̂
 //     slot 66:      Σ_j v_j (every row)             A = 1,          B = V
 //     slot 67:      Σ_j k̂_j (every row)            A = 1,          B = k̂
-//   k̂_j = r_j k_j rounded to bf16 (r_j = 1/max(‖k_j‖, eps) under qk_l2norm, else 1) is written over the
-//   chunk's K tile (sw128, cp.async, three stages with V) and transposed into a plain copy; A comes from
-//   registers, k̂_ja k̂_jb one bf16x2 multiply (rounded once, as the naive bf16 computation rounds k̂ and
-//   the mma fold its features). Each block writes its four f32 sums to tp.st [B][Hkv][splits][68][64][64].
+//   (r_j = 1/max(‖k_j‖, eps) under qk_l2norm, else 1; k̂_j = bf16(r_j k_j)). K and V chunks of 64 keys
+//   stream through three sw128 stages (cp.async); A comes from registers: Kᵀ's fragments by
+//   ldmatrix.trans, times the multipliers bf16(r_j² k_ja) in one bf16x2 multiply (without qk_l2norm
+//   k_ja k_jb rounded once, as the mma fold rounds its features; with it one more rounding). Blocks
+//   0–15 hold four quadratic slots each, block 16 the special ones (its K tile normalised in place).
+//   Each block writes its four f32 sums to tp.st [B][Hkv][splits][68][64][64].
 // reduce (grid (169, Hkv, B)): sums the splits in order (the same bits every run) and writes the read's
 //   state in bf16 (tp.st_t, [B][Hkv][168 k16 groups][16][64], each group a sw128 tile of 16 rows) with the
 //   coefficients folded in: groups 0–3 a2·K2, 4–7 a1·S1, then for a = 0…63 the rows b ≥ 16⌊a/16⌋ of
@@ -54,14 +56,15 @@ static_assert(kWgSlots % kWgSlotsPerBlock == 0, "whole fold blocks");
 static_assert(kWgGroups % kWgStageGroups == 0, "whole ring stages");
 
 // Shared memory of the fold (bytes from a 1024-aligned base; the host adds 1 KiB of slack):
-// K (then k̂ in place), V [3][64 × 64] sw128; k̂ᵀ [64][LDT] plain.
+// K (k̂ in the special block), V [3][64 × 64] sw128; the multipliers [4][LDM] bf16; r [64] f32.
 struct TaylorWgFoldSmem {
-    static constexpr int LDT = kWgD + 8;
+    static constexpr int LDM = kWgChunk + 8;
     static constexpr int kTile = kWgChunk * kWgD * 2;
     static constexpr int kK = 0;
     static constexpr int kV = kK + 3 * kTile;
-    static constexpr int kKt = kV + 3 * kTile;
-    static constexpr int kBytes = kKt + kWgD * LDT * 2;
+    static constexpr int kM = kV + 3 * kTile;
+    static constexpr int kR = kM + kWgSlotsPerBlock * LDM * 2;
+    static constexpr int kBytes = kR + kWgChunk * 4;
 };
 
 // Shared memory of the read: the ring [5][8 groups] (1024-aligned stages), q/u [128][LDQ] plain, the vector.
@@ -83,27 +86,23 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
     return *reinterpret_cast<uint32_t*>(&r);
 }
 
-// The fold. tp.seg_len keys per split (a multiple of 64); blockIdx.x = split · 17 + slot block.
-__device__ __forceinline__ void taylor_wg_fold(const TaylorParams& tp) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// One fold block's chunk loop. kSpecial: slots 64–67 (A = k̂ᵀ or 1; under qk_l2norm the K tile is
+// normalised in place first, as B of K2 and Σk̂); else four quadratic slots a = slot0 … slot0 + 3, A =
+// Kᵀ ∘ m with the multipliers m_j = bf16(r_j² k_ja) (one rounding; k_ja exactly when r = 1) from a
+// [4][64] shared row. Kᵀ's fragments come from the sw128 tile by ldmatrix.trans.
+template <bool kSpecial>
+__device__ __forceinline__ void taylor_wg_fold_chunks(const TaylorParams& tp, const SeqInfo& si, unsigned char* base,
+                                                      int slot0, int j_begin, int j_end,
+                                                      float (&acc)[kWgSlotsPerBlock][kWgD / 8][4]) {
     using T = __nv_bfloat16;
     using L = TaylorWgFoldSmem;
     const AttnParams& P = tp.base;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-    const int blk = blockIdx.x % kWgFoldBlocks, split = blockIdx.x / kWgFoldBlocks;
-    const int hk = blockIdx.y, b = blockIdx.z;
-    const SeqInfo si(P, b);
-    const int j_begin = split * tp.seg_len;
-    const int j_end = min(si.len_k, j_begin + tp.seg_len);
-    if (j_begin >= j_end) return;  // no key here: the reduce reads the splits that have keys only
-
-    extern __shared__ __align__(1024) unsigned char smem_wg[];
-    unsigned char* base = smem_wg + ((1024u - (smem_addr(smem_wg) & 1023u)) & 1023u);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t4 = lane % 4;
+    const int hk = blockIdx.y;
     T* sK = reinterpret_cast<T*>(base + L::kK);
     T* sV = reinterpret_cast<T*>(base + L::kV);
-    T* sKt = reinterpret_cast<T*>(base + L::kKt);
-
-    if (dynamic_smem_bytes() < (unsigned)L::kBytes + 1024u) __trap();
+    T* sM = reinterpret_cast<T*>(base + L::kM);    // multipliers [4][LDM]
+    float* sR = reinterpret_cast<float*>(base + L::kR);  // r_j [64]
     const T* kbase = static_cast<const T*>(P.k) + si.k_off(P, 0, hk);
     const T* vbase = static_cast<const T*>(P.v) + si.v_off(P, 0, hk);
     const int n_chunks = (j_end - j_begin + kWgChunk - 1) / kWgChunk;
@@ -117,16 +116,6 @@ __device__ __forceinline__ void taylor_wg_fold(const TaylorParams& tp) {
     if (n_chunks > 1) load(1);
     cp_async_commit();
 
-    float acc[kWgSlotsPerBlock][kWgD / 8][4];
-#pragma unroll
-    for (int s = 0; s < kWgSlotsPerBlock; ++s)
-#pragma unroll
-        for (int n = 0; n < kWgD / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[s][n][e] = 0.f;
-
-    const int slot0 = blk * kWgSlotsPerBlock;
-    const int b0 = 16 * warp + g;  // this thread's rows b0, b0 + 8 of A (features b)
     for (int c = 0; c < n_chunks; ++c) {
         cp_async_wait<1>();  // chunk c has landed (c + 1 may be in flight)
         fence_proxy_async();
@@ -134,78 +123,78 @@ __device__ __forceinline__ void taylor_wg_fold(const TaylorParams& tp) {
         if (c + 2 < n_chunks) load(c + 2);  // into the stage chunk c − 1 used
         cp_async_commit();
         const int stage = c % 3;
-        T* k_tile = sK + stage * kWgChunk * kWgD;
+        unsigned char* k_tile = reinterpret_cast<unsigned char*>(sK + stage * kWgChunk * kWgD);
 
-        // k̂_j = bf16(r_j k_j) (r_j = 1/max(‖k_j‖, eps) under qk_l2norm, else 1; 0 past the split) in place
-        // in the sw128 tile (B of K2 and Σk̂) and transposed into k̂ᵀ (A's rows b and multipliers k̂_ja):
-        // thread → key j = tid / 2, columns 32·(tid % 2) ….
-        {
+        // r_j = 1/max(‖k_j‖, eps) under qk_l2norm (thread → key j = tid / 2, columns 32·(tid % 2) …); the
+        // special block writes k̂ = bf16(r k) over the tile.
+        if (P.l2norm) {
             const int j = tid / 2, half = tid % 2;
             uint4 chunk[4];
             float ss = 0.f;
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                chunk[q] = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(k_tile) +
-                                                            sw128_offset<kWgChunk>(j, 32 * half + 8 * q));
+                chunk[q] = *reinterpret_cast<const uint4*>(k_tile + sw128_offset<kWgChunk>(j, 32 * half + 8 * q));
                 const uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float x0 = bf16_lo(w[e]), x1 = bf16_hi(w[e]);
-                    ss += x0 * x0 + x1 * x1;
-                }
+                for (int e = 0; e < 4; ++e) ss += bf16_lo(w[e]) * bf16_lo(w[e]) + bf16_hi(w[e]) * bf16_hi(w[e]);
             }
             ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-            const bool valid = j_begin + c * kWgChunk + j < j_end;
-            const float r = !valid ? 0.f : (P.l2norm ? 1.f / fmaxf(sqrtf(ss), P.eps) : 1.f);
-            unsigned short* kt = reinterpret_cast<unsigned short*>(sKt);
+            const float r = 1.f / fmaxf(sqrtf(ss), P.eps);
+            if (kSpecial) {
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
+                for (int q = 0; q < 4; ++q) {
+                    const uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
+                    uint32_t o[4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    w[e] = pack2<T>(r * bf16_lo(w[e]), r * bf16_hi(w[e]));
-                    const int col = 32 * half + 8 * q + 2 * e;
-                    kt[col * L::LDT + j] = (unsigned short)(w[e] & 0xffffu);
-                    kt[(col + 1) * L::LDT + j] = (unsigned short)(w[e] >> 16);
+                    for (int e = 0; e < 4; ++e) o[e] = pack2<T>(r * bf16_lo(w[e]), r * bf16_hi(w[e]));
+                    *reinterpret_cast<uint4*>(k_tile + sw128_offset<kWgChunk>(j, 32 * half + 8 * q)) =
+                        make_uint4(o[0], o[1], o[2], o[3]);
                 }
-                *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(k_tile) +
-                                          sw128_offset<kWgChunk>(j, 32 * half + 8 * q)) =
-                    make_uint4(w[0], w[1], w[2], w[3]);
+                fence_proxy_async();  // k̂ in place: B of K2 and Σk̂
+            } else if (half == 0) {
+                sR[j] = r;
             }
+            __syncthreads();
         }
-        fence_proxy_async();  // k̂ written in place, read by the products below
-        __syncthreads();
+        if (!kSpecial) {
+            // m_j for slot s = tid / 32 and keys 2·(tid % 32), + 1.
+            const int s = tid / 32, j = 2 * (tid % 32), a = slot0 + s;
+            const unsigned short* kt = reinterpret_cast<const unsigned short*>(k_tile);
+            uint32_t m = (uint32_t)kt[sw128_offset<kWgChunk>(j, a) / 2] | ((uint32_t)kt[sw128_offset<kWgChunk>(j + 1, a) / 2] << 16);
+            if (P.l2norm) m = pack2<T>(sR[j] * sR[j] * bf16_lo(m), sR[j + 1] * sR[j + 1] * bf16_hi(m));
+            *reinterpret_cast<uint32_t*>(sM + s * L::LDM + j) = m;
+            __syncthreads();
+        }
 
-        // The A operand's base fragments (rows b0, b0 + 8; keys 16kk + 2t4 + {0, 1} and + 8): k̂ᵀ.
+        // A's base fragments (rows b = 16·warp + g, + 8; keys 16kk + 2t4 + {0, 1}, + 8): Kᵀ (k̂ᵀ in the
+        // special block) by ldmatrix.trans: lane l gives key 16kk + 8·(m / 2) + l % 8, columns
+        // 16·warp + 8·(m % 2) … of matrix m = l / 8.
         uint32_t kb[4][4];
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-                kb[kk][r] = *reinterpret_cast<const uint32_t*>(sKt + (b0 + 8 * (r & 1)) * L::LDT + 16 * kk + 2 * t4 +
-                                                                8 * (r >> 1));
+        for (int kk = 0; kk < 4; ++kk) {
+            const int m = lane / 8;
+            ldsm_x4_trans(kb[kk], k_tile + sw128_offset<kWgChunk>(16 * kk + 8 * (m / 2) + lane % 8, 16 * warp + 8 * (m % 2)));
+        }
 
         uint32_t af[2][4][4];
         constexpr uint32_t kOnes = 0x3F803F80u;  // bf16x2 (1, 1)
 #pragma unroll
         for (int s = 0; s < kWgSlotsPerBlock; ++s) {
-            const int slot = slot0 + s;
             uint32_t(&a)[4][4] = af[s & 1];
-            // A: k̂ᵀ times the pair (k̂_ja, k̂_{j+1,a}) of slot a < 64 (one bf16x2 multiply: k̂_ja k̂_jb rounded
-            // once), k̂ᵀ itself (slots 64, 65), or 1 (66, 67).
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
                     const int j = 16 * kk + 2 * t4 + 8 * hf;
-                    const uint32_t ka = slot < kWgD ? *reinterpret_cast<const uint32_t*>(sKt + slot * L::LDT + j) : 0u;
+                    const uint32_t m = kSpecial ? 0u : *reinterpret_cast<const uint32_t*>(sM + s * L::LDM + j);
 #pragma unroll
                     for (int rs = 0; rs < 2; ++rs) {
                         const int ri = 2 * hf + rs;
-                        a[kk][ri] = slot < kWgD ? bf16x2_mul(kb[kk][ri], ka) : (slot < 66 ? kb[kk][ri] : kOnes);
+                        a[kk][ri] = !kSpecial ? bf16x2_mul(kb[kk][ri], m) : (s < 2 ? kb[kk][ri] : kOnes);
                     }
                 }
-            const bool b_is_k = slot == 65 || slot == 67;
+            // B: V, except K2 (slot 65) and Σk̂ (67): k̂.
+            const bool b_is_k = kSpecial && (s == 1 || s == 3);
             const uint32_t b_addr = smem_addr(b_is_k ? sK + stage * kWgChunk * kWgD : sV + stage * kWgChunk * kWgD);
             wg_fence();
 #pragma unroll
@@ -219,8 +208,38 @@ __device__ __forceinline__ void taylor_wg_fold(const TaylorParams& tp) {
         fence_regs(acc[2]);
         fence_regs(acc[3]);
     }
+}
+
+// The fold. tp.seg_len keys per split (a multiple of 64); blockIdx.x = split · 17 + slot block.
+__device__ __forceinline__ void taylor_wg_fold(const TaylorParams& tp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = TaylorWgFoldSmem;
+    const AttnParams& P = tp.base;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int blk = blockIdx.x % kWgFoldBlocks, split = blockIdx.x / kWgFoldBlocks;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const SeqInfo si(P, b);
+    const int j_begin = split * tp.seg_len;
+    const int j_end = min(si.len_k, j_begin + tp.seg_len);
+    if (j_begin >= j_end) return;  // no key here: the reduce reads the splits that have keys only
+
+    extern __shared__ __align__(1024) unsigned char smem_wg[];
+    unsigned char* base = smem_wg + ((1024u - (smem_addr(smem_wg) & 1023u)) & 1023u);
+    if (dynamic_smem_bytes() < (unsigned)L::kBytes + 1024u) __trap();
+
+    float acc[kWgSlotsPerBlock][kWgD / 8][4];
+#pragma unroll
+    for (int s = 0; s < kWgSlotsPerBlock; ++s)
+#pragma unroll
+        for (int n = 0; n < kWgD / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[s][n][e] = 0.f;
+    const int slot0 = blk * kWgSlotsPerBlock;
+    if (slot0 < kWgD) taylor_wg_fold_chunks<false>(tp, si, base, slot0, j_begin, j_end, acc);
+    else taylor_wg_fold_chunks<true>(tp, si, base, slot0, j_begin, j_end, acc);
 
     // The four sums: rows b (16 per warp), columns 8n + 2t4 + {0, 1}.
+    const int b0 = 16 * warp + g;
     float* out = tp.st + ((((long long)b * P.heads_kv + hk) * tp.n_seg + split) * kWgSlots + slot0) * kWgD * kWgD;
 #pragma unroll
     for (int s = 0; s < kWgSlotsPerBlock; ++s)

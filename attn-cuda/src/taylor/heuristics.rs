@@ -48,9 +48,9 @@ pub(crate) const WG_STATE_ELEMS: usize = WG_STATE_GROUPS * 16 * 64;
 pub(crate) const WG_VEC: usize = 132;
 /// Queries per read block (two m64 tiles of one warpgroup).
 pub(crate) const WG_READ_QUERIES: usize = 128;
-/// Dynamic shared memory of the fold (`TaylorWgFoldSmem::kBytes` + 1 KiB of alignment slack): K
-/// (then k̂), V `[3][64 × 64]` sw128, k̂ᵀ `[64][72]` bf16.
-pub(crate) const WG_FOLD_SMEM: usize = 6 * 64 * 64 * 2 + 64 * 72 * 2 + 1024;
+/// Dynamic shared memory of the fold (`TaylorWgFoldSmem::kBytes` + 1 KiB of alignment slack): K, V
+/// `[3][64 × 64]` sw128, the multipliers `[4][72]` bf16, r `[64]` f32.
+pub(crate) const WG_FOLD_SMEM: usize = 6 * 64 * 64 * 2 + 4 * 72 * 2 + 64 * 4 + 1024;
 /// Dynamic shared memory of the read (`TaylorWgReadSmem::kBytes` + 1 KiB): the ring `[5][8 × 16 × 64]`
 /// bf16, q/u `[128][72]` bf16, the vector.
 pub(crate) const WG_READ_SMEM: usize = 5 * 8 * 16 * 64 * 2 + 128 * 72 * 2 + WG_VEC * 4 + 1024;
@@ -478,7 +478,7 @@ mod tests {
         assert_eq!(wg_split_len(100, 1, 132), 64);
         assert_eq!(wg_split_len(1, 1, 132), 64);
         // The kernels' layouts (TaylorWgFoldSmem, TaylorWgReadSmem) plus 1 KiB of slack.
-        assert_eq!(WG_FOLD_SMEM, 58_368 + 1024);
+        assert_eq!(WG_FOLD_SMEM, 49_984 + 1024);
         assert_eq!(WG_READ_SMEM, 100_880 + 1024);
         // Two blocks of each per SM on an H100 (228 KiB of shared memory, 1 KiB reserved per block).
         assert!(2 * (WG_READ_SMEM + 1024) <= 228 * 1024);
