@@ -669,23 +669,30 @@ impl<'s> Call<'s> {
         )
     }
 
-    /// The forward on the wgmma state kernels ([`wg_forward`]): the fold's per-split sums (f32), the
-    /// reduce into the read's bf16 state and f32 vector, the read (o, den).
+    /// The forward on the wgmma state kernels ([`wg_forward`]): the fold's per-split sums (f32) and the
+    /// reduce into the read's bf16 state and f32 vector (with one split the fold writes those itself),
+    /// then the read (o, den).
     fn wg_forward(&self, p: &mut TaylorParams) -> Result<()> {
         let s = self.spec;
         let heads = s.batch() * s.heads_kv();
         let seg = heuristics::wg_split_len(s.seq_k(), heads, self.kernels.sms);
         let splits = s.seq_k().div_ceil(seg).max(1);
         (p.seg_len, p.n_seg) = (seg as i32, splits as i32);
-        // SAFETY (uninitialised): the fold writes every sum of every split that has keys, the only ones
-        // the reduce reads; the reduce writes every element of the bf16 state (u16: as many bytes).
-        let partial = unsafe {
-            self.stream
-                .alloc::<f32>(heads * splits * heuristics::WG_SPLIT_SUMS)
-        }?;
+        // SAFETY (uninitialised): with several splits the fold writes every sum of every split that has
+        // keys, the only ones the reduce reads, and the reduce every element of the bf16 state; with one,
+        // the fold writes every element of the state of each sequence that has keys, the only ones the
+        // read reads (u16: as many bytes as bf16).
+        let partial = if splits > 1 {
+            Some(unsafe {
+                self.stream
+                    .alloc::<f32>(heads * splits * heuristics::WG_SPLIT_SUMS)
+            }?)
+        } else {
+            None
+        };
         let state = unsafe { self.stream.alloc::<u16>(heads * heuristics::WG_STATE_ELEMS) }?;
         let vec = self.stream.alloc_zeros::<f32>(heads * heuristics::WG_VEC)?;
-        p.st = partial.device_ptr(self.stream).0;
+        p.st = partial.as_ref().map_or(0, |b| b.device_ptr(self.stream).0);
         p.st_t = state.device_ptr(self.stream).0;
         p.st_vec = vec.device_ptr(self.stream).0;
         let name = |stem: &str| format!("attn_taylor2_wg_{stem}_bf16_d64");
@@ -697,14 +704,16 @@ impl<'s> Call<'s> {
             },
             p,
         )?;
-        self.run(
-            Launch {
-                name: name("reduce"),
-                grid: (heuristics::WG_STATE_GROUPS + 1, s.heads_kv(), s.batch()),
-                smem: 0,
-            },
-            p,
-        )?;
+        if splits > 1 {
+            self.run(
+                Launch {
+                    name: name("reduce"),
+                    grid: (heuristics::WG_STATE_GROUPS + 1, s.heads_kv(), s.batch()),
+                    smem: 0,
+                },
+                p,
+            )?;
+        }
         self.run(
             Launch {
                 name: name("read"),

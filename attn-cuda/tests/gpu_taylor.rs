@@ -390,11 +390,11 @@ fn taylor_order2_large_scores_stay_finite_and_match_reference() {
     cases.finish();
 }
 
-/// Order 2, bf16, D = 64 without a causal mask runs its forward on the wgmma state kernels from 8192 keys
+/// Order 2, bf16, D = 64 without a causal mask runs its forward on the wgmma state kernels from 4096 keys
 /// per query (the default routing, no variable needed; `ATTN_CUDA_TAYLOR_WG=1` sends the shorter shapes
-/// of this file there too): several fold splits with a partial last chunk, GQA with `Nq ≠ Nk`, key
-/// padding with an empty batch entry, and packed varlen with an empty sequence, for the default and
-/// custom coefficients. The backward (the flash kernels at these lengths) reads the denominators it saved.
+/// of this file there too): several fold splits with a partial last chunk (the reduce) and a single
+/// split (the fold writes the state), GQA with `Nq ≠ Nk`, key padding with an empty batch entry, and
+/// packed varlen with an empty sequence, for the default and custom coefficients. The backward (the flash kernels at these lengths) reads the denominators it saved.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
 fn taylor_order2_wgmma_state_forward_matches_reference() {
@@ -420,6 +420,12 @@ fn taylor_order2_wgmma_state_forward_matches_reference() {
             "varlen",
             AttnProblem::new(taylor_family(2), DType::BF16, 3, 2, 2, 200, 8300, 64)
                 .with_varlen(cu(&[200, 0, 77]), cu(&[8300, 40, 8192])),
+        ),
+        // 64 (batch entry, kv head) pairs: one split, so the fold writes the read's state itself.
+        (
+            "one split, key padding 4100, 0, 4097, 4096",
+            AttnProblem::new(taylor_family(2), DType::BF16, 4, 16, 16, 70, 4100, 64)
+                .with_key_lens(vec![4100, 0, 4097, 4096]),
         ),
     ];
     for (n, (label, problem)) in shapes.into_iter().enumerate() {

@@ -597,7 +597,7 @@ done
 # the warp-specialised ones; and the Taylor tests with the state kernels for every call (by default
 # order 2 at f16/bf16, D = 64 and 128, runs its quadratic form on the flash kernels at the tests'
 # lengths) and with order 2's wgmma state forward wherever it applies (bf16, D = 64, no causal mask;
-# by default from 8192 keys). Each entry: variables (comma-separated) : binaries.
+# by default from 4096 keys). Each entry: variables (comma-separated) : binaries.
 flash="gpu_softmax_like,gpu_hyperbolic"
 for entry in ATTN_CUDA_WGMMA=0:$flash ATTN_CUDA_WG_FUSED=0:$flash ATTN_CUDA_WG_FUSED=1:$flash ATTN_CUDA_WG_WS=0:$flash ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3:$flash ATTN_CUDA_WG_BWD_WS=0:$flash ATTN_CUDA_TAYLOR_DENSE=0:gpu_taylor ATTN_CUDA_TAYLOR_WG=1:gpu_taylor; do
   var="${entry%%:*}"

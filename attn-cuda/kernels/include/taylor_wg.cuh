@@ -86,6 +86,47 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
     return *reinterpret_cast<uint32_t*>(&r);
 }
 
+// The fold slot and coefficient row of k16 group G of the read's state: {slot, kk, a} with a = −1 for
+// K2 (G < 4) and S1 (G < 8).
+struct WgGroup {
+    int slot, kk, a;
+};
+__host__ __device__ constexpr WgGroup wg_group(int G) {
+    if (G < 4) return {65, G, -1};
+    if (G < 8) return {64, G - 4, -1};
+    const int q = G - 8;
+    if (q < 64) return {q / 4, q % 4, q / 4};
+    if (q < 112) return {16 + (q - 64) / 3, 1 + (q - 64) % 3, 16 + (q - 64) / 3};
+    if (q < 144) return {32 + (q - 112) / 2, 2 + (q - 112) % 2, 32 + (q - 112) / 2};
+    return {48 + (q - 144), 3, 48 + (q - 144)};
+}
+
+// The k16 group that holds rows 16kk … 16kk + 15 of fold slot `slot` < 66 (the inverse of wg_group), or
+// −1 where those rows are not kept (slot a < 64 with kk < ⌊a/16⌋).
+__device__ __forceinline__ int wg_group_index(int slot, int kk) {
+    if (slot == 65) return kk;
+    if (slot == 64) return 4 + kk;
+    const int q = slot / 16;
+    if (kk < q) return -1;
+    // 16 slots of 4 − i groups for each i < q, then (slot − 16q) slots of 4 − q.
+    const int before = 16 * (4 * q - q * (q - 1) / 2) + (slot - 16 * q) * (4 - q);
+    return 8 + before + (kk - q);
+}
+
+// The coefficient folded into row b of fold slot `slot` < 66: a1 (S1), a2 (K2), a2·c_ab (S2[a]: c = 2
+// above the diagonal, 1 on it, 0 below).
+__device__ __forceinline__ float wg_coef(const TaylorParams& tp, int slot, int b) {
+    if (slot == 64) return tp.a1;
+    if (slot == 65) return tp.a2;
+    return tp.a2 * (b > slot ? 2.f : (b == slot ? 1.f : 0.f));
+}
+
+// Element offset of (row r of 16, column c) of k16 group G: sw128 within the group, the 16-byte chunk
+// c / 8 of row r at chunk (c / 8) ^ (r % 8).
+__device__ __forceinline__ int wg_state_offset(int G, int r, int c) {
+    return G * kWgGroupElems + r * kWgD + (((c / 8) ^ (r & 7)) * 8) + c % 8;
+}
+
 // One fold block's chunk loop. kSpecial: slots 64–67 (A = k̂ᵀ or 1; under qk_l2norm the K tile is
 // normalised in place first, as B of K2 and Σk̂); else four quadratic slots a = slot0 … slot0 + 3, A =
 // Kᵀ ∘ m with the multipliers m_j = bf16(r_j² k_ja) (one rounding; k_ja exactly when r = 1) from a
@@ -238,9 +279,43 @@ __device__ __forceinline__ void taylor_wg_fold(const TaylorParams& tp) {
     if (slot0 < kWgD) taylor_wg_fold_chunks<false>(tp, si, base, slot0, j_begin, j_end, acc);
     else taylor_wg_fold_chunks<true>(tp, si, base, slot0, j_begin, j_end, acc);
 
-    // The four sums: rows b (16 per warp), columns 8n + 2t4 + {0, 1}.
     const int b0 = 16 * warp + g;
-    float* out = tp.st + ((((long long)b * P.heads_kv + hk) * tp.n_seg + split) * kWgSlots + slot0) * kWgD * kWgD;
+    const long long head = (long long)b * P.heads_kv + hk;
+    if (tp.n_seg == 1) {
+        // One split: the read's state straight from the accumulators (no f32 sums, no reduce). Warp w
+        // holds rows 16w … 16w + 15 of every slot: k16 group kk = w.
+#pragma unroll
+        for (int s = 0; s < kWgSlotsPerBlock; ++s) {
+            const int slot = slot0 + s;
+            if (slot >= 66) {
+                // Σv, Σk̂: row 0 (warp 0, g = 0), and a0 n.
+                if (warp == 0 && g == 0)
+#pragma unroll
+                    for (int n = 0; n < kWgD / 8; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            tp.st_vec[head * kWgVec + (slot - 66) * kWgD + 8 * n + 2 * t4 + e] =
+                                (slot == 66 ? tp.a0 : tp.a1) * acc[s][n][e];
+                if (slot == 66 && tid == 0) tp.st_vec[head * kWgVec + 2 * kWgD] = tp.a0 * (float)si.len_k;
+                continue;
+            }
+            const int grp = wg_group_index(slot, warp);
+            if (grp < 0) continue;
+            __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(tp.st_t) + head * kWgStateElems;
+#pragma unroll
+            for (int rh = 0; rh < 2; ++rh) {
+                const int r = g + 8 * rh;
+                const float coef = wg_coef(tp, slot, b0 + 8 * rh);
+#pragma unroll
+                for (int n = 0; n < kWgD / 8; ++n)
+                    *reinterpret_cast<uint32_t*>(dst + wg_state_offset(grp, r, 8 * n + 2 * t4)) =
+                        pack2<__nv_bfloat16>(coef * acc[s][n][2 * rh], coef * acc[s][n][2 * rh + 1]);
+            }
+        }
+        return;
+    }
+    // The four sums: rows b (16 per warp), columns 8n + 2t4 + {0, 1}.
+    float* out = tp.st + ((head * tp.n_seg + split) * kWgSlots + slot0) * kWgD * kWgD;
 #pragma unroll
     for (int s = 0; s < kWgSlotsPerBlock; ++s)
 #pragma unroll
@@ -252,21 +327,6 @@ __device__ __forceinline__ void taylor_wg_fold(const TaylorParams& tp) {
                     make_float2(acc[s][n][2 * rh], acc[s][n][2 * rh + 1]);
             }
 #endif
-}
-
-// The fold slot and coefficient row of k16 group G of the read's state: {slot, kk, a} with a = −1 for
-// K2 (G < 4) and S1 (G < 8).
-struct WgGroup {
-    int slot, kk, a;
-};
-__host__ __device__ constexpr WgGroup wg_group(int G) {
-    if (G < 4) return {65, G, -1};
-    if (G < 8) return {64, G - 4, -1};
-    const int q = G - 8;
-    if (q < 64) return {q / 4, q % 4, q / 4};
-    if (q < 112) return {16 + (q - 64) / 3, 1 + (q - 64) % 3, 16 + (q - 64) / 3};
-    if (q < 144) return {32 + (q - 112) / 2, 2 + (q - 112) % 2, 32 + (q - 112) / 2};
-    return {48 + (q - 144), 3, 48 + (q - 144)};
 }
 
 // The reduce (128 threads): blockIdx.x < 168 is k16 group G (thread → row r = tid / 8 of 16, columns 8·(tid % 8) …),
@@ -291,8 +351,7 @@ __device__ __forceinline__ void taylor_wg_reduce(const TaylorParams& tp) {
     const WgGroup grp = wg_group(blockIdx.x);
     const int r = tid / 8, cc = tid % 8;
     const int row = 16 * grp.kk + r;
-    float coef = grp.slot == 64 ? tp.a1 : tp.a2;
-    if (grp.a >= 0) coef *= row > grp.a ? 2.f : (row == grp.a ? 1.f : 0.f);
+    const float coef = wg_coef(tp, grp.slot, row);
     float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     const float* src = part + ((long long)grp.slot * kWgD + row) * kWgD + 8 * cc;
     for (int k = 0; k < splits; ++k) {
@@ -305,9 +364,8 @@ __device__ __forceinline__ void taylor_wg_reduce(const TaylorParams& tp) {
     o.y = pack2<__nv_bfloat16>(coef * s[2], coef * s[3]);
     o.z = pack2<__nv_bfloat16>(coef * s[4], coef * s[5]);
     o.w = pack2<__nv_bfloat16>(coef * s[6], coef * s[7]);
-    // sw128 within the group: row r's 16-byte chunk cc at chunk cc ^ (r % 8).
     __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(tp.st_t) + head * kWgStateElems +
-                         (long long)blockIdx.x * kWgGroupElems + r * kWgD + ((cc ^ (r & 7)) * 8);
+                         wg_state_offset(blockIdx.x, r, 8 * cc);
     *reinterpret_cast<uint4*>(dst) = o;
 }
 
@@ -322,6 +380,15 @@ __device__ __forceinline__ void taylor_wg_read(const TaylorParams& tp) {
     const SeqInfo si(P, b);
     const int i0 = blockIdx.x * kWgQueries;
     if (i0 >= si.len_q) return;
+    if (si.len_k == 0) {
+        // No key: o = 0 and den = 0 (the fold wrote no state for this sequence).
+        for (int x = tid; x < kWgQueries * kWgD; x += 128) {
+            const int i = i0 + x / kWgD;
+            if (i < si.len_q) static_cast<T*>(P.o)[si.o_off(P, i, h) + x % kWgD] = from_f32<T>(0.f);
+            if (i < si.len_q && x % kWgD == 0) P.lse[si.stats_index(P, h, i)] = 0.f;
+        }
+        return;
+    }
     const long long head = (long long)b * P.heads_kv + hk;
 
     extern __shared__ __align__(1024) unsigned char smem_wg[];
@@ -491,15 +558,14 @@ __device__ __forceinline__ void taylor_wg_read(const TaylorParams& tp) {
     fence_regs(acc[1]);
 
     // o = O / den and den, rows i0 + 64t + 16·warp + g (+ 8).
-    const bool empty = si.len_k == 0;
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
             const int i = i0 + 64 * t + 16 * warp + g + 8 * rh;
             if (i >= si.len_q) continue;
-            const float d = empty ? 0.f : den[t][rh];
-            const float inv = empty ? 0.f : 1.f / d;
+            const float d = den[t][rh];
+            const float inv = 1.f / d;
             T* o = static_cast<T*>(P.o) + si.o_off(P, i, h);
 #pragma unroll
             for (int n = 0; n < kWgD / 8; ++n)

@@ -536,10 +536,10 @@ fn taylor_order_2_runs_on_the_hopper_flash_kernels_where_routed() {
     }
     assert!(check_supported(&taylor(1, DType::BF16, 64, 100, Causal::None), Pass::Forward).is_err());
     // The length rule: 32768 keys per query at D = 64 (half the keys causal), 131072 at D = 128 (a
-    // forward at D = 64 without a causal mask takes the wgmma state kernels from 8192 keys instead).
+    // forward at D = 64 without a causal mask takes the wgmma state kernels from 4096 keys instead).
     for (d, n, causal, pass) in [
         (64, 32768, Causal::None, Pass::Backward),
-        (64, 4096, Causal::None, Pass::Forward),
+        (64, 2048, Causal::None, Pass::Forward),
         (64, 65536, Causal::TopLeft, Pass::Forward),
         (128, 131_072, Causal::None, Pass::Forward),
     ] {
@@ -549,14 +549,14 @@ fn taylor_order_2_runs_on_the_hopper_flash_kernels_where_routed() {
             hopper
         ));
     }
-    // The wgmma state forward: order 2, bf16, D = 64, no causal mask, from 8192 keys.
+    // The wgmma state forward: order 2, bf16, D = 64, no causal mask, from 4096 keys.
     use crate::taylor::wg_forward;
-    let wg = taylor(2, DType::BF16, 64, 8192, Causal::None);
+    let wg = taylor(2, DType::BF16, 64, 4096, Causal::None);
     assert!(wg_forward(&wg, hopper));
     assert!(!dense_on_flash(&wg, Pass::Forward, hopper));
     assert!(dense_on_flash(&wg, Pass::Backward, hopper));
     for s in [
-        taylor(2, DType::BF16, 64, 4096, Causal::None),
+        taylor(2, DType::BF16, 64, 4095, Causal::None),
         taylor(2, DType::F16, 64, 8192, Causal::None),
         taylor(2, DType::BF16, 128, 8192, Causal::None),
         taylor(2, DType::BF16, 64, 8192, Causal::BottomRight),

@@ -56,14 +56,16 @@ pub(crate) const WG_FOLD_SMEM: usize = 6 * 64 * 64 * 2 + 4 * 72 * 2 + 64 * 4 + 1
 pub(crate) const WG_READ_SMEM: usize = 5 * 8 * 16 * 64 * 2 + 128 * 72 * 2 + WG_VEC * 4 + 1024;
 
 /// Whether the wgmma state forward beats the quadratic form on the flash kernels (bf16, D = 64, no
-/// causal mask): from 8192 keys per query (provisional until measured; the two cost ∝ N and ∝ N²).
+/// causal mask): from 4096 keys per query. H100, 16k tokens × 32 heads, forward (kernels/NOTES_taylor.md,
+/// session 23, run s23c): 1.24 ms against 1.63 at 4096, 1.07 against 3.06 at 8192; at 2048 the flash
+/// kernels win (0.89 against 1.69: the state costs the same at every N, the quadratic form ∝ N).
 pub(crate) fn wg_state_faster(seq_k: usize) -> bool {
-    seq_k >= 8192
+    seq_k >= 4096
 }
 
 /// Keys per split of the wgmma fold (a multiple of 64): splits enough that the 17 blocks of each
 /// split and (batch entry, kv head) make about 8 blocks per SM (two resident, four waves), at most one
-/// per 64 keys.
+/// per 64 keys. With one split the fold writes the read's state itself (no f32 sums, no reduce).
 ///
 /// ```text
 /// wg_split_len(4096, 128, 132) = 4096       one split: 2176 blocks
