@@ -18,8 +18,9 @@
 //   ldmatrix.trans, times the multipliers bf16(r_j² k_ja) in one bf16x2 multiply (without qk_l2norm
 //   k_ja k_jb rounded once, as the mma fold rounds its features; with it one more rounding). Blocks
 //   0–15 hold four quadratic slots each, block 16 the special ones (its K tile normalised in place).
-//   Each block writes its four f32 sums to tp.st [B][Hkv][splits][68][64][64].
-// reduce (grid (169, Hkv, B)): sums the splits in order (the same bits every run) and writes the read's
+//   Each block writes its four f32 sums to tp.st [B][Hkv][splits][68][64][64]; with one split (tp.n_seg
+//   = 1) it writes its rows of the read's state and vector itself instead, as the reduce would.
+// reduce (grid (169, Hkv, B), several splits only): sums the splits in order (the same bits every run) and writes the read's
 //   state in bf16 (tp.st_t, [B][Hkv][168 k16 groups][16][64], each group a sw128 tile of 16 rows) with the
 //   coefficients folded in: groups 0–3 a2·K2, 4–7 a1·S1, then for a = 0…63 the rows b ≥ 16⌊a/16⌋ of
 //   a2·c_ab·S2[a] (c_ab = 2 for b > a, 1 for b = a, 0 below: each pair once, the symmetry of k⊗k), 160
@@ -29,7 +30,8 @@
 //   registers (the A fragments); the 168 groups stream through a ring of five 16 KiB stages (cp.async,
 //   three in flight). First Y = U·(a2 K2), den = a0 n + u·(a1 Σk̂) + rowsum(U ∘ Y); then
 //   O = a0 Σv + U·(a1 S1) + Σ_a (u_a ∘ U)·(a2 c S2[a]) on the k16 steps of the stored rows, A = u_ia·U
-//   rounded once to bf16 (one bf16x2 multiply per register); o = O/den, den saved as the statistic.
+//   rounded once to bf16 (one bf16x2 multiply per register); o = O/den, den saved as the statistic. A
+//   sequence without keys gets o = 0, den = 0 (its state was never written).
 //
 // Cost per (token, head): the fold 68 · 64 · 64 · 2 = 557k FLOP, the read 168 · 16 · 64 · 2 = 344k (the
 // ideal factorisation, 4·F·M = 558k, counts each of the 2145 features once, both sides).
