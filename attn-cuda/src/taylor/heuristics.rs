@@ -483,7 +483,7 @@ mod tests {
         assert_eq!(WG_FOLD_SMEM, 49_984 + 1024);
         assert_eq!(WG_READ_SMEM, 100_880 + 1024);
         // Two blocks of each per SM on an H100 (228 KiB of shared memory, 1 KiB reserved per block).
-        assert!(2 * (WG_READ_SMEM + 1024) <= 228 * 1024);
+        const { assert!(2 * (WG_READ_SMEM + 1024) <= 228 * 1024) };
         assert_eq!(WG_STATE_GROUPS, 4 + 4 + 16 * (4 + 3 + 2 + 1));
     }
 
