@@ -522,11 +522,12 @@ __device__ __forceinline__ void taylor_wg_read(const TaylorParams& tp) {
         }
     // O = U·(a1 S1) (overwriting Y), then the quadratic slots; a0 Σv is added at the end.
     issue(IntC<0>(), U, 0);
-    // Slot a: A = u_a ∘ U (u_ia of rows r0, r0 + 8 from sQ), on the k16 steps KK0 … 3.
+    // Slot a: A = u_a ∘ U (u_ia of rows r0, r0 + 8 from sQ) in buffer A, on the k16 steps KK0 … 3. Four
+    // slots per turn of the loops below: each slot's A is formed while the previous slot's products run
+    // (two buffers, wg_wait<1>), and the turn ends with every product done (wg_wait<0>), so that no
+    // product is in flight across the loop's back edge (ptxas serialises every wgmma otherwise, C7513).
+    uint32_t af2[2][4][4];
     auto quad = [&](auto kk0, uint32_t(&A)[2][4][4], int a) {
-        constexpr int KK0 = decltype(kk0)::value;
-        fence_regs(acc[0]);
-        fence_regs(acc[1]);
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
             const int r0 = 64 * t + 16 * warp + g;
@@ -534,27 +535,32 @@ __device__ __forceinline__ void taylor_wg_read(const TaylorParams& tp) {
             const uint32_t m1 = reinterpret_cast<const unsigned short*>(sQ)[(r0 + 8) * L::LDQ + a];
             const uint32_t mm[2] = {m0 * 0x10001u, m1 * 0x10001u};
 #pragma unroll
-            for (int kk = KK0; kk < 4; ++kk)
+            for (int kk = decltype(kk0)::value; kk < 4; ++kk)
 #pragma unroll
                 for (int ri = 0; ri < 4; ++ri) A[t][kk][ri] = bf16x2_mul(U[t][kk][ri], mm[ri & 1]);
         }
         issue(kk0, A, 1);
-        // Every slot chains into the same accumulators: A of the next slot written while this one runs
-        // makes ptxas serialise every product (C7513), so each slot completes first; the second block
-        // on the SM fills the tensor cores meanwhile.
+    };
+    auto turn = [&](auto kk0, int a) {
+        quad(kk0, af, a);
+        quad(kk0, af2, a + 1);
+        wg_wait<1>();
+        quad(kk0, af, a + 2);
+        wg_wait<1>();
+        quad(kk0, af2, a + 3);
         wg_wait<0>();
         fence_regs(acc[0]);
         fence_regs(acc[1]);
     };
     // a ∈ [16 q, 16 q + 16) keeps the rows b ≥ 16 q: k16 steps q … 3.
 #pragma unroll 1
-    for (int a = 0; a < 16; ++a) quad(IntC<0>(), af, a);
+    for (int a = 0; a < 16; a += 4) turn(IntC<0>(), a);
 #pragma unroll 1
-    for (int a = 16; a < 32; ++a) quad(IntC<1>(), af, a);
+    for (int a = 16; a < 32; a += 4) turn(IntC<1>(), a);
 #pragma unroll 1
-    for (int a = 32; a < 48; ++a) quad(IntC<2>(), af, a);
+    for (int a = 32; a < 48; a += 4) turn(IntC<2>(), a);
 #pragma unroll 1
-    for (int a = 48; a < 64; ++a) quad(IntC<3>(), af, a);
+    for (int a = 48; a < 64; a += 4) turn(IntC<3>(), a);
     wg_wait<0>();
     fence_regs(acc[0]);
     fence_regs(acc[1]);
