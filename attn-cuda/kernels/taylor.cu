@@ -21,8 +21,8 @@
 //        attn_taylor_order1_{fold,forward,dq,dkdv}_{f16,bf16}_d{D},
 //        attn_taylor_order1_causal{,_dq,_dkdv}_{f16,bf16}_d{16,32,64},
 //        attn_taylor2_wg_{fold,reduce,read}_bf16_d64.
-// Order 2, bf16, D = 64, no causal mask, on Hopper (taylor_wg.cuh): a forward is wg_fold → wg_reduce →
-// wg_read (attn_cuda::taylor::Call::wg_forward).
+// Order 2, bf16, D = 64, no causal mask, on Hopper (taylor_wg.cuh): a forward is wg_fold → wg_reduce (with
+// several splits of the keys only) → wg_read (attn_cuda::taylor::Call::wg_forward).
 #include "include/taylor_decode.cuh"
 #include "include/taylor_dense.cuh"
 #include "include/taylor_order1.cuh"

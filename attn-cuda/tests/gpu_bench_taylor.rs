@@ -1,5 +1,6 @@
 //! Taylor kernel timings, for iterating on the kernels: `gpu_bench_taylor --bench [--out FILE.csv]
-//! [--orders 1,2] [--dims 64,128] [--max-n 65536] [--ns 4096,16384] [--causal 0,1]` (the bundle of `cargo xtask gpu-bundle` carries it).
+//! [--orders 1,2] [--dims 64,128] [--max-n 65536] [--ns 4096,16384] [--causal 0,1]` (the bundle of
+//! `cargo xtask gpu-bundle` carries it).
 //! Without `--bench` it does nothing, so `cargo test` stays quick. attn-bench owns the reported
 //! benchmark; this is the kernel author's stopwatch.
 //!

@@ -18,7 +18,7 @@ use attn_cpu_ref::testing::{check_close, max_abs, random_case, Case};
 use attn_cpu_ref::{backward_f64, forward_f64, Inputs};
 use attn_cuda::{CudaAttnError, DeviceElem, ForwardViews};
 use common::bench::{all_finite, forward_backward, time_ms, Bufs};
-use common::shapes::{dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
+use common::shapes::{cu_seqlens, dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
 use common::{
     case_selected, check_dims, dot, gpu, identical_runs, key_rows, l2norm_bwd, prep_row, query_rows, run_gpu,
     taylor_family, Cases, KeyRow, Outputs, QueryRow,
@@ -394,18 +394,12 @@ fn taylor_order2_large_scores_stay_finite_and_match_reference() {
 /// per query (the default routing, no variable needed; `ATTN_CUDA_TAYLOR_WG=1` sends the shorter shapes
 /// of this file there too): several fold splits with a partial last chunk (the reduce) and a single
 /// split (the fold writes the state), GQA with `Nq ≠ Nk`, key padding with an empty batch entry, and
-/// packed varlen with an empty sequence, for the default and custom coefficients. The backward (the flash kernels at these lengths) reads the denominators it saved.
+/// packed varlen with an empty sequence, for the default and custom coefficients. The backward (the
+/// flash kernels at these lengths) reads the denominators it saved.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
 fn taylor_order2_wgmma_state_forward_matches_reference() {
     let mut cases = Cases::new("taylor_order2_wgmma_state_forward_matches_reference");
-    let cu = |l: &[usize]| -> Vec<usize> {
-        let mut c = vec![0];
-        for x in l {
-            c.push(c.last().expect("non-empty") + x);
-        }
-        c
-    };
     let shapes = [
         (
             "GQA Nq 300 Nk 8200",
@@ -419,7 +413,7 @@ fn taylor_order2_wgmma_state_forward_matches_reference() {
         (
             "varlen",
             AttnProblem::new(taylor_family(2), DType::BF16, 3, 2, 2, 200, 8300, 64)
-                .with_varlen(cu(&[200, 0, 77]), cu(&[8300, 40, 8192])),
+                .with_varlen(cu_seqlens(&[200, 0, 77]), cu_seqlens(&[8300, 40, 8192])),
         ),
         // 64 (batch entry, kv head) pairs: one split, so the fold writes the read's state itself.
         (

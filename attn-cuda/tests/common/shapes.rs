@@ -115,22 +115,24 @@ pub fn bias_broadcast_heads(f: Family, dt: DType, d: usize, s: &mut Shapes) -> A
     AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d).with_bias(2, 1)
 }
 
+/// Packed-varlen offsets of sequences of lengths `lens`: `[0, l0, l0 + l1, …]`.
+pub fn cu_seqlens(lens: &[usize]) -> Vec<usize> {
+    let mut c = vec![0];
+    for x in lens {
+        c.push(c.last().expect("non-empty") + x);
+    }
+    c
+}
+
 /// Four packed sequences, bottom-right causal: one without queries, one of short lengths, one with
 /// `Nq = Nk`.
 pub fn varlen_causal(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
     let max = s.max_len(d);
     let lq = [s.tail(20, max), 0, s.tail(5, 60), s.tail(30, max)];
     let lk = [s.tail(20, max), s.next(1, 30), s.tail(5, 60), lq[3]];
-    let cu = |l: &[usize]| -> Vec<usize> {
-        let mut c = vec![0];
-        for x in l {
-            c.push(c.last().expect("non-empty") + x);
-        }
-        c
-    };
     let (mq, mk) = (*lq.iter().max().expect("4"), *lk.iter().max().expect("4"));
     AttnProblem::new(f, dt, 4, 4, 2, mq, mk, d)
-        .with_varlen(cu(&lq), cu(&lk))
+        .with_varlen(cu_seqlens(&lq), cu_seqlens(&lk))
         .with_causal(Causal::BottomRight)
 }
 
