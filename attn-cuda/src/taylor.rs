@@ -794,8 +794,10 @@ fn forward_impl<T: DeviceElem>(call: &Call<'_>, p: &mut TaylorParams, b: Forward
             && rows_aligned(k, spec.k_strides())
             && rows_aligned(v, spec.v_strides())
             && rows_aligned(o, spec.o_strides());
-        let hopper = crate::runtime::kernels_for(call.stream.context(), call.op).map(|k| k.hopper);
-        if rows && hopper.is_ok_and(|h| wg_forward(spec, h)) {
+        if rows
+            && crate::runtime::kernels_for(call.stream.context(), call.op)
+                .is_ok_and(|k| wg_forward(spec, k.hopper))
+        {
             return call.wg_forward(p);
         }
         return call.forward_tiles(p);
