@@ -159,7 +159,7 @@ ATTN_TAYLOR_ORDER1_CAUSAL(16)
 ATTN_TAYLOR_ORDER1_CAUSAL(32)
 ATTN_TAYLOR_ORDER1_CAUSAL(64)
 
-// Order 2 without a causal mask on Hopper tensor cores (taylor_wg.cuh): bf16, D = 64, sm_90a (the bodies
+// Order 2 on Hopper tensor cores (taylor_wg.cuh; causal: Nq = Nk, per-segment states): bf16, D = 64, sm_90a (the bodies
 // are empty for other targets; the host launches them on compute capability 9.0 only).
 extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)
     attn_taylor2_wg_fold_bf16_d64(const __grid_constant__ TaylorParams p) {

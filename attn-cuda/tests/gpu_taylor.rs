@@ -390,12 +390,14 @@ fn taylor_order2_large_scores_stay_finite_and_match_reference() {
     cases.finish();
 }
 
-/// Order 2, bf16, D = 64 without a causal mask runs its forward on the wgmma state kernels from 4096 keys
+/// Order 2, bf16, D = 64 runs its forward on the wgmma state kernels from 4096 keys
 /// per query (the default routing, no variable needed; `ATTN_CUDA_TAYLOR_WG=1` sends the shorter shapes
 /// of this file there too): several fold splits with a partial last chunk (the reduce) and a single
 /// split (the fold writes the state), GQA with `Nq ≠ Nk`, key padding with an empty batch entry, and
-/// packed varlen with an empty sequence, for the default and custom coefficients. The backward (the
-/// flash kernels at these lengths) reads the denominators it saved.
+/// packed varlen with an empty sequence, for the default and custom coefficients; with a causal mask
+/// from 8192 keys where Nq = Nk (per-segment states and the dense part of each query's segment), both
+/// alignments, dense and packed. The backward (the flash kernels at these lengths) reads the
+/// denominators it saved.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
 fn taylor_order2_wgmma_state_forward_matches_reference() {
@@ -420,6 +422,19 @@ fn taylor_order2_wgmma_state_forward_matches_reference() {
             "one split, key padding 4100, 0, 4097, 4096",
             AttnProblem::new(taylor_family(2), DType::BF16, 4, 16, 16, 70, 4100, 64)
                 .with_key_lens(vec![4100, 0, 4097, 4096]),
+        ),
+        // Causal (Nq = Nk): the fold writes a state per segment, the read adds its segment densely; the
+        // last segment partial, the last query tile too.
+        (
+            "causal GQA 8300",
+            AttnProblem::new(taylor_family(2), DType::BF16, 1, 2, 1, 8300, 8300, 64)
+                .with_causal(Causal::TopLeft),
+        ),
+        (
+            "causal bottom-right varlen 8200, 1, 130",
+            AttnProblem::new(custom_order2(), DType::BF16, 3, 2, 2, 8200, 8200, 64)
+                .with_causal(Causal::BottomRight)
+                .with_varlen(cu_seqlens(&[8200, 1, 130]), cu_seqlens(&[8200, 1, 130])),
         ),
     ];
     for (n, (label, problem)) in shapes.into_iter().enumerate() {

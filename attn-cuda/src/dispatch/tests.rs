@@ -540,7 +540,8 @@ fn taylor_order_2_runs_on_the_hopper_flash_kernels_where_routed() {
     for (d, n, causal, pass) in [
         (64, 32768, Causal::None, Pass::Backward),
         (64, 2048, Causal::None, Pass::Forward),
-        (64, 65536, Causal::TopLeft, Pass::Forward),
+        (64, 4096, Causal::TopLeft, Pass::Forward),
+        (64, 65536, Causal::TopLeft, Pass::Backward),
         (128, 131_072, Causal::None, Pass::Forward),
     ] {
         assert!(dense_on_flash(
@@ -549,18 +550,47 @@ fn taylor_order_2_runs_on_the_hopper_flash_kernels_where_routed() {
             hopper
         ));
     }
-    // The wgmma state forward: order 2, bf16, D = 64, no causal mask, from 4096 keys.
+    // The wgmma state forward: order 2, bf16, D = 64, from 4096 keys without a causal mask and from
+    // 8192 with one where every sequence has as many queries as keys.
     use crate::taylor::wg_forward;
     let wg = taylor(2, DType::BF16, 64, 4096, Causal::None);
     assert!(wg_forward(&wg, hopper));
     assert!(!dense_on_flash(&wg, Pass::Forward, hopper));
     assert!(dense_on_flash(&wg, Pass::Backward, hopper));
+    let causal_nn = |n: usize| {
+        AttnProblem::new(Family::taylor(2), DType::BF16, 2, 4, 2, n, n, 64).with_causal(Causal::TopLeft)
+    };
+    for s in [
+        taylor(2, DType::BF16, 64, 8192, Causal::BottomRight),
+        taylor(2, DType::BF16, 64, 8192, Causal::TopLeft),
+        causal_nn(9000)
+            .with_varlen(vec![0, 9000, 9100], vec![0, 9000, 9100])
+            .validate()
+            .expect("valid"),
+    ] {
+        assert!(wg_forward(&s, hopper), "{s:?}");
+        assert!(!dense_on_flash(&s, Pass::Forward, hopper));
+    }
     for s in [
         taylor(2, DType::BF16, 64, 4095, Causal::None),
+        taylor(2, DType::BF16, 64, 8191, Causal::TopLeft),
         taylor(2, DType::F16, 64, 8192, Causal::None),
         taylor(2, DType::BF16, 128, 8192, Causal::None),
-        taylor(2, DType::BF16, 64, 8192, Causal::BottomRight),
         taylor(1, DType::BF16, 64, 8192, Causal::None),
+        // A causal mask with Nq ≠ Nk, key padding, or packed sequences whose query and key offsets differ.
+        AttnProblem::new(Family::taylor(2), DType::BF16, 1, 4, 2, 8000, 8192, 64)
+            .with_causal(Causal::BottomRight)
+            .validate()
+            .expect("valid"),
+        causal_nn(8192)
+            .with_key_lens(vec![8192, 8000])
+            .validate()
+            .expect("valid"),
+        AttnProblem::new(Family::taylor(2), DType::BF16, 2, 4, 2, 9000, 9001, 64)
+            .with_causal(Causal::TopLeft)
+            .with_varlen(vec![0, 9000, 9100], vec![0, 9000, 9101])
+            .validate()
+            .expect("valid"),
     ] {
         assert!(!wg_forward(&s, hopper), "{s:?}");
     }

@@ -49,18 +49,39 @@ pub(crate) const WG_VEC: usize = 132;
 /// Queries per read block (two m64 tiles of one warpgroup).
 pub(crate) const WG_READ_QUERIES: usize = 128;
 /// Dynamic shared memory of the fold (`TaylorWgFoldSmem::kBytes` + 1 KiB of alignment slack): K, V
-/// `[3][64 × 64]` sw128, the multipliers `[4][72]` bf16, r `[64]` f32.
-pub(crate) const WG_FOLD_SMEM: usize = 6 * 64 * 64 * 2 + 4 * 72 * 2 + 64 * 4 + 1024;
+/// `[3][64 × 64]` sw128, the multipliers `[4][72]` bf16, r `[64]` f32, the state's staging `[16][16 × 64]`
+/// bf16.
+pub(crate) const WG_FOLD_SMEM: usize = 6 * 64 * 64 * 2 + 4 * 72 * 2 + 64 * 4 + 16 * 16 * 64 * 2 + 1024;
 /// Dynamic shared memory of the read (`TaylorWgReadSmem::kBytes` + 1 KiB): the ring `[5][8 × 16 × 64]`
-/// bf16, q/u `[128][72]` bf16, the vector.
-pub(crate) const WG_READ_SMEM: usize = 5 * 8 * 16 * 64 * 2 + 128 * 72 * 2 + WG_VEC * 4 + 1024;
+/// bf16, q/u `[128][72]` bf16, the vector, r `[64]` f32 (the causal dense part's key norms).
+pub(crate) const WG_READ_SMEM: usize = 5 * 8 * 16 * 64 * 2 + 128 * 72 * 2 + WG_VEC * 4 + 64 * 4 + 1024;
 
 /// Whether the wgmma state forward beats the quadratic form on the flash kernels (bf16, D = 64, no
 /// causal mask): from 4096 keys per query. H100, 16k tokens × 32 heads, forward (kernels/NOTES_taylor.md,
 /// session 23, run s23c): 1.24 ms against 1.63 at 4096, 1.07 against 3.06 at 8192; at 2048 the flash
 /// kernels win (0.89 against 1.69: the state costs the same at every N, the quadratic form ∝ N).
-pub(crate) fn wg_state_faster(seq_k: usize) -> bool {
-    seq_k >= 4096
+/// Causal (Nq = Nk): from 8192 keys. H100, same shape, forward (NOTES_taylor.md, session 24, run s24c):
+/// 1.16 ms against the flash kernels' 1.45 at 8192, 1.35 against 2.81 at 16384, 5.55 against 41.3 at
+/// 65536; at 4096 about level (0.76 with one 4096-key segment, 0.78 on the flash kernels).
+pub(crate) fn wg_state_faster(seq_k: usize, causal: bool) -> bool {
+    seq_k >= if causal { 8192 } else { 4096 }
+}
+
+/// Keys per segment of the causal wgmma forward (a multiple of the read's 128 queries): the fold
+/// writes one state per segment boundary and stops its sums at the last one, the read takes the keys of
+/// its own segment densely (half a segment per query on average). Longer segments trade the fold's work
+/// and its stops for dense work; run s24c (ms at L = 1024 / 2048 / 4096): 8192 keys 1.20 / 1.16 / 1.19,
+/// 16384 1.35 / 1.42 / 1.52, 32768 2.89 / 2.90 / 3.26, 65536 5.55 / 5.89 / 6.57.
+///
+/// ```text
+/// wg_causal_seg_len(8192) = 2048    wg_causal_seg_len(8193) = 1024
+/// ```
+pub(crate) fn wg_causal_seg_len(seq_k: usize) -> usize {
+    if seq_k <= 8192 {
+        2048
+    } else {
+        1024
+    }
 }
 
 /// Keys per split of the wgmma fold (a multiple of 64): splits enough that the 17 blocks of each
@@ -480,11 +501,17 @@ mod tests {
         assert_eq!(wg_split_len(100, 1, 132), 64);
         assert_eq!(wg_split_len(1, 1, 132), 64);
         // The kernels' layouts (TaylorWgFoldSmem, TaylorWgReadSmem) plus 1 KiB of slack.
-        assert_eq!(WG_FOLD_SMEM, 49_984 + 1024);
-        assert_eq!(WG_READ_SMEM, 100_880 + 1024);
+        assert_eq!(WG_FOLD_SMEM, 82_752 + 1024);
+        assert_eq!(WG_READ_SMEM, 101_136 + 1024);
         // Two blocks of each per SM on an H100 (228 KiB of shared memory, 1 KiB reserved per block).
         const { assert!(2 * (WG_READ_SMEM + 1024) <= 228 * 1024) };
+        const { assert!(2 * (WG_FOLD_SMEM + 1024) <= 228 * 1024) };
         assert_eq!(WG_STATE_GROUPS, 4 + 4 + 16 * (4 + 3 + 2 + 1));
+        assert_eq!(wg_causal_seg_len(8192), 2048);
+        assert_eq!(wg_causal_seg_len(8193), 1024);
+        assert!([wg_causal_seg_len(1), wg_causal_seg_len(1 << 20)]
+            .iter()
+            .all(|l| l % WG_READ_QUERIES == 0));
     }
 
     #[test]
