@@ -337,6 +337,11 @@ fn order1_kernels_on() -> bool {
     *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1").map_or(true, |v| v.trim() != "0"))
 }
 
+/// The wgmma state kernels (kernels/include/taylor_wg.cuh): `attn_taylor2_wg_{stem}_bf16_d64`.
+fn wg_kernel(stem: &str) -> String {
+    format!("attn_taylor2_wg_{stem}_bf16_d64")
+}
+
 /// `ATTN_CUDA_TAYLOR_WG_SEG=L` (a multiple of 128): the segment length of the causal wgmma forward in
 /// place of `heuristics::wg_causal_seg_len`, for measuring it; anything else is ignored.
 fn wg_causal_seg_override() -> Option<usize> {
@@ -728,10 +733,9 @@ impl<'s> Call<'s> {
         p.st = partial.as_ref().map_or(0, |b| b.device_ptr(self.stream).0);
         p.st_t = state.device_ptr(self.stream).0;
         p.st_vec = vec.device_ptr(self.stream).0;
-        let name = |stem: &str| format!("attn_taylor2_wg_{stem}_bf16_d64");
         self.run(
             Launch {
-                name: name("fold"),
+                name: wg_kernel("fold"),
                 grid: (heuristics::WG_FOLD_BLOCKS * splits, s.heads_kv(), s.batch()),
                 smem: heuristics::WG_FOLD_SMEM,
             },
@@ -740,25 +744,14 @@ impl<'s> Call<'s> {
         if splits > 1 {
             self.run(
                 Launch {
-                    name: name("reduce"),
+                    name: wg_kernel("reduce"),
                     grid: (heuristics::WG_STATE_GROUPS + 1, s.heads_kv(), s.batch()),
                     smem: 0,
                 },
                 p,
             )?;
         }
-        self.run(
-            Launch {
-                name: name("read"),
-                grid: (
-                    heuristics::blocks(s.seq_q(), heuristics::WG_READ_QUERIES),
-                    s.heads_q(),
-                    s.batch(),
-                ),
-                smem: heuristics::WG_READ_SMEM,
-            },
-            p,
-        )
+        self.wg_read(p)
     }
 
     /// The causal forward on the wgmma state kernels (see [`Call::wg_forward`]).
@@ -779,20 +772,25 @@ impl<'s> Call<'s> {
             .stream
             .alloc_zeros::<f32>(heads * states.max(1) * heuristics::WG_VEC)?;
         (p.st, p.st_t, p.st_vec) = (0, state.device_ptr(self.stream).0, vec.device_ptr(self.stream).0);
-        let name = |stem: &str| format!("attn_taylor2_wg_{stem}_bf16_d64");
         if states > 0 {
             self.run(
                 Launch {
-                    name: name("fold"),
+                    name: wg_kernel("fold"),
                     grid: (heuristics::WG_FOLD_BLOCKS, s.heads_kv(), s.batch()),
                     smem: heuristics::WG_FOLD_SMEM,
                 },
                 p,
             )?;
         }
+        self.wg_read(p)
+    }
+
+    /// The wgmma state kernels' read (o, den) of the state(s) `p` points at.
+    fn wg_read(&self, p: &TaylorParams) -> Result<()> {
+        let s = self.spec;
         self.run(
             Launch {
-                name: name("read"),
+                name: wg_kernel("read"),
                 grid: (
                     heuristics::blocks(s.seq_q(), heuristics::WG_READ_QUERIES),
                     s.heads_q(),
