@@ -170,6 +170,11 @@ __device__ __forceinline__ float taylor_warp_sum(float x) {
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
 }
+__device__ __forceinline__ double taylor_warp_sum(double x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
 
 // Scratch rows in sweep order. Keys of (b, kv head hk): one block of len_k rows; queries of (b, kv head
 // hk): the G query heads of the group interleaved, row i·G + g for query i of head hk·G + g.

@@ -190,19 +190,28 @@ __device__ __forceinline__ void taylor_dense_simt(const TaylorParams& tp) {
             const int v = lane + 32 * c;
             y[c] = v > D ? 0.f : (v == D ? sref.y_last : (yr != nullptr ? yr[v] * sref.ry : 0.f));
         }
-        float t = 0.f;
+        // s = z·x in f64 (each f32 product exact), rounded once: an f32 sum of products ~Σ|z_d x_d| that
+        // cancel to |s| loses up to ~10 ulp of s, which f(s) turns into ~2δs/s of its weight (gpu_taylor
+        // large scores, f32 D = 16: o 7.9e-7 against a bound of 6.4e-7).
+        double td = 0.0;
 #pragma unroll
-        for (int c = 0; c < CD; ++c) t += z[c] * x[c];
-        t = taylor_warp_sum(t);
+        for (int c = 0; c < CD; ++c) td += (double)z[c] * x[c];
+        const float t = (float)taylor_warp_sum(td);
         if constexpr (!GRAD) {
             const float f = taylor_f(tp, t);
 #pragma unroll
             for (int c = 0; c < CM; ++c) acc[c] += f * y[c];
         } else {
-            float wy = 0.f;
+            // w·y = ĝ·v − δ: ĝ·v (the first D columns) in f64 summed exactly as taylor_prep_grads sums
+            // δ = ĝ·o (same lanes, same butterfly, rounded once), then the last column's −δ: where o = v
+            // (a query of one key, whose exact gradient is 0) the two round alike and the weight is 0. An
+            // f32 sum with −δ in one lane before the butterfly left ~1 ulp of δ there, which f'(s)·x made a
+            // dq of 4× the bound (gpu_taylor large scores, f32 D = 64).
+            double gv = 0.0;
 #pragma unroll
-            for (int c = 0; c < CM; ++c) wy += w[c] * y[c];
-            const float coef = taylor_df(tp, t) * taylor_warp_sum(wy);
+            for (int c = 0; c < CD; ++c)
+                if (lane + 32 * c < D) gv += (double)w[c] * y[c];
+            const float coef = taylor_df(tp, t) * ((float)taylor_warp_sum(gv) + pref.y_last * sref.y_last);
 #pragma unroll
             for (int c = 0; c < CD; ++c) acc[c] += coef * x[c];
         }

@@ -2,7 +2,8 @@
 // scalars (the sweeps read q, k, v, dO themselves and take the l2-norms from their tiles), and turn
 // the sweeps' f32 sums back into outputs.
 //   prep_grads     rg_i = 1/den_i, ĝ_i = rg_i·dO_i, δ_i = ĝ_i·o_i: g̃_i = [ĝ_i, −δ_i]   → rg, nd = −δ
-//                  (both 0 for a row with no key); with nd_rev also −T(ĝ_i)·o_i (ĝ rounded to T)
+//                  (both 0 for a row with no key; δ summed in f64, rounded once); with nd_rev also
+//                  −T(ĝ_i)·o_i (ĝ rounded to T)
 //   finalize_fwd   o_i = num_i / den_i, stats = den_i                          (o = 0, den = 0 for an empty row)
 //   finalize_dq    dq = J(q)ᵀ (scale·dû_i)       J: the l2-norm's Jacobian, the identity without qk_l2norm
 //   finalize_dkdv  dk = J(k)ᵀ dk̂_j, dv = dṽ_j[0..Dv)                           (0 for keys past key_lens)
@@ -61,17 +62,19 @@ __device__ __forceinline__ void taylor_prep_grads(const TaylorParams& tp) {
     const float inv = 1.f / p.lse[si.stats_index(p, h, i)];
     const T* o = static_cast<const T*>(p.o) + si.o_off(p, i, h);
     const T* g = static_cast<const T*>(p.d_o) + si.o_off(p, i, h);
-    float delta = 0.f, delta_r = 0.f;
+    // δ in f64 (exact f32 products), rounded once: taylor_dense_simt's gradient sums ĝ·v the same way.
+    double delta = 0.0;
+    float delta_r = 0.f;
     for (int d = lane; d < p.head_dim; d += 32) {
         const float gh = to_f32(g[d]) * inv;
-        delta += gh * to_f32(o[d]);
+        delta += (double)gh * to_f32(o[d]);
         delta_r += to_f32(from_f32<T>(gh)) * to_f32(o[d]);
     }
     delta = taylor_warp_sum(delta);
     delta_r = taylor_warp_sum(delta_r);
     if (lane == 0) {
         tp.rg[row] = inv;
-        tp.nd[row] = -delta;
+        tp.nd[row] = -(float)delta;
         if (tp.nd_rev != nullptr) tp.nd_rev[row] = -delta_r;
     }
 }
