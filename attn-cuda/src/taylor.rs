@@ -33,10 +33,18 @@
 //! at D ≤ 64 runs the same block structure twice (`taylor_order1_causal.cuh`): dq on the keys' sweep, dk
 //! and dv on the queries' reversed sweep (both reads of one state), writing finished gradients.
 //!
+//! Order 2's forward at bf16, D = 64 on Hopper has wgmma kernels of its own ([`wg_forward`],
+//! `kernels/include/taylor_wg.cuh`): the states as whole 64 × 64 tensor-core products (a fold, a
+//! deterministic reduce of its splits, a read of 128 queries per block); with a causal mask where every
+//! sequence has as many queries as keys, a state per segment of keys and each block's own segment taken
+//! densely in the read. Shorter order-2 calls run the quadratic form on the flash kernels
+//! ([`dense_on_flash`]).
+//!
 //! Causal masks (top-left, bottom-right, `Nq ≠ Nk`), key padding, packed varlen and GQA/MQA are the
 //! prefix length `hi` of each probe: keys before `key_range(b, i).end` for a query, and for dK, dV the
 //! suffix of queries that see a key, swept in reverse. Head dims 16, 32, 64, 128 with `Dv = D`; f16 and
-//! bf16 on tensor cores with f32 sums, f32 on CUDA cores (the state reads' dot products in f64).
+//! bf16 on tensor cores with f32 sums, f32 on CUDA cores (the state reads' dot products, the dense part's
+//! scores and the backward's ĝ·v and δ in f64).
 //!
 //! Recurrent decode ([`TaylorDecodeState`]): `CudaAttn::taylor_prefill` and
 //! `CudaAttn::taylor_decode_step`.
