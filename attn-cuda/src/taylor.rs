@@ -768,7 +768,7 @@ impl<'s> Call<'s> {
         let heads = s.batch() * s.heads_kv();
         let seg = wg_causal_seg_override().unwrap_or_else(|| heuristics::wg_causal_seg_len(s.seq_k()));
         // States of the segments 1 … of the longest sequence.
-        let states = s.seq_k().saturating_sub(1) / seg;
+        let states = heuristics::wg_causal_states(s.seq_k(), seg);
         (p.seg_len, p.n_seg) = (seg as i32, states as i32);
         // SAFETY (uninitialised): the fold writes every element of state m − 1 of each sequence that
         // has a segment m ≥ 1, the only states the read reads (u16: as many bytes as bf16).

@@ -67,6 +67,12 @@ pub(crate) fn wg_state_faster(seq_k: usize, causal: bool) -> bool {
     seq_k >= if causal { 8192 } else { 4096 }
 }
 
+/// States the causal wgmma fold writes per (batch entry, kv head) for segments of `seg` keys: one for
+/// each segment m ≥ 1 of the longest sequence (state m − 1: the keys before m·seg).
+pub(crate) fn wg_causal_states(seq_k: usize, seg: usize) -> usize {
+    seq_k.saturating_sub(1) / seg.max(1)
+}
+
 /// Keys per segment of the causal wgmma forward (a multiple of the read's 128 queries): the fold
 /// writes one state per segment boundary and stops its sums at the last one, the read takes the keys of
 /// its own segment densely (half a segment per query on average). Longer segments trade the fold's work
