@@ -55,7 +55,7 @@ pub(crate) struct Hopper {
     pub sms: usize,
     /// Where Taylor order 2 runs its quadratic form on these kernels (`ATTN_CUDA_TAYLOR_DENSE`).
     pub taylor_dense: DenseMode,
-    /// Where Taylor order 2's forward without a causal mask (bf16, D = 64) runs on the wgmma state
+    /// Where Taylor order 2's forward (bf16, D = 64; causal where Nq = Nk) runs on the wgmma state
     /// kernels (`crate::taylor::wg_forward`, `ATTN_CUDA_TAYLOR_WG`: 0 never, 1 wherever they apply).
     pub taylor_wg: DenseMode,
 }

@@ -50,7 +50,8 @@ struct TaylorParams {
     float* st;      // [B][Hkv][n_seg][M][f_pad]
     int* st_max;    // [B][Hkv][n_seg]: the largest |segment sum| (f16/bf16)
     void* st_t;     // f16/bf16: the states in the storage type, [B][Hkv][n_seg][copies][M][f_pad]
-    float* st_vec;  // order 2 on wgmma (taylor_wg.cuh): the read's f32 vector part [B][Hkv][132]
+    float* st_vec;  // order 2 on wgmma (taylor_wg.cuh): the read's f32 vector part [B][Hkv][132] (causal:
+                    // [B][Hkv][n_seg][132], one per state)
     float a0, a1, a2;
     int order;      // 1 or 2
     int reverse;    // sweep roles: 0 keys → queries (forward, dQ); 1 queries → keys, reversed (dV, dK)

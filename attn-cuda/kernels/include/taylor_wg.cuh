@@ -46,6 +46,7 @@
 // ideal factorisation, 4·F·M = 558k, counts each of the 2145 features once, both sides).
 #pragma once
 #include "loads.h"
+#include "online_softmax.h"
 #include "taylor_common.cuh"
 #include "wgmma.h"
 
@@ -152,13 +153,29 @@ __device__ __forceinline__ int wg_group_index(int slot, int kk) {
 __device__ __forceinline__ float wg_coef(const TaylorParams& tp, int slot, int b) {
     if (slot == 64) return tp.a1;
     if (slot == 65) return tp.a2;
-    return tp.a2 * (b > slot ? 2.f : (b == slot ? 1.f : 0.f));
+    return tp.a2 * quad_weight(slot, b);
 }
 
 // Element offset of (row r of 16, column c) of k16 group G: sw128 within the group, the 16-byte chunk
 // c / 8 of row r at chunk (c / 8) ^ (r % 8).
 __device__ __forceinline__ int wg_state_offset(int G, int r, int c) {
     return G * kWgGroupElems + r * kWgD + (((c / 8) ^ (r & 7)) * 8) + c % 8;
+}
+
+// r_j = 1/max(‖k_j‖, eps) of key j = tid / 2 of a [64][64] sw128 K tile (128 threads; thread → columns
+// 32·(tid % 2) …, the pair summed by one shuffle), with the thread's four 16-byte chunks of the row.
+__device__ __forceinline__ float wg_key_inv_norm(const unsigned char* k_tile, float eps, int tid, uint4 (&chunk)[4]) {
+    const int j = tid / 2, half = tid % 2;
+    float ss = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        chunk[q] = *reinterpret_cast<const uint4*>(k_tile + sw128_offset<kWgChunk>(j, 32 * half + 8 * q));
+        const uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ss += bf16_lo(w[e]) * bf16_lo(w[e]) + bf16_hi(w[e]) * bf16_hi(w[e]);
+    }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    return 1.f / fmaxf(sqrtf(ss), eps);
 }
 
 // One fold block's chunk loop. kSpecial: slots 64–67 (A = k̂ᵀ or 1; under qk_l2norm the K tile is
@@ -205,16 +222,7 @@ __device__ __forceinline__ void taylor_wg_fold_chunks(const TaylorParams& tp, co
         if (P.l2norm) {
             const int j = tid / 2, half = tid % 2;
             uint4 chunk[4];
-            float ss = 0.f;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                chunk[q] = *reinterpret_cast<const uint4*>(k_tile + sw128_offset<kWgChunk>(j, 32 * half + 8 * q));
-                const uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) ss += bf16_lo(w[e]) * bf16_lo(w[e]) + bf16_hi(w[e]) * bf16_hi(w[e]);
-            }
-            ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-            const float r = 1.f / fmaxf(sqrtf(ss), P.eps);
+            const float r = wg_key_inv_norm(k_tile, P.eps, tid, chunk);
             if (kSpecial) {
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
@@ -534,8 +542,7 @@ __device__ __forceinline__ void taylor_wg_read(const TaylorParams& tp) {
             }
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
-            ss[rh] += __shfl_xor_sync(0xffffffffu, ss[rh], 1);
-            ss[rh] += __shfl_xor_sync(0xffffffffu, ss[rh], 2);
+            ss[rh] = quad_sum(ss[rh]);
             ss[rh] = P.l2norm ? P.scale / fmaxf(sqrtf(ss[rh]), P.eps) : P.scale;
         }
 #pragma unroll
@@ -596,18 +603,10 @@ __device__ __forceinline__ void taylor_wg_read(const TaylorParams& tp) {
             unsigned char* k_tile = base + L::kDense + (c % 2) * L::kStage;
             const uint32_t k_addr = smem_addr(k_tile), v_addr = k_addr + L::kStage / 2;
             if (P.l2norm) {
-                // r_j = 1/max(‖k_j‖, eps): thread → key tid / 2, columns 32·(tid % 2) ….
-                const int j = tid / 2, half = tid % 2;
-                float ss = 0.f;
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const uint4 ch = *reinterpret_cast<const uint4*>(k_tile + sw128_offset<kWgChunk>(j, 32 * half + 8 * q));
-                    const uint32_t w[4] = {ch.x, ch.y, ch.z, ch.w};
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) ss += bf16_lo(w[e]) * bf16_lo(w[e]) + bf16_hi(w[e]) * bf16_hi(w[e]);
-                }
-                ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-                if (half == 0) sR[j] = 1.f / fmaxf(sqrtf(ss), P.eps);
+                // r_j for the 64 keys of the tile.
+                uint4 chunk[4];
+                const float r = wg_key_inv_norm(k_tile, P.eps, tid, chunk);
+                if (tid % 2 == 0) sR[tid / 2] = r;
                 __syncthreads();
             }
             // Both query tiles take every key tile: tile 0's products on the last one (j0 = i0 + 64, all
@@ -661,10 +660,7 @@ __device__ __forceinline__ void taylor_wg_read(const TaylorParams& tp) {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-            for (int rh = 0; rh < 2; ++rh) {
-                den[t][rh] += __shfl_xor_sync(0xffffffffu, den[t][rh], 1);
-                den[t][rh] += __shfl_xor_sync(0xffffffffu, den[t][rh], 2);
-            }
+            for (int rh = 0; rh < 2; ++rh) den[t][rh] = quad_sum(den[t][rh]);
         __syncthreads();  // every warp is done with the dense tiles (ring stages 3 and 4)
     }
 
@@ -716,8 +712,7 @@ __device__ __forceinline__ void taylor_wg_read(const TaylorParams& tp) {
                     sum += bf16_lo(uu) * (sacc[t][n][2 * rh] + sVec[kWgD + col]) +
                            bf16_hi(uu) * (sacc[t][n][2 * rh + 1] + sVec[kWgD + col + 1]);
                 }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                sum = quad_sum(sum);
                 den[t][rh] += sum + sVec[2 * kWgD];
             }
         // O += U·(a1 S1), then the quadratic slots; a0 Σv is added at the end.

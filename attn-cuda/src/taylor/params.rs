@@ -29,7 +29,8 @@ pub(crate) struct TaylorParams {
     pub st_max: u64,
     /// f16/bf16 state sweep: the states in the storage type, `[B][Hkv][n_seg][copies][M][f_pad]`.
     pub st_t: u64,
-    /// Order 2 on wgmma (`taylor_wg.cuh`): the read's f32 vector part, `[B][Hkv][132]`.
+    /// Order 2 on wgmma (`taylor_wg.cuh`): the read's f32 vector part, `[B][Hkv][132]` (causal: one per
+    /// state, `[B][Hkv][n_seg][132]`).
     pub st_vec: u64,
     pub a0: f32,
     pub a1: f32,
