@@ -95,7 +95,8 @@ pub(crate) struct Kernel {
     pub persistent: bool,
 }
 
-fn dtype_tag(dtype: DType) -> &'static str {
+/// The kernels' name tag of a dtype: `f32`, `f16`, `bf16`.
+pub(crate) fn dtype_tag(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "f32",
         DType::F16 => "f16",

@@ -54,12 +54,15 @@ mod decode;
 mod emulate;
 mod heuristics;
 mod launch;
+mod order1;
 mod params;
+mod wg;
 
 pub use decode::{DecodeShape, TaylorDecodeState};
+pub(crate) use wg::wg_forward;
 
 use crate::backend::{CudaAttn, DeviceElem};
-use crate::dispatch::{self, BACKEND};
+use crate::dispatch::{self, dtype_tag, BACKEND};
 use crate::error::Result;
 use crate::runtime::{DenseMode, Hopper};
 use attn_core::{
@@ -67,8 +70,9 @@ use attn_core::{
 };
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use launch::{Kernels, Launch};
+use order1::order1_causal_seg_override;
 use params::TaylorParams;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 type In<'a, T> = &'a dyn DevicePtr<T>;
 type Out<'a, T> = &'a mut dyn DevicePtrMut<T>;
@@ -140,52 +144,6 @@ pub(crate) fn dense_on_flash(spec: &AttnSpec, pass: Pass, hopper: Hopper) -> boo
             !(pass == Pass::Forward && wg_forward(spec, hopper))
                 && heuristics::dense_faster(d, spec.causal() != Causal::None, spec.seq_k())
         }
-    }
-}
-
-/// Whether a Taylor forward runs on the wgmma state kernels (kernels/include/taylor_wg.cuh: fold,
-/// reduce, read): order 2, bf16, D = Dv = 64, the Hopper kernels on this device, no causal mask or a
-/// causal mask where every sequence has as many queries as keys (dense or packed with equal offsets:
-/// both alignments are then `j ≤ i`), and `hopper.taylor_wg` (by default where
-/// [`heuristics::wg_state_faster`]; `ATTN_CUDA_TAYLOR_WG=1` wherever they apply, `=0` never). They
-/// save the denominators as the other paths do, so the backward may run on either of the others.
-pub(crate) fn wg_forward(spec: &AttnSpec, hopper: Hopper) -> bool {
-    let FamilySpec::Taylor {
-        order: TaylorOrder::Two,
-        ..
-    } = *spec.family()
-    else {
-        return false;
-    };
-    if !hopper.on
-        || spec.dtype() != DType::BF16
-        || spec.head_dim() != heuristics::WG_HEAD_DIM
-        || spec.head_dim_v() != heuristics::WG_HEAD_DIM
-        || spec.window().is_some()
-    {
-        return false;
-    }
-    let causal = spec.causal() != Causal::None;
-    if causal && !wg_causal_shape(spec) {
-        return false;
-    }
-    match hopper.taylor_wg {
-        DenseMode::Off => false,
-        DenseMode::Everywhere => true,
-        DenseMode::Measured => heuristics::wg_state_faster(spec.seq_k(), causal),
-    }
-}
-
-/// Whether a causal call has the shape of the wgmma state kernels' causal forward: every sequence
-/// with as many queries as keys (no key padding), so that query i sits on key i.
-fn wg_causal_shape(spec: &AttnSpec) -> bool {
-    match spec.lengths() {
-        SeqLengths::Dense => spec.seq_q() == spec.seq_k(),
-        SeqLengths::KeyPadding(_) => false,
-        SeqLengths::Varlen {
-            cu_seqlens_q,
-            cu_seqlens_k,
-        } => cu_seqlens_q == cu_seqlens_k,
     }
 }
 
@@ -331,49 +289,6 @@ struct Call<'s> {
     op: Op,
 }
 
-fn dtype_tag(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-    }
-}
-
-/// Whether the order-1 kernels may run (`ATTN_CUDA_TAYLOR1=0` keeps the general ones, for comparison).
-fn order1_kernels_on() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1").map_or(true, |v| v.trim() != "0"))
-}
-
-/// The wgmma state kernels (kernels/include/taylor_wg.cuh): `attn_taylor2_wg_{stem}_bf16_d64`.
-fn wg_kernel(stem: &str) -> String {
-    format!("attn_taylor2_wg_{stem}_bf16_d64")
-}
-
-/// `ATTN_CUDA_TAYLOR_WG_SEG=L` (a multiple of 128): the segment length of the causal wgmma forward in
-/// place of `heuristics::wg_causal_seg_len`, for measuring it; anything else is ignored.
-fn wg_causal_seg_override() -> Option<usize> {
-    std::env::var("ATTN_CUDA_TAYLOR_WG_SEG")
-        .ok()?
-        .parse::<usize>()
-        .ok()
-        .filter(|&l| l > 0 && l % heuristics::WG_READ_QUERIES == 0)
-}
-
-/// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
-/// of `heuristics::order1_causal_seg_len`, for measuring it; anything else is ignored.
-fn order1_causal_seg_override() -> Option<usize> {
-    static SEG: OnceLock<Option<usize>> = OnceLock::new();
-    *SEG.get_or_init(|| {
-        let l = std::env::var("ATTN_CUDA_TAYLOR1_SEG")
-            .ok()?
-            .trim()
-            .parse::<usize>()
-            .ok()?;
-        (l >= 64 && l % 64 == 0).then_some(l)
-    })
-}
-
 /// A tensor whose every row starts 16 bytes aligned (base address and strides), as the order-1 kernels'
 /// 16-byte copies need; `ptr` 0 (no tensor) qualifies.
 fn rows_aligned(ptr: u64, s: Strides) -> bool {
@@ -391,54 +306,6 @@ impl<'s> Call<'s> {
             kernels,
             op,
         })
-    }
-
-    /// The order-1 fold for a sweep (`reverse`: its sources are q and dO, else k and v): order 1,
-    /// f16/bf16, the sources' rows 16-byte aligned.
-    fn order1_fold(&self, p: &TaylorParams, reverse: bool) -> bool {
-        let s = self.spec;
-        let sources = if reverse {
-            rows_aligned(p.base.q, s.q_strides()) && rows_aligned(p.base.d_o, s.o_strides())
-        } else {
-            rows_aligned(p.base.k, s.k_strides()) && rows_aligned(p.base.v, s.v_strides())
-        };
-        p.order == 1 && s.dtype().size() == 2 && order1_kernels_on() && sources
-    }
-
-    /// The order-1 forward tile: the order-1 fold of the forward sweep, no causal mask, q and o rows
-    /// 16-byte aligned.
-    fn order1_forward(&self, p: &TaylorParams) -> bool {
-        let s = self.spec;
-        self.order1_fold(p, false)
-            && s.causal() == Causal::None
-            && rows_aligned(p.base.q, s.q_strides())
-            && rows_aligned(p.base.o, s.o_strides())
-    }
-
-    /// The order-1 causal forward tile: the order-1 fold of the forward sweep, a causal mask, D ≤ 64, q
-    /// and o rows 16-byte aligned.
-    fn order1_causal(&self, p: &TaylorParams) -> bool {
-        let s = self.spec;
-        self.order1_fold(p, false)
-            && s.causal() != Causal::None
-            && s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM
-            && rows_aligned(p.base.q, s.q_strides())
-            && rows_aligned(p.base.o, s.o_strides())
-    }
-
-    /// Which order-1 backward kernels run: `Some(false)` `taylor1_backward` (no causal mask), `Some(true)`
-    /// `taylor1_dq_causal` and `taylor1_dkdv_causal` (a causal mask, D ≤ 64), `None` the general ones.
-    /// Both need the order-1 folds of both sweeps and dq, dk, dv rows 16-byte aligned.
-    fn order1_backward(&self, p: &TaylorParams) -> Option<bool> {
-        let s = self.spec;
-        let causal = s.causal() != Causal::None;
-        let on = self.order1_fold(p, false)
-            && self.order1_fold(p, true)
-            && (!causal || s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM)
-            && rows_aligned(p.base.dq, s.dq_strides())
-            && rows_aligned(p.base.dk, s.dk_strides())
-            && rows_aligned(p.base.dv, s.dv_strides());
-        on.then_some(causal)
     }
 
     fn checker(&self, pass: Pass) -> Checker<'s> {
@@ -708,145 +575,6 @@ impl<'s> Call<'s> {
             },
             p,
         )
-    }
-
-    /// The forward on the wgmma state kernels ([`wg_forward`]): the fold's per-split sums (f32) and the
-    /// reduce into the read's bf16 state and f32 vector (with one split the fold writes those itself),
-    /// then the read (o, den). Causal: one split whose fold writes the state of the keys before each
-    /// segment of `heuristics::wg_causal_seg_len` keys but the first, and a read that takes its
-    /// segment's keys densely.
-    fn wg_forward(&self, p: &mut TaylorParams) -> Result<()> {
-        let s = self.spec;
-        let heads = s.batch() * s.heads_kv();
-        if s.causal() != Causal::None {
-            return self.wg_forward_causal(p);
-        }
-        let seg = heuristics::wg_split_len(s.seq_k(), heads, self.kernels.sms);
-        let splits = s.seq_k().div_ceil(seg).max(1);
-        (p.seg_len, p.n_seg) = (seg as i32, splits as i32);
-        // SAFETY (uninitialised): with several splits the fold writes every sum of every split that has
-        // keys, the only ones the reduce reads, and the reduce every element of the bf16 state; with one,
-        // the fold writes every element of the state of each sequence that has keys, the only ones the
-        // read reads (u16: as many bytes as bf16).
-        let partial = if splits > 1 {
-            Some(unsafe {
-                self.stream
-                    .alloc::<f32>(heads * splits * heuristics::WG_SPLIT_SUMS)
-            }?)
-        } else {
-            None
-        };
-        let state = unsafe { self.stream.alloc::<u16>(heads * heuristics::WG_STATE_ELEMS) }?;
-        let vec = self.stream.alloc_zeros::<f32>(heads * heuristics::WG_VEC)?;
-        p.st = partial.as_ref().map_or(0, |b| b.device_ptr(self.stream).0);
-        p.st_t = state.device_ptr(self.stream).0;
-        p.st_vec = vec.device_ptr(self.stream).0;
-        self.run(
-            Launch {
-                name: wg_kernel("fold"),
-                grid: (heuristics::WG_FOLD_BLOCKS * splits, s.heads_kv(), s.batch()),
-                smem: heuristics::WG_FOLD_SMEM,
-            },
-            p,
-        )?;
-        if splits > 1 {
-            self.run(
-                Launch {
-                    name: wg_kernel("reduce"),
-                    grid: (heuristics::WG_STATE_GROUPS + 1, s.heads_kv(), s.batch()),
-                    smem: 0,
-                },
-                p,
-            )?;
-        }
-        self.wg_read(p)
-    }
-
-    /// The causal forward on the wgmma state kernels (see [`Call::wg_forward`]).
-    fn wg_forward_causal(&self, p: &mut TaylorParams) -> Result<()> {
-        let s = self.spec;
-        let heads = s.batch() * s.heads_kv();
-        let seg = wg_causal_seg_override().unwrap_or_else(|| heuristics::wg_causal_seg_len(s.seq_k()));
-        // States of the segments 1 … of the longest sequence.
-        let states = heuristics::wg_causal_states(s.seq_k(), seg);
-        (p.seg_len, p.n_seg) = (seg as i32, states as i32);
-        // SAFETY (uninitialised): the fold writes every element of state m − 1 of each sequence that
-        // has a segment m ≥ 1, the only states the read reads (u16: as many bytes as bf16).
-        let state = unsafe {
-            self.stream
-                .alloc::<u16>(heads * states.max(1) * heuristics::WG_STATE_ELEMS)
-        }?;
-        let vec = self
-            .stream
-            .alloc_zeros::<f32>(heads * states.max(1) * heuristics::WG_VEC)?;
-        (p.st, p.st_t, p.st_vec) = (0, state.device_ptr(self.stream).0, vec.device_ptr(self.stream).0);
-        if states > 0 {
-            self.run(
-                Launch {
-                    name: wg_kernel("fold"),
-                    grid: (heuristics::WG_FOLD_BLOCKS, s.heads_kv(), s.batch()),
-                    smem: heuristics::WG_FOLD_SMEM,
-                },
-                p,
-            )?;
-        }
-        self.wg_read(p)
-    }
-
-    /// The wgmma state kernels' read (o, den) of the state(s) `p` points at.
-    fn wg_read(&self, p: &TaylorParams) -> Result<()> {
-        let s = self.spec;
-        self.run(
-            Launch {
-                name: wg_kernel("read"),
-                grid: (
-                    heuristics::blocks(s.seq_q(), heuristics::WG_READ_QUERIES),
-                    s.heads_q(),
-                    s.batch(),
-                ),
-                smem: heuristics::WG_READ_SMEM,
-            },
-            p,
-        )
-    }
-
-    /// The order-1 backward after prep_grads, per sweep (dq; then dk and dv from the reversed one, both
-    /// reads of one state): its states, then one probe kernel that writes finished gradients, with no f32
-    /// scratch rows and no finalize. Not causal: the whole sum of each sweep's sources (copies hi and lo),
-    /// read by `taylor1_backward`'s blocks over all probe tiles. Causal (D ≤ 64): the prefix's f32 sums in
-    /// place (no copies) and one block per segment in `taylor1_forward_causal`'s structure.
-    fn order1_backward_tiles(&self, p: &mut TaylorParams, causal: bool) -> Result<()> {
-        let s = self.spec;
-        let d = s.head_dim();
-        let dt = dtype_tag(s.dtype());
-        let heads = s.batch() * s.heads_kv();
-        for (reverse, stem, rows) in [(false, "dq", s.group() * s.seq_q()), (true, "dkdv", s.seq_k())] {
-            if reverse {
-                p.nd = p.nd_rev; // −T(ĝ)·o: cancels with v·T(ĝ) (taylor_prep_grads)
-                p.rev_raw = i32::from(p.base.l2norm == 0); // q raw in the state, the reads scale it
-            }
-            let (_, entries) = self.geometry(p, reverse, causal)?;
-            let _states = self.states(p, entries, if causal { 0 } else { 2 })?;
-            let launch = if causal {
-                Launch {
-                    name: format!("attn_taylor_order1_causal_{stem}_{dt}_d{d}"),
-                    grid: ((p.n_seg as usize).max(1), s.heads_kv(), s.batch()),
-                    smem: heuristics::order1_causal_bwd_smem(d),
-                }
-            } else {
-                Launch {
-                    name: format!("attn_taylor_order1_{stem}_{dt}_d{d}"),
-                    grid: (
-                        heuristics::order1_backward_blocks(rows, d, heads, self.kernels.sms),
-                        s.heads_kv(),
-                        s.batch(),
-                    ),
-                    smem: heuristics::order1_backward_smem(d),
-                }
-            };
-            self.run(launch, p)?;
-        }
-        Ok(())
     }
 }
 

@@ -5,7 +5,8 @@
 //! their state range, and the finalize kernels (the f16/bf16 forward kernel computes the same dense and
 //! state parts of each probe in one pass); and the order-1 kernels' own schedule ([`order1_sweep`]),
 //! including the causal order-1 backward of `taylor_order1_causal.cuh` (the reversed sweep that never
-//! folds the chunk of its last source). The tests run it on random specs and compare every output
+//! folds the chunk of its last source); and the causal wgmma forward's states and reads
+//! ([`wg_causal_forward`], `taylor_wg.cuh`). The tests run it on random specs and compare every output
 //! with attn-cpu-ref: what it checks is the decomposition the kernels implement (which sources each
 //! probe gets from which kernel), not the mma fragment plumbing, which only the GPU suite can check.
 //! Compiled for the tests only (`#[cfg(test)]` in taylor.rs): its `panic!` and `assert!`s guard the
@@ -13,6 +14,12 @@
 
 use super::heuristics::{self, state_tile};
 use attn_core::{AttnSpec, Causal, FamilySpec, SeqLengths};
+
+mod order1;
+mod wg;
+
+use order1::order1_sweep;
+use wg::wg_causal_forward;
 
 /// `SeqInfo` (mask.h) without windows: Taylor specs have none.
 struct Seq {
@@ -402,132 +409,6 @@ fn sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, seg: Option<us
     }
 }
 
-/// The order-1 kernels' schedule of one sweep, the value or the gradient read, writing each probe's row
-/// of `io.out` as [`sweep`] does. Per probe, with the state cst[v] = Σ y_s[v], lin[v][e] = Σ x_s[e] y_s[v]
-/// over the sources [0, B) and the dense sources [B, hi):
-///   value: out[v] = a0 cst[v] + a1 z·lin[v] + Σ f(z·x_s) y_s[v]
-///   grad:  out[e] = a1 Σ_v w[v] lin[v][e] + Σ a1 (w·y_s) x_s[e]
-/// Not causal (`taylor1_forward`, and `taylor1_backward`'s two reads: dû with w = [rg·dO, nd] over the
-/// keys' state, dk̂ and dṽ over the queries'): B = hi = n_s, the whole sum. Causal (`taylor1_forward_causal`
-/// and `taylor1_dq_causal` on the forward sweep, `taylor1_dkdv_causal` on the reversed one): block m of each
-/// (batch entry, kv head) takes the probes with hi ∈ (mL, (m+1)L] (block 0 also hi = 0; the last one every
-/// probe past) in tiles of 64, starting from the prefix state of the sources [0, mL); per tile it folds
-/// the whole 64-source chunks below the tile's smallest hi into the state (B advancing by 64), then each
-/// probe takes the state and the sources [B, hi_p) densely.
-fn order1_sweep(spec: &AttnSpec, io: SweepIo<'_>, rev: bool, grad: bool, seg: usize) {
-    const BP: usize = 64;
-    const C: usize = 64;
-    let fam = family(spec);
-    let (d, m, g) = (spec.head_dim(), spec.head_dim() + 1, spec.group());
-    let width = if grad { d } else { m };
-    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
-    for b in 0..spec.batch() {
-        for hk in 0..spec.heads_kv() {
-            let sw = Sweep::new(spec, b, hk, rev, seg);
-            // The first probe whose hi passes h, in closed form (the forward's taylor1_first_probe_past,
-            // and the reversed sweep's: key j = n_p − 1 − p sees the query rows of i ≥ i0(j) =
-            // clamp(j − diag, 0, len_q), so hi > h iff i0(j) ≤ c = len_q − 1 − ⌊h/G⌋ iff j ≤ c + diag),
-            // checked against its definition.
-            let first_past = |h: usize| {
-                let p = if sw.n_s <= h {
-                    sw.n_p
-                } else if !rev {
-                    (g * (h as i64 - sw.seq.diag).max(0) as usize).min(sw.n_p)
-                } else {
-                    let c = (sw.seq.len_q - 1 - h / g) as i64;
-                    (sw.n_p as i64 - 1 - c - sw.seq.diag).clamp(0, sw.n_p as i64) as usize
-                };
-                let by_search = (0..sw.n_p).find(|&p| sw.hi(spec, p) > h).unwrap_or(sw.n_p);
-                // Internal invariant (test-only module): the closed form is what the kernel computes; the
-                // emulation fails the test when it disagrees with the definition.
-                assert_eq!(p, by_search, "first probe past {h} (reversed: {rev})");
-                p
-            };
-            let blocks = if sw.causal { sw.n_seg.max(1) } else { 1 };
-            for blk in 0..blocks {
-                let (pa, pb, start) = if !sw.causal {
-                    (0, sw.n_p, sw.n_s)
-                } else {
-                    let pa = if blk == 0 { 0 } else { first_past(blk * seg) };
-                    let pb = if blk + 1 >= sw.n_seg {
-                        sw.n_p
-                    } else {
-                        first_past((blk + 1) * seg)
-                    };
-                    (pa, pb, (blk * seg).min(sw.n_s))
-                };
-                let (mut cst, mut lin) = (vec![0.0; m], vec![0.0; m * d]);
-                let fold = |io: &SweepIo<'_>, s: usize, cst: &mut [f64], lin: &mut [f64]| {
-                    let Row { x, y } = sw.source(spec, io, hk, s);
-                    for vv in 0..m {
-                        cst[vv] += y[vv];
-                        (0..d).for_each(|e| lin[vv * d + e] += x[e] * y[vv]);
-                    }
-                };
-                for s in 0..start {
-                    fold(&io, s, &mut cst, &mut lin);
-                }
-                let mut b_run = start;
-                for t0 in (pa..pb).step_by(BP) {
-                    let np = BP.min(pb - t0);
-                    // The reversed sweep never folds the chunk of its last source (the first queries stay
-                    // dense for every key: taylor_order1_causal.cuh).
-                    let cap = if rev {
-                        C * (sw.n_s.saturating_sub(1) / C)
-                    } else {
-                        sw.n_s
-                    };
-                    let h_lo = sw.hi(spec, t0).min(cap);
-                    let target = if h_lo > b_run {
-                        b_run + C * ((h_lo - b_run) / C)
-                    } else {
-                        b_run
-                    };
-                    while b_run < target {
-                        // Internal invariant (test-only module): the kernel folds whole chunks only (no
-                        // row of a folded tile is past the sources); the emulation fails the test otherwise.
-                        assert!(b_run + C <= sw.n_s, "a folded chunk is whole");
-                        for s in b_run..b_run + C {
-                            fold(&io, s, &mut cst, &mut lin);
-                        }
-                        b_run += C;
-                    }
-                    for p in t0..t0 + np {
-                        let hi = sw.hi(spec, p);
-                        // Internal invariant (test-only module): every probe of a tile sees at least the
-                        // sources the state holds (its dense range [B, hi) is not negative).
-                        assert!(
-                            hi == 0 || hi >= b_run,
-                            "probe {p}: hi {hi} below the state boundary {b_run}"
-                        );
-                        let Row { x: z, y: w } = sw.probe(spec, &io, hk, p);
-                        let mut acc: Vec<f64> = if grad {
-                            (0..d)
-                                .map(|e| fam.c[1] * (0..m).map(|vv| w[vv] * lin[vv * d + e]).sum::<f64>())
-                                .collect()
-                        } else {
-                            (0..m)
-                                .map(|vv| fam.c[0] * cst[vv] + fam.c[1] * dot(&z, &lin[vv * d..][..d]))
-                                .collect()
-                        };
-                        for s in b_run..hi {
-                            let Row { x, y } = sw.source(spec, &io, hk, s);
-                            if grad {
-                                let coef = fam.c[1] * dot(&w, &y);
-                                acc.iter_mut().zip(&x).for_each(|(a, x)| *a += coef * x);
-                            } else {
-                                let f = fam.c[0] + fam.c[1] * dot(&z, &x);
-                                acc.iter_mut().zip(&y).for_each(|(a, y)| *a += f * y);
-                            }
-                        }
-                        io.out[sw.probe_row(p) * width..][..width].copy_from_slice(&acc);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// `1/max(‖x‖, eps)`, or 1 without the l2-norm.
 fn inv_norm(row: &[f64], fam: &Family) -> f64 {
     if fam.l2 {
@@ -671,134 +552,6 @@ pub(super) fn run(
         }
     }
     Emulated { o, den, dq, dk, dv }
-}
-
-/// The fold's sums over a prefix of one (batch entry, kv head)'s keys, as the causal wgmma fold holds them
-/// when it writes a state: K2 = Σ k̂k̂ᵀ, S1 = Σ k̂vᵀ, S2[a][b] = Σ k̂_a k̂_b vᵀ for b ≥ a only (the rows the
-/// state keeps), Σv, Σk̂ and the key count.
-#[derive(Clone)]
-struct WgSums {
-    k2: Vec<f64>,
-    s1: Vec<f64>,
-    s2: Vec<f64>,
-    sv: Vec<f64>,
-    sk: Vec<f64>,
-    n: usize,
-}
-
-/// The causal forward of the wgmma state kernels (taylor_wg.cuh: order 2, every sequence with as many
-/// queries as keys), o and den in f64. A (batch entry, kv head)'s state m − 1 holds the sums over the
-/// keys before m·seg for m = 1 … while m·seg < len (the fold stops at the last segment start), at most
-/// `heuristics::wg_causal_states` of them, read in the stored form: a0 n + u·(a1 Σk̂) + uᵀ(a2 K2)u for den,
-/// a0 Σv + uᵀ(a1 S1) + Σ_a u_a Σ_{b ≥ a} c_ab u_b (a2 S2[a][b]) for num (c_ab = 2 above the diagonal, 1 on
-/// it: the symmetry of k̂⊗k̂). The read's block of 128 queries at i0 takes state ⌊i0/seg⌋ − 1 and the
-/// keys ⌊i0/seg⌋·seg … i0 + 127 densely (j ≤ i).
-pub(super) fn wg_causal_forward(
-    spec: &AttnSpec,
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-    seg: usize,
-) -> (Vec<f64>, Vec<f64>) {
-    const QUERIES: usize = heuristics::WG_READ_QUERIES;
-    let fam = family(spec);
-    let [a0, a1, a2] = fam.c;
-    let d = spec.head_dim();
-    let per_head = heuristics::wg_causal_states(spec.seq_k(), seg);
-    let (mut o, mut den) = (vec![0.0; spec.o_len()], vec![0.0; spec.stats_len()]);
-    let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
-    for b in 0..spec.batch() {
-        let seq = Seq::new(spec, b);
-        // Internal invariant: the tests drive this with Nq = Nk per sequence only.
-        assert_eq!(seq.len_q, seq.len_k, "the causal wgmma path needs Nq = Nk");
-        for hk in 0..spec.heads_kv() {
-            let kh: Vec<Vec<f64>> = (0..seq.len_k)
-                .map(|j| {
-                    let row = &k[spec.k_offset(b, j, hk)..][..d];
-                    let r = inv_norm(row, &fam);
-                    row.iter().map(|x| x * r).collect()
-                })
-                .collect();
-            let vr: Vec<&[f64]> = (0..seq.len_k)
-                .map(|j| &v[spec.v_offset(b, j, hk)..][..d])
-                .collect();
-            // The fold: the sums, written as state m − 1 each time they pass m·seg < len.
-            let mut sums = WgSums {
-                k2: vec![0.0; d * d],
-                s1: vec![0.0; d * d],
-                s2: vec![0.0; d * d * d],
-                sv: vec![0.0; d],
-                sk: vec![0.0; d],
-                n: 0,
-            };
-            let mut states: Vec<WgSums> = Vec::new();
-            for j in 0..seq.len_k.saturating_sub(1) / seg * seg {
-                let (x, y) = (&kh[j], vr[j]);
-                for a in 0..d {
-                    for c in 0..d {
-                        sums.k2[a * d + c] += x[a] * x[c];
-                        sums.s1[a * d + c] += x[a] * y[c];
-                    }
-                    for bb in a..d {
-                        let row = &mut sums.s2[(a * d + bb) * d..][..d];
-                        for (acc, &yc) in row.iter_mut().zip(y) {
-                            *acc += x[a] * x[bb] * yc;
-                        }
-                    }
-                    sums.sv[a] += y[a];
-                    sums.sk[a] += x[a];
-                }
-                sums.n += 1;
-                if (j + 1) % seg == 0 {
-                    states.push(sums.clone());
-                }
-            }
-            assert!(states.len() <= per_head, "more states than the host allocates");
-            for g in 0..spec.group() {
-                let h = hk * spec.group() + g;
-                for i in 0..seq.len_q {
-                    let row = &q[spec.q_offset(b, i, h)..][..d];
-                    let r = inv_norm(row, &fam) * fam.scale;
-                    let u: Vec<f64> = row.iter().map(|x| x * r).collect();
-                    let i0 = i / QUERIES * QUERIES;
-                    let m = i0 / seg;
-                    let (mut num, mut dn) = (vec![0.0; d], 0.0);
-                    if m > 0 {
-                        let st = &states[m - 1];
-                        dn += a0 * st.n as f64 + a1 * dot(&u, &st.sk);
-                        for c in 0..d {
-                            dn += u[c] * (0..d).map(|bb| u[bb] * a2 * st.k2[bb * d + c]).sum::<f64>();
-                            num[c] +=
-                                a0 * st.sv[c] + (0..d).map(|bb| u[bb] * a1 * st.s1[bb * d + c]).sum::<f64>();
-                            for a in 0..d {
-                                for bb in a..d {
-                                    let w = if bb > a { 2.0 } else { 1.0 };
-                                    num[c] += u[a] * w * u[bb] * a2 * st.s2[(a * d + bb) * d + c];
-                                }
-                            }
-                        }
-                    }
-                    for j in m * seg..(i0 + QUERIES).min(seq.len_k) {
-                        if j > i {
-                            continue;
-                        }
-                        let s = dot(&u, &kh[j]);
-                        let f = a0 + s * (a1 + a2 * s);
-                        dn += f;
-                        for c in 0..d {
-                            num[c] += f * vr[j][c];
-                        }
-                    }
-                    let oo = spec.o_offset(b, i, h);
-                    for c in 0..d {
-                        o[oo + c] = num[c] / dn;
-                    }
-                    den[spec.stats_index(b, h, i)] = dn;
-                }
-            }
-        }
-    }
-    (o, den)
 }
 
 #[cfg(test)]

@@ -1,0 +1,118 @@
+//! Taylor order 1's own kernels (`taylor_order1.cuh`, `taylor_order1_bwd.cuh`, `taylor_order1_causal.cuh`):
+//! where a call takes them, and the backward's launches.
+
+use super::launch::Launch;
+use super::{heuristics, rows_aligned, Call, TaylorParams};
+use crate::dispatch::dtype_tag;
+use crate::error::Result;
+use attn_core::Causal;
+use std::sync::OnceLock;
+
+/// Whether the order-1 kernels may run (`ATTN_CUDA_TAYLOR1=0` keeps the general ones, for comparison).
+fn order1_kernels_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1").map_or(true, |v| v.trim() != "0"))
+}
+
+/// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
+/// of `heuristics::order1_causal_seg_len`, for measuring it; anything else is ignored.
+pub(super) fn order1_causal_seg_override() -> Option<usize> {
+    static SEG: OnceLock<Option<usize>> = OnceLock::new();
+    *SEG.get_or_init(|| {
+        let l = std::env::var("ATTN_CUDA_TAYLOR1_SEG")
+            .ok()?
+            .trim()
+            .parse::<usize>()
+            .ok()?;
+        (l >= 64 && l % 64 == 0).then_some(l)
+    })
+}
+
+impl Call<'_> {
+    /// The order-1 fold for a sweep (`reverse`: its sources are q and dO, else k and v): order 1,
+    /// f16/bf16, the sources' rows 16-byte aligned.
+    pub(super) fn order1_fold(&self, p: &TaylorParams, reverse: bool) -> bool {
+        let s = self.spec;
+        let sources = if reverse {
+            rows_aligned(p.base.q, s.q_strides()) && rows_aligned(p.base.d_o, s.o_strides())
+        } else {
+            rows_aligned(p.base.k, s.k_strides()) && rows_aligned(p.base.v, s.v_strides())
+        };
+        p.order == 1 && s.dtype().size() == 2 && order1_kernels_on() && sources
+    }
+
+    /// The order-1 forward tile: the order-1 fold of the forward sweep, no causal mask, q and o rows
+    /// 16-byte aligned.
+    pub(super) fn order1_forward(&self, p: &TaylorParams) -> bool {
+        let s = self.spec;
+        self.order1_fold(p, false)
+            && s.causal() == Causal::None
+            && rows_aligned(p.base.q, s.q_strides())
+            && rows_aligned(p.base.o, s.o_strides())
+    }
+
+    /// The order-1 causal forward tile: the order-1 fold of the forward sweep, a causal mask, D ≤ 64, q
+    /// and o rows 16-byte aligned.
+    pub(super) fn order1_causal(&self, p: &TaylorParams) -> bool {
+        let s = self.spec;
+        self.order1_fold(p, false)
+            && s.causal() != Causal::None
+            && s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM
+            && rows_aligned(p.base.q, s.q_strides())
+            && rows_aligned(p.base.o, s.o_strides())
+    }
+
+    /// Which order-1 backward kernels run: `Some(false)` `taylor1_backward` (no causal mask), `Some(true)`
+    /// `taylor1_dq_causal` and `taylor1_dkdv_causal` (a causal mask, D ≤ 64), `None` the general ones.
+    /// Both need the order-1 folds of both sweeps and dq, dk, dv rows 16-byte aligned.
+    pub(super) fn order1_backward(&self, p: &TaylorParams) -> Option<bool> {
+        let s = self.spec;
+        let causal = s.causal() != Causal::None;
+        let on = self.order1_fold(p, false)
+            && self.order1_fold(p, true)
+            && (!causal || s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM)
+            && rows_aligned(p.base.dq, s.dq_strides())
+            && rows_aligned(p.base.dk, s.dk_strides())
+            && rows_aligned(p.base.dv, s.dv_strides());
+        on.then_some(causal)
+    }
+
+    /// The order-1 backward after prep_grads, per sweep (dq; then dk and dv from the reversed one, both
+    /// reads of one state): its states, then one probe kernel that writes finished gradients, with no f32
+    /// scratch rows and no finalize. Not causal: the whole sum of each sweep's sources (copies hi and lo),
+    /// read by `taylor1_backward`'s blocks over all probe tiles. Causal (D ≤ 64): the prefix's f32 sums in
+    /// place (no copies) and one block per segment in `taylor1_forward_causal`'s structure.
+    pub(super) fn order1_backward_tiles(&self, p: &mut TaylorParams, causal: bool) -> Result<()> {
+        let s = self.spec;
+        let d = s.head_dim();
+        let dt = dtype_tag(s.dtype());
+        let heads = s.batch() * s.heads_kv();
+        for (reverse, stem, rows) in [(false, "dq", s.group() * s.seq_q()), (true, "dkdv", s.seq_k())] {
+            if reverse {
+                p.nd = p.nd_rev; // −T(ĝ)·o: cancels with v·T(ĝ) (taylor_prep_grads)
+                p.rev_raw = i32::from(p.base.l2norm == 0); // q raw in the state, the reads scale it
+            }
+            let (_, entries) = self.geometry(p, reverse, causal)?;
+            let _states = self.states(p, entries, if causal { 0 } else { 2 })?;
+            let launch = if causal {
+                Launch {
+                    name: format!("attn_taylor_order1_causal_{stem}_{dt}_d{d}"),
+                    grid: ((p.n_seg as usize).max(1), s.heads_kv(), s.batch()),
+                    smem: heuristics::order1_causal_bwd_smem(d),
+                }
+            } else {
+                Launch {
+                    name: format!("attn_taylor_order1_{stem}_{dt}_d{d}"),
+                    grid: (
+                        heuristics::order1_backward_blocks(rows, d, heads, self.kernels.sms),
+                        s.heads_kv(),
+                        s.batch(),
+                    ),
+                    smem: heuristics::order1_backward_smem(d),
+                }
+            };
+            self.run(launch, p)?;
+        }
+        Ok(())
+    }
+}
