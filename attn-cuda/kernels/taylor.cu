@@ -11,15 +11,18 @@
 //   decode:   decode_prefill (after a forward); decode_step → decode_reduce → finalize_fwd
 // Order 1, f16/bf16, rows 16-byte aligned: order1_fold replaces fold in every sweep, and a non-causal
 // forward is order1_fold, prefix → order1_forward (taylor_order1.cuh); a causal one (D ≤ 64) order1_fold,
-// prefix (f32 sums in place, no copies) → order1_causal. A non-causal backward is prep_grads → order1_fold,
-// prefix → order1_dq → order1_fold, prefix (reversed) → order1_dkdv (taylor_order1_bwd.cuh); a causal one
-// (D ≤ 64) the same with order1_causal_dq and order1_causal_dkdv, f32 sums in place (taylor_order1_causal.cuh).
+// prefix (f32 sums in place, no copies) → order1_causal, or, where every sequence has as many queries as
+// keys, the single pass order1_chain (taylor_order1_chain.cuh). A non-causal backward is prep_grads →
+// order1_fold, prefix → order1_dq → order1_fold, prefix (reversed) → order1_dkdv (taylor_order1_bwd.cuh);
+// a causal one (D ≤ 64) the same with order1_causal_dq and order1_causal_dkdv, f32 sums in place
+// (taylor_order1_causal.cuh).
 // Names: attn_taylor_{prep_grads,finalize_fwd,finalize_dq,finalize_dkdv}_{dt},
 //        attn_taylor_{dense,read}_{value,grad}_{dt}_d{D}, attn_taylor_fold_{dt}_d{D}, attn_taylor_prefix_{dt},
 //        attn_taylor_forward_{f16,bf16}_d{D},
 //        attn_taylor_decode_{step,prefill}_{dt}_d{D}, attn_taylor_decode_reduce,
 //        attn_taylor_order1_{fold,forward,dq,dkdv}_{f16,bf16}_d{D},
 //        attn_taylor_order1_causal{,_dq,_dkdv}_{f16,bf16}_d{16,32,64},
+//        attn_taylor_order1_chain_{f16,bf16}_d{16,32,64},
 //        attn_taylor2_wg_{fold,reduce,read}_bf16_d64.
 // Order 2, bf16, D = 64, no causal mask, on Hopper (taylor_wg.cuh): a forward is wg_fold → wg_reduce (with
 // several splits of the keys only) → wg_read (attn_cuda::taylor::Call::wg_forward).
@@ -28,6 +31,7 @@
 #include "include/taylor_order1.cuh"
 #include "include/taylor_order1_bwd.cuh"
 #include "include/taylor_order1_causal.cuh"
+#include "include/taylor_order1_chain.cuh"
 #include "include/taylor_rows.cuh"
 #include "include/taylor_state.cuh"
 #include "include/taylor_wg.cuh"
@@ -140,6 +144,14 @@ ATTN_TAYLOR_ROWS(bf16, __nv_bfloat16)
     extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \
         attn_taylor_order1_causal_dkdv_bf16_d##D(const __grid_constant__ TaylorParams p) {                    \
         attn::taylor1_dkdv_causal<__nv_bfloat16, D>(p);                                                      \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)                                    \
+        attn_taylor_order1_chain_f16_d##D(const __grid_constant__ TaylorParams p) {                           \
+        attn::taylor1_forward_chain<__half, D>(p);                                                           \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)                                    \
+        attn_taylor_order1_chain_bf16_d##D(const __grid_constant__ TaylorParams p) {                          \
+        attn::taylor1_forward_chain<__nv_bfloat16, D>(p);                                                    \
     }
 
 #define ATTN_TAYLOR_DIM(D)                                                                                     \

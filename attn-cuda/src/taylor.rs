@@ -29,7 +29,10 @@
 //! A causal order-1 forward at D ≤ 64 runs one block per segment (longer segments than the general path,
 //! whose dense part grows with them): the block carries its segment's state in shared memory (f32, from
 //! the prefix's f32 sums; no storage-type copies), folds each whole chunk of 64 keys into it as its probe
-//! tiles pass, and takes only the keys past the last folded chunk densely. The causal order-1 backward
+//! tiles pass, and takes only the keys past the last folded chunk densely. Where every sequence has as many
+//! queries as keys it runs in one pass instead ([`Call::order1_chain_forward`],
+//! `kernels/include/taylor_order1_chain.cuh`): fold blocks chain the segments' inclusive sums in a fixed
+//! order, forward blocks carry them through their 64-query chunks. The causal order-1 backward
 //! at D ≤ 64 runs the same block structure twice (`taylor_order1_causal.cuh`): dq on the keys' sweep, dk
 //! and dv on the queries' reversed sweep (both reads of one state), writing finished gradients.
 //!
@@ -534,6 +537,9 @@ impl<'s> Call<'s> {
         let s = self.spec;
         let d = s.head_dim();
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
+        if self.order1_chain(p) {
+            return self.order1_chain_forward(p);
+        }
         let causal_blocks = self.order1_causal(p);
         let (max_probes, entries) = self.geometry(p, false, causal_blocks)?;
         if causal_blocks {

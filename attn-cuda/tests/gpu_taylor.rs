@@ -368,6 +368,51 @@ fn taylor_order1_causal_large_group_matches_reference() {
     cases.finish();
 }
 
+/// The single-pass causal order-1 forward (every sequence with as many queries as keys): fold blocks chain
+/// the segment sums, forward blocks carry them through their chunks. Sequences of several 1024-key
+/// segments (the default length; `ATTN_CUDA_TAYLOR1_SEG=128` in xtask's second Taylor run makes them
+/// many) with partial last chunks: GQA top-left, MQA bottom-right, packed sequences with equal offsets
+/// (one of length 1, one empty, one a whole number of segments). Both order-1 families, f16 and bf16,
+/// D = 16, 32, 64; forward and backward (the backward takes the two-pass kernels' states).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_order1_causal_single_pass_matches_reference() {
+    let mut cases = Cases::new("taylor_order1_causal_single_pass_matches_reference");
+    for (fi, fam) in [ORDERS[0], ORDER1_PLAIN].into_iter().enumerate() {
+        for d in [16, 32, 64] {
+            for dtype in [DType::BF16, DType::F16] {
+                let shapes = [
+                    (
+                        "GQA top-left 2111",
+                        AttnProblem::new(fam, dtype, 1, 4, 2, 2111, 2111, d).with_causal(Causal::TopLeft),
+                    ),
+                    (
+                        "MQA bottom-right 1500",
+                        AttnProblem::new(fam, dtype, 2, 3, 1, 1500, 1500, d).with_causal(Causal::BottomRight),
+                    ),
+                    (
+                        "varlen 1, 2048, 0, 1301",
+                        AttnProblem::new(fam, dtype, 4, 2, 2, 2048, 2048, d)
+                            .with_causal(Causal::TopLeft)
+                            .with_varlen(cu_seqlens(&[1, 2048, 0, 1301]), cu_seqlens(&[1, 2048, 0, 1301])),
+                    ),
+                ];
+                for (n, (label, problem)) in shapes.into_iter().enumerate() {
+                    if !case_selected(d, dtype) {
+                        cases.skip();
+                        continue;
+                    }
+                    let spec = problem.validate().expect("valid");
+                    let label = format!("{} D={d} {dtype} {label}", spec.family().label());
+                    let seed = 900 + 100 * fi as u64 + 10 * d as u64 + n as u64;
+                    cases.record(label, check_dtype(&spec, seed, 0, 1.0));
+                }
+            }
+        }
+    }
+    cases.finish();
+}
+
 /// Order 2 keeps f ≥ 1/2 for any score: with q, k scaled by 30 (|s| in the thousands) every output and
 /// gradient stays finite and within tolerance (f32 and bf16; f16 cannot hold f(s) ~ 1e6).
 #[test]

@@ -470,7 +470,8 @@ fn test_gpu(extra: &[String]) -> Result<()> {
             "ATTN_CUDA_TAYLOR_WG",
             "1",
             "Taylor order 2's wgmma state forward wherever it applies (bf16, D = 64; causal with \
-             128-key segments, so the tests' short sequences have several states)",
+             128-key segments, so the tests' short sequences have several states), and the order-1 \
+             causal kernels on 128-key segments (the single-pass forward's chain gets many links)",
             taylor,
         ),
     ] {
@@ -483,7 +484,8 @@ fn test_gpu(extra: &[String]) -> Result<()> {
         cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
         cmd.env("ATTN_REQUIRE_NVCC", "1").env(var, value);
         if var == "ATTN_CUDA_TAYLOR_WG" {
-            cmd.env("ATTN_CUDA_TAYLOR_WG_SEG", "128");
+            cmd.env("ATTN_CUDA_TAYLOR_WG_SEG", "128")
+                .env("ATTN_CUDA_TAYLOR1_SEG", "128");
         }
         if var == "ATTN_CUDA_WG_WS" && value == "1" {
             cmd.env("ATTN_CUDA_PERSISTENT_BLOCKS", "3");
@@ -601,10 +603,11 @@ done
 # the warp-specialised ones; and the Taylor tests with the state kernels for every call (by default
 # order 2 at f16/bf16, D = 64 and 128, runs its quadratic form on the flash kernels at the tests'
 # lengths) and with order 2's wgmma state forward wherever it applies (bf16, D = 64; by default from
-# 4096 keys, 8192 causal; here causal with 128-key segments, so short sequences have several states).
+# 4096 keys, 8192 causal; here causal with 128-key segments, so short sequences have several states;
+# the order-1 causal kernels on 128-key segments too, so the single-pass forward's chain has many links).
 # Each entry: variables (comma-separated) : binaries.
 flash="gpu_softmax_like,gpu_hyperbolic"
-for entry in ATTN_CUDA_WGMMA=0:$flash ATTN_CUDA_WG_FUSED=0:$flash ATTN_CUDA_WG_FUSED=1:$flash ATTN_CUDA_WG_WS=0:$flash ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3:$flash ATTN_CUDA_WG_BWD_WS=0:$flash ATTN_CUDA_TAYLOR_DENSE=0:gpu_taylor ATTN_CUDA_TAYLOR_WG=1,ATTN_CUDA_TAYLOR_WG_SEG=128:gpu_taylor; do
+for entry in ATTN_CUDA_WGMMA=0:$flash ATTN_CUDA_WG_FUSED=0:$flash ATTN_CUDA_WG_FUSED=1:$flash ATTN_CUDA_WG_WS=0:$flash ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3:$flash ATTN_CUDA_WG_BWD_WS=0:$flash ATTN_CUDA_TAYLOR_DENSE=0:gpu_taylor ATTN_CUDA_TAYLOR_WG=1,ATTN_CUDA_TAYLOR_WG_SEG=128,ATTN_CUDA_TAYLOR1_SEG=128:gpu_taylor; do
   var="${entry%%:*}"
   for name in $(echo "${entry#*:}" | tr , ' '); do
     [ -x "$here/bin/$name" ] || continue

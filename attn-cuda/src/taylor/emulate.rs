@@ -15,9 +15,11 @@
 use super::heuristics::{self, state_tile};
 use attn_core::{AttnSpec, Causal, FamilySpec, SeqLengths};
 
+mod chain;
 mod order1;
 mod wg;
 
+use chain::order1_chain_forward;
 use order1::order1_sweep;
 use wg::wg_causal_forward;
 
@@ -710,6 +712,40 @@ mod tests {
                         check(p, n, seg, Path::General);
                     }
                 }
+            }
+        }
+    }
+
+    /// The single-pass causal order-1 forward's decomposition (tickets, the fold blocks' chain, the forward
+    /// blocks' chunk loop) against the reference: segments of one chunk, of several (the last segment and
+    /// chunk partial), and the host's length (one segment); fold blocks 0, 1 and 3 rounds ahead; GQA, both
+    /// alignments (Nq = Nk), packed sequences with equal offsets (one of one key, one empty), l2-norm.
+    #[test]
+    fn emulated_order1_chain_forward_matches_the_reference() {
+        let mut n = 800u64;
+        let f = fam(1, false);
+        let fl = fam(1, true);
+        let cases = [
+            AttnProblem::new(f, DType::BF16, 2, 4, 2, 450, 450, 16).with_causal(Causal::TopLeft),
+            AttnProblem::new(fl, DType::BF16, 1, 3, 1, 300, 300, 32).with_causal(Causal::BottomRight),
+            AttnProblem::new(fl, DType::BF16, 4, 2, 2, 330, 330, 16)
+                .with_varlen(vec![0, 1, 331, 331, 531], vec![0, 1, 331, 331, 531])
+                .with_causal(Causal::TopLeft),
+        ];
+        for p in cases {
+            let spec = p.validate().expect("valid problem");
+            for (seg, lookahead) in [
+                (64, 0),
+                (128, 1),
+                (192, 3),
+                (heuristics::order1_chain_seg_len(spec.seq_k()), 2),
+            ] {
+                n += 1;
+                let case = random_case(&spec, n);
+                let want = forward_f64(&spec, case.inputs()).expect("reference");
+                let (o, den) = order1_chain_forward(&spec, &case.q, &case.k, &case.v, seg, lookahead);
+                close("o", &o, &want.o);
+                close("den", &den, &want.stats);
             }
         }
     }

@@ -453,6 +453,36 @@ pub(crate) fn order1_causal_smem(d: usize) -> usize {
     order1_causal_layout(d, 2, 2)
 }
 
+/// Floats of one chain state of the single-pass causal order-1 forward (`Taylor1Chain::kStateFloats`):
+/// the fold's accumulators of its threads in thread order, `NPW` n-tiles × `MP/16` m-tiles × 4 each.
+///
+/// ```text
+/// D = 64: 3·5·4·128 = 7680
+/// ```
+pub(crate) fn order1_chain_state_floats(d: usize) -> usize {
+    let npw = (1 + d / 8).div_ceil(4);
+    npw * (width_padded(d) / 16) * 4 * THREADS as usize
+}
+
+/// Dynamic shared memory of the single-pass causal order-1 forward (`Taylor1Chain::kBytes`): the two-pass
+/// forward's layout (two stages of q, k and ṽ; the tf32 state twice, here one per chunk parity).
+pub(crate) fn order1_chain_smem(d: usize) -> usize {
+    order1_causal_layout(d, 2, 2)
+}
+
+/// How many rounds of segments the single-pass causal order-1 forward's fold blocks run ahead of its
+/// forward blocks (`Taylor1Chain`'s tickets): 0 puts a segment's fold and forward blocks side by side
+/// (the second read of the keys from L2), more shortens the forward blocks' wait for the previous
+/// segment's sums.
+pub(crate) const ORDER1_CHAIN_LOOKAHEAD: usize = 2;
+
+/// Segment length of the single-pass causal order-1 forward: a forward block runs its segment's chunks
+/// one after another (each carries the state to the next), a fold block sums the segment for the chain.
+/// 1024 keys (at most one state of [`order1_chain_state_floats`] per 1024 keys and kv head).
+pub(crate) fn order1_chain_seg_len(_n: usize) -> usize {
+    1024
+}
+
 /// Dynamic shared memory of the order-1 causal backward (`Taylor1Causal::kBytesBwd`): two stages of two
 /// probe tiles (dO and q, or k and v), and the state once (the reads round it themselves).
 ///

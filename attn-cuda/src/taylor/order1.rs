@@ -2,16 +2,25 @@
 //! where a call takes them, and the backward's launches.
 
 use super::launch::Launch;
+use super::wg::wg_causal_shape;
 use super::{heuristics, rows_aligned, Call, TaylorParams};
 use crate::dispatch::dtype_tag;
 use crate::error::Result;
 use attn_core::Causal;
+use cudarc::driver::DevicePtr;
 use std::sync::OnceLock;
 
 /// Whether the order-1 kernels may run (`ATTN_CUDA_TAYLOR1=0` keeps the general ones, for comparison).
 fn order1_kernels_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1").map_or(true, |v| v.trim() != "0"))
+}
+
+/// Whether the single-pass causal order-1 forward may run (`ATTN_CUDA_TAYLOR1_CHAIN=0` keeps the two-pass
+/// one, for comparison).
+fn chain_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1_CHAIN").map_or(true, |v| v.trim() != "0"))
 }
 
 /// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
@@ -25,6 +34,19 @@ pub(super) fn order1_causal_seg_override() -> Option<usize> {
             .parse::<usize>()
             .ok()?;
         (l >= 64 && l % 64 == 0).then_some(l)
+    })
+}
+
+/// `ATTN_CUDA_TAYLOR1_LOOKAHEAD=n`: how many rounds the single-pass causal forward's fold blocks run
+/// ahead of its forward blocks, in place of `heuristics::ORDER1_CHAIN_LOOKAHEAD`, for measuring it.
+fn order1_chain_lookahead_override() -> Option<usize> {
+    static LA: OnceLock<Option<usize>> = OnceLock::new();
+    *LA.get_or_init(|| {
+        std::env::var("ATTN_CUDA_TAYLOR1_LOOKAHEAD")
+            .ok()?
+            .trim()
+            .parse::<usize>()
+            .ok()
     })
 }
 
@@ -60,6 +82,45 @@ impl Call<'_> {
             && s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM
             && rows_aligned(p.base.q, s.q_strides())
             && rows_aligned(p.base.o, s.o_strides())
+    }
+
+    /// The single-pass causal order-1 forward (`taylor_order1_chain.cuh`): the causal order-1 forward tile
+    /// where every sequence has as many queries as keys (query i sits on key i in both alignments).
+    pub(super) fn order1_chain(&self, p: &TaylorParams) -> bool {
+        self.order1_causal(p) && wg_causal_shape(self.spec) && chain_on()
+    }
+
+    /// The single-pass causal order-1 forward: one launch of fold and forward blocks per segment round
+    /// (their chain states and flags in scratch, the flags and the ticket counter zeroed), writing o and
+    /// the denominators.
+    pub(super) fn order1_chain_forward(&self, p: &mut TaylorParams) -> Result<()> {
+        let s = self.spec;
+        let d = s.head_dim();
+        let seg = order1_causal_seg_override().unwrap_or_else(|| heuristics::order1_chain_seg_len(s.seq_k()));
+        let rounds = s.seq_k().div_ceil(seg);
+        let chains = s.batch() * s.heads_kv() * rounds;
+        (p.seg_len, p.n_seg) = (seg as i32, rounds as i32);
+        // SAFETY (uninitialised): a block reads chain state r only after flag r is raised, which its fold
+        // block does after writing every slot of it (u32 flags and the counter: zeroed).
+        let states = unsafe {
+            self.stream
+                .alloc::<f32>(chains.max(1) * heuristics::order1_chain_state_floats(d))
+        }?;
+        let flags = self.stream.alloc_zeros::<i32>(chains + 1)?;
+        p.st = states.device_ptr(self.stream).0;
+        p.st_max = flags.device_ptr(self.stream).0;
+        let lookahead = order1_chain_lookahead_override().unwrap_or(heuristics::ORDER1_CHAIN_LOOKAHEAD);
+        p.n_slabs = lookahead as i32;
+        let folds = s.batch() * s.heads_kv();
+        let blocks = lookahead * folds + rounds * (folds + s.batch() * s.heads_q());
+        self.run(
+            Launch {
+                name: format!("attn_taylor_order1_chain_{}_d{d}", dtype_tag(s.dtype())),
+                grid: (blocks.max(1), 1, 1),
+                smem: heuristics::order1_chain_smem(d),
+            },
+            p,
+        )
     }
 
     /// Which order-1 backward kernels run: `Some(false)` `taylor1_backward` (no causal mask), `Some(true)`

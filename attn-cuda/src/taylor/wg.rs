@@ -44,7 +44,7 @@ pub(crate) fn wg_forward(spec: &AttnSpec, hopper: Hopper) -> bool {
 
 /// Whether a causal call has the shape of the wgmma state kernels' causal forward: every sequence
 /// with as many queries as keys (no key padding), so that query i sits on key i.
-fn wg_causal_shape(spec: &AttnSpec) -> bool {
+pub(super) fn wg_causal_shape(spec: &AttnSpec) -> bool {
     match spec.lengths() {
         SeqLengths::Dense => spec.seq_q() == spec.seq_k(),
         SeqLengths::KeyPadding(_) => false,

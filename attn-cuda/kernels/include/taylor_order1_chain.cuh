@@ -1,0 +1,370 @@
+// Order 1, causal, where every sequence has as many queries as keys (query i sees the keys j ≤ i in both
+// alignments), f16/bf16, rows 16-byte aligned, D ≤ 64: the whole forward in one kernel that reads q, k, v
+// from DRAM once and writes o once (NOTES_taylor.md, "Session 25"). The two-pass path (taylor1_fold and
+// the prefix, then taylor1_forward_causal) reads k and v twice.
+//
+// The sequences are cut into segments of L keys (and as many queries). Blocks take tickets from a counter
+// in the order they start: the fold blocks of the first la rounds, then per round r the fold blocks of
+// round r + la (F = B·Hkv of them) and the forward blocks of round r (Q = B·Hq):
+//   fold block (b, hk, r), when segment r + 1 exists: T_r = the sums of segment r's keys (whole chunks of
+//     64, the fold of taylor1_fold: Sᵀ[v][f] = Σ_j ṽ_j[v] φ_f(k̂_j), φ = [1, k̂]), then it waits for
+//     flag r − 1, writes I_r = I_{r−1} + T_r (I_0 = T_0) and raises flag r. The inclusive sums are one
+//     chain in a fixed order: the same bits every run.
+//   forward block (b, h, r): waits for flag r − 1 of kv head hk = h / G (r > 0), takes I_{r−1} into the
+//     fold's accumulators (registers, f32), and runs segment r's chunks in order. Chunk c (64 queries,
+//     one m16 row tile per warp; its 64 keys are the dense part):
+//       [num, den] = a1 r_z (q_raw · Sr_lin) + a0 S_const + Σ_{j ≤ i} f(r_z q_raw·k̂_j) ṽ_j,  o = num/den,
+//     with Sr the state of the keys before the chunk rounded to tf32 (taylor1_state_tf32, as the two-pass
+//     forward reads it); then the chunk's keys are folded into the accumulators and the owners write the
+//     next chunk's Sr into the other of two buffers: one barrier per chunk. The chunk's q, k and v rows
+//     come by cp.async into two stages, the next chunk's in flight during this one.
+// A block waits only for the flag of round r − 1, whose fold block took a smaller ticket: it is running or
+// done, and a fold block waits only for an earlier fold block, so every wait ends. A forward block reads
+// the keys that the fold block la rounds before it read: from L2 when la is small (la = 0: its own
+// round's), and its wait is short when la is large (the fold of round r − 1 started la + 1 rounds earlier).
+// The states I_r are the fold's accumulators in thread order ([NPW][MT][threads] float4: each thread
+// writes and reads its own), so they move in 16-byte coalesced accesses and need no layout of their own.
+#pragma once
+#include "taylor_order1_causal.cuh"
+
+namespace attn {
+
+// The tiles. Mirrored by taylor::heuristics::{order1_chain_smem, order1_chain_state_floats}.
+template <typename T, int D> struct Taylor1Chain {
+    static constexpr int C = 64;                         // queries and keys per chunk
+    static constexpr int M = TaylorDims<D>::M, MP = TaylorDims<D>::MP;
+    static constexpr int MT = MP / 16;                   // m16 tiles of v in the fold (the last holds den)
+    static constexpr int NO = MP / 8;                    // n8 tiles of v in the reads
+    static constexpr int NT = 1 + D / 8;                 // n8 feature tiles of the fold: const, then linear
+    static constexpr int NPW = (NT + kTaylorWarps - 1) / kTaylorWarps;  // warp w: tiles w, w + 4, …
+    static constexpr int LD = SmemRow<D>::ld;            // q, k rows, T
+    static constexpr int LDY = MP + 8;                   // ṽ rows, T: v, then 1 (den), then zeros
+    static constexpr int LDS = D + 8;                    // Sr rows, f32: the linear features 0..D−1
+    static constexpr int CPR = D * 2 / 16;               // 16-byte copies per row
+    // Forward block: two stages of Q [C][LD], X [C][LD] (k̂), Y [C][LDY] (ṽ), then Sr [2][MP][LDS] f32.
+    static constexpr int kQ = 0, kX = kQ + C * LD * 2, kY = kX + C * LD * 2, kStage = kY + C * LDY * 2;
+    static constexpr int kS = 2 * kStage;
+    static constexpr int kBytes = kS + 2 * MP * LDS * 4;
+    // Fold block: FS stages of X, Y in the same memory (more chunks in flight: it has no q, o or Sr).
+    static constexpr int kFStage = C * LD * 2 + C * LDY * 2;
+    static constexpr int FS = kBytes / kFStage < 4 ? kBytes / kFStage : 4;
+    static constexpr int kStateFloats = NPW * MT * 4 * kTaylorThreads;
+    static_assert(kStage % 16 == 0 && kFStage % 16 == 0 && FS >= 2, "16-byte aligned stages");
+};
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// Thread 0 waits until *flag is set (acquire), then the barrier passes its view to the block.
+__device__ __forceinline__ void taylor1_chain_wait(const int* flag) {
+    if (threadIdx.x == 0)
+        while (ld_acquire_gpu(flag) == 0) __nanosleep(64);
+    __syncthreads();
+}
+
+// The chain state I of (b, hk, r) and its flag; the ticket counter sits after the flags.
+__device__ __forceinline__ long long taylor1_chain_index(const TaylorParams& tp, int b, int hk, int r) {
+    return ((long long)b * tp.base.heads_kv + hk) * tp.n_seg + r;
+}
+
+template <typename T, int D> struct Taylor1ChainBlock {
+    using L = Taylor1Chain<T, D>;
+    static constexpr int C = L::C, MT = L::MT, NT = L::NT, NPW = L::NPW, LD = L::LD, LDY = L::LDY;
+    static constexpr int LDS = L::LDS, CPR = L::CPR, RPP = kTaylorThreads / CPR;
+
+    // The den column (1) and the zero columns past it of a Y tile; the copies never write them.
+    static __device__ __forceinline__ void init_y(T* y, int tid) {
+        for (int idx = tid; idx < C * (L::MP - D); idx += kTaylorThreads) {
+            const int r = idx / (L::MP - D), c = D + idx % (L::MP - D);
+            y[r * LDY + c] = from_f32<T>(c == D ? 1.f : 0.f);
+        }
+    }
+
+    // Rows [j0, j0 + C) of a (row pointer, row stride) tensor into a tile [C][ld] (zero past n), no commit.
+    static __device__ __forceinline__ void issue_rows(T* dst, int ld, const T* src, long long stride, int j0, int n,
+                                                      int tid) {
+        const int ch = tid % CPR;
+        for (int r = tid / CPR; r < C; r += RPP) {
+            const int j = j0 + r;
+            const bool valid = j < n;
+            cp_async_16(dst + r * ld + 8 * ch, src + (valid ? j * stride : 0) + 8 * ch, valid);
+        }
+    }
+
+    // acc[j][m] += the chunk's Sᵀ: A = Yᵀ (m = v), B = [1, X] (n = f; n-tile warp + 4j), k = the chunk's keys.
+    static __device__ __forceinline__ void fold(float (&acc)[NPW][MT][4], const T* x, const T* y, int warp, int lane) {
+        const uint32_t one2 = lane / 4 == 0 ? pack2<T>(1.f, 1.f) : 0u;  // B of the const feature: 1 in column 0
+#pragma unroll
+        for (int k0 = 0; k0 < C; k0 += 16) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) load_a_trans(a[m], y, LDY, k0, 16 * m, lane);
+#pragma unroll
+            for (int j = 0; j < NPW; ++j) {
+                const int n = warp + kTaylorWarps * j;
+                if (n >= NT) continue;  // warp-uniform
+                uint32_t b[2] = {one2, one2};
+                if (n > 0) ldsm_x2_trans(b, x + (k0 + (lane & 15)) * LD + 8 * (n - 1));
+#pragma unroll
+                for (int m = 0; m < MT; ++m) mma16816<T>(acc[j][m], a[m], b[0], b[1]);
+            }
+        }
+    }
+
+    // Sr ← the accumulators: linear features rounded to tf32 (the read's B); Sc ← the const one as it is.
+    static __device__ __forceinline__ void publish(const float (&acc)[NPW][MT][4], float* S, float* Sc, int warp,
+                                                   int lane) {
+        const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+        for (int j = 0; j < NPW; ++j) {
+            const int n = warp + kTaylorWarps * j;
+            if (n >= NT) continue;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int v = 16 * m + g + 8 * r;
+                    if (n == 0) {
+                        if (t4 == 0) Sc[v] = acc[j][m][2 * r];
+                    } else {
+                        *reinterpret_cast<float2*>(S + v * LDS + 8 * (n - 1) + 2 * t4) =
+                            make_float2(round_tf32(acc[j][m][2 * r]), round_tf32(acc[j][m][2 * r + 1]));
+                    }
+                }
+        }
+    }
+
+    // The accumulators' slots of this thread in a chain state: float4 (j·MT + m)·threads + tid.
+    static __device__ __forceinline__ float4* slot(float* state, int j, int m, int tid) {
+        return reinterpret_cast<float4*>(state) + (j * MT + m) * kTaylorThreads + tid;
+    }
+    static __device__ __forceinline__ void load_state(float (&acc)[NPW][MT][4], float* state, int warp, int tid,
+                                                      bool add) {
+#pragma unroll
+        for (int j = 0; j < NPW; ++j) {
+            if (warp + kTaylorWarps * j >= NT) continue;
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                const float4 s = __ldcg(slot(state, j, m, tid));  // (written by another block: not via L1)
+                acc[j][m][0] = add ? acc[j][m][0] + s.x : s.x;
+                acc[j][m][1] = add ? acc[j][m][1] + s.y : s.y;
+                acc[j][m][2] = add ? acc[j][m][2] + s.z : s.z;
+                acc[j][m][3] = add ? acc[j][m][3] + s.w : s.w;
+            }
+        }
+    }
+    static __device__ __forceinline__ void store_state(const float (&acc)[NPW][MT][4], float* state, int warp, int tid) {
+#pragma unroll
+        for (int j = 0; j < NPW; ++j) {
+            if (warp + kTaylorWarps * j >= NT) continue;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+                __stcg(slot(state, j, m, tid), make_float4(acc[j][m][0], acc[j][m][1], acc[j][m][2], acc[j][m][3]));
+        }
+    }
+};
+
+// One launch of la·F + R·(F + Q) blocks of 128 threads (see the top); tp.seg_len = L, tp.n_seg = R (the
+// segments of the longest sequence), tp.n_slabs = la, tp.st the chain states [B][Hkv][R][kStateFloats],
+// tp.st_max the flags [B][Hkv][R] and the ticket counter, zeroed.
+template <typename T, int D>
+__device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
+    using L = Taylor1Chain<T, D>;
+    using Blk = Taylor1ChainBlock<T, D>;
+    constexpr int C = L::C, MP = L::MP, NO = L::NO, MT = L::MT, NPW = L::NPW, LD = L::LD, LDY = L::LDY;
+    constexpr int LDS = L::LDS, CPR = L::CPR;
+    static_assert(MP % 8 == 0, "float2 reads of Sc");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __shared__ int sTicket;
+    __shared__ float sInv[C];
+    __shared__ __align__(8) float sC[2][MP];  // the const feature's sums of Sr[0], Sr[1]
+    if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
+
+    const AttnParams& P = tp.base;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    int* flags = tp.st_max;
+    if (tid == 0) sTicket = atomicAdd(flags + (long long)P.batch * P.heads_kv * tp.n_seg, 1);
+    __syncthreads();
+    // Tickets: the fold blocks of rounds 0 … la − 1 first, then per round r the fold blocks of round r + la
+    // and the forward blocks of round r (la = tp.n_slabs: how many rounds the folds run ahead).
+    const int n_fold = P.batch * P.heads_kv, n_fwd = P.batch * P.heads_q, la = tp.n_slabs;
+    int round, k = sTicket;
+    bool fold_block = true;
+    if (k < la * n_fold) {
+        round = k / n_fold;
+        k %= n_fold;
+    } else {
+        k -= la * n_fold;
+        round = k / (n_fold + n_fwd);
+        k %= n_fold + n_fwd;
+        fold_block = k < n_fold;
+        if (fold_block) round += la;
+        else k -= n_fold;
+    }
+    const int heads = fold_block ? P.heads_kv : P.heads_q;
+    const int b = k / heads, h = k % heads, hk = fold_block ? h : h / P.group;
+    const SeqInfo si(P, b);
+    const int len = si.len_k, seg = tp.seg_len;
+    if (si.len_q != len) __trap();  // the host routes only such calls here
+    const int n_seg = (len + seg - 1) / seg;
+    const int c_lo = round * seg;
+    const long long at = taylor1_chain_index(tp, b, hk, round);
+    const T* k0 = static_cast<const T*>(P.k) + si.k_off(P, 0, hk);
+    const T* v0 = static_cast<const T*>(P.v) + si.v_off(P, 0, hk);
+    const bool l2 = P.l2norm != 0;
+
+    float acc_s[NPW][MT][4];
+#pragma unroll
+    for (int j = 0; j < NPW; ++j)
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_s[j][m][e] = 0.f;
+
+    if (fold_block) {
+        if (round + 1 >= n_seg) return;  // no later segment reads I_round
+        constexpr int FS = L::FS;
+        auto stage_x = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kFStage); };
+        auto stage_y = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kFStage + C * LD * 2); };
+        for (int st = 0; st < FS; ++st) Blk::init_y(stage_y(st), tid);
+        const int n_chunks = seg / C;  // whole: segment round + 1 exists
+        auto issue = [&](int c) {
+            if (c < n_chunks) {
+                Blk::issue_rows(stage_x(c % FS), LD, k0, P.k_seq, c_lo + c * C, len, tid);
+                Blk::issue_rows(stage_y(c % FS), LDY, v0, P.v_seq, c_lo + c * C, len, tid);
+            }
+            cp_async_commit();  // (also past the last chunk: every iteration waits for the same count)
+        };
+#pragma unroll
+        for (int c = 0; c < FS - 1; ++c) issue(c);
+        for (int c = 0; c < n_chunks; ++c) {
+            cp_async_wait<FS - 2>();
+            __syncthreads();  // chunk c has landed for every thread; chunk c − 1's stage is no longer read
+            issue(c + FS - 1);
+            T* x = stage_x(c % FS);
+            if (l2) {
+                taylor1_scale_rows<T, C, D>(x, true, P.eps, [](int) { return 1.f; }, tid);
+                __syncthreads();
+            }
+            Blk::fold(acc_s, x, stage_y(c % FS), warp, lane);
+        }
+        cp_async_wait<0>();
+        if (round > 0) {
+            taylor1_chain_wait(flags + at - 1);
+            Blk::load_state(acc_s, tp.st + (at - 1) * L::kStateFloats, warp, tid, true);
+        }
+        Blk::store_state(acc_s, tp.st + at * L::kStateFloats, warp, tid);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) st_release_gpu(flags + at, 1);
+        return;
+    }
+
+    // Forward block.
+    if (round >= n_seg) return;
+    const int c_hi = min(c_lo + seg, len);
+    const int n_chunks = (c_hi - c_lo + C - 1) / C;
+    const T* q0 = static_cast<const T*>(P.q) + si.q_off(P, 0, h);
+    T* o0 = static_cast<T*>(P.o) + si.o_off(P, 0, h);
+    auto stage_q = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kStage + L::kQ); };
+    auto stage_x = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kStage + L::kX); };
+    auto stage_y = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kStage + L::kY); };
+    auto sr = [&](int bf) { return reinterpret_cast<float*>(smem_raw + L::kS) + bf * MP * LDS; };
+    auto issue = [&](int c) {
+        const int st = c & 1, i0 = c_lo + c * C;
+        Blk::issue_rows(stage_q(st), LD, q0, P.q_seq, i0, c_hi, tid);
+        Blk::issue_rows(stage_x(st), LD, k0, P.k_seq, i0, c_hi, tid);
+        Blk::issue_rows(stage_y(st), LDY, v0, P.v_seq, i0, c_hi, tid);
+        cp_async_commit();
+    };
+    issue(0);
+    Blk::init_y(stage_y(0), tid);
+    Blk::init_y(stage_y(1), tid);
+    if (round > 0) {
+        taylor1_chain_wait(flags + at - 1);
+        Blk::load_state(acc_s, tp.st + (at - 1) * L::kStateFloats, warp, tid, false);
+    }
+    Blk::publish(acc_s, sr(0), sC[0], warp, lane);  // (rows v past M: zero, as the accumulators' are)
+
+    const int wrow = warp * 16;
+    for (int c = 0; c < n_chunks; ++c) {
+        const int st = c & 1, i0 = c_lo + c * C;
+        cp_async_wait<0>();
+        __syncthreads();  // chunk c and Sr[c & 1] are ready; stage c + 1 and Sr[(c + 1) & 1] are free
+        if (c + 1 < n_chunks) issue(c + 1);
+        T* sQ = stage_q(st);
+        T* x = stage_x(st);
+        const T* y = stage_y(st);
+        if (l2) {
+            taylor1_scale_rows<T, C, D>(x, true, P.eps, [](int) { return 1.f; }, tid);
+            __syncthreads();
+        }
+        // The next chunk's state: this chunk's keys folded in (the last chunk's are never needed).
+        if (c + 1 < n_chunks) {
+            Blk::fold(acc_s, x, y, warp, lane);
+            Blk::publish(acc_s, sr(st ^ 1), sC[st ^ 1], warp, lane);
+        }
+
+        // r_z = scale (/‖q‖) of this warp's rows.
+        if (l2) {
+            taylor1_row_inv_norms<T, D, 16>(sInv, sQ, wrow, P.eps, lane);
+            __syncwarp();
+        }
+        float rz[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) rz[r] = P.scale * (l2 ? sInv[wrow + g + 8 * r] : 1.f);
+
+        // [num, den] = a1 r_z (Q_raw Sr_linᵀ) + a0 S_const on tf32 mma.
+        float acc[NO][4];
+        taylor1_state_tf32<T, D, NO, false, false>(acc, sQ, wrow, sr(st), lane);
+#pragma unroll
+        for (int nn = 0; nn < NO; ++nn) {
+            const float2 c = *reinterpret_cast<const float2*>(&sC[st][8 * nn + 2 * t4]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[nn][e] = tp.a1 * rz[e / 2] * acc[nn][e] + tp.a0 * ((e & 1) ? c.y : c.x);
+        }
+
+        // The chunk's keys densely: f(r_z q_raw·k̂_j) for j ≤ i.
+        float s[C / 8][4];
+        taylor_scores_mma<T, D, C>(s, sQ, LD, wrow, x, LD, lane);
+#pragma unroll
+        for (int nn = 0; nn < C / 8; ++nn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2, row = wrow + g + 8 * r, col = nn * 8 + 2 * t4 + (e & 1);
+                s[nn][e] = col <= row ? taylor_f(tp, rz[r] * s[nn][e]) : 0.f;
+            }
+        taylor_weights_mma<T, C, MP>(acc, s, y, LDY, lane);
+        __syncwarp();  // this warp's q rows are read; o goes in their place
+
+        // o = num·(1/den) staged as T in this warp's q rows, den to the statistics; 16-byte stores.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = wrow + g + 8 * r, i = i0 + row;
+            const float den = __shfl_sync(0xffffffffu, acc[D / 8][2 * r], lane & ~3);
+            const float inv = 1.f / den;
+#pragma unroll
+            for (int nn = 0; nn < D / 8; ++nn)
+                *reinterpret_cast<uint32_t*>(sQ + row * LD + nn * 8 + 2 * t4) =
+                    pack2<T>(acc[nn][2 * r] * inv, acc[nn][2 * r + 1] * inv);
+            if (t4 == 0 && i < c_hi) P.lse[si.stats_index(P, h, i)] = den;
+        }
+        __syncwarp();
+        for (int idx = lane; idx < 16 * CPR; idx += 32) {
+            const int row = wrow + idx / CPR, ch = idx % CPR, i = i0 + row;
+            if (i < c_hi)
+                *reinterpret_cast<uint4*>(o0 + (long long)i * P.o_seq + 8 * ch) =
+                    *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
+        }
+    }
+}
+
+}  // namespace attn
