@@ -1,6 +1,6 @@
 //! Taylor kernel timings, for iterating on the kernels: `gpu_bench_taylor --bench [--out FILE.csv]
-//! [--orders 1,2] [--dims 64,128] [--max-n 65536] [--ns 4096,16384] [--causal 0,1]` (the bundle of
-//! `cargo xtask gpu-bundle` carries it).
+//! [--orders 1,2] [--dims 64,128] [--max-n 65536] [--ns 4096,16384] [--causal 0,1] [--l2norm 1]` (the
+//! bundle of `cargo xtask gpu-bundle` carries it).
 //! Without `--bench` it does nothing, so `cargo test` stays quick. attn-bench owns the reported
 //! benchmark; this is the kernel author's stopwatch.
 //!
@@ -14,7 +14,7 @@
 
 mod common;
 
-use attn_core::{AttnProblem, Causal, DType};
+use attn_core::{AttnProblem, Causal, DType, Family};
 use common::bench::{all_finite, forward, forward_backward, time_ms, BenchArgs, Bufs};
 use common::taylor_family;
 
@@ -31,6 +31,8 @@ fn main() {
     let all_n: Vec<usize> = (10..=16).map(|e| 1usize << e).collect();
     let ns = args.list("--ns", &all_n);
     let causals = args.list("--causal", &[0, 1]);
+    // Order 1's qk_l2norm (1: the tests' family; 0: attn-bench's, `Family::taylor(1)`'s coefficients).
+    let l2norm = args.list("--l2norm", &[1])[0] != 0;
     let g = args.gpu();
     let mut rows = vec!["order,d,n,b,h,causal,pass,ms,tb_per_s,hbm_pct,tflops,finite".to_string()];
     println!(
@@ -42,7 +44,12 @@ fn main() {
             for n in ns.iter().copied().filter(|&n| n <= max_n) {
                 for causal in causals.iter().map(|&c| c != 0) {
                     let (b, h) = ((16_384 / n).max(1), 2048 / d);
-                    let mut p = AttnProblem::new(taylor_family(order as u8), DType::BF16, b, h, h, n, n, d);
+                    let fam = if order == 1 && !l2norm {
+                        Family::taylor(1)
+                    } else {
+                        taylor_family(order as u8)
+                    };
+                    let mut p = AttnProblem::new(fam, DType::BF16, b, h, h, n, n, d);
                     if causal {
                         p = p.with_causal(Causal::BottomRight);
                     }
