@@ -20,7 +20,7 @@
 //! 4. row kernels turn the sums into o and the statistics, or into dq, dk, dv.
 //!
 //! The f16/bf16 forward runs 2–4 as one kernel per probe tile after the fold and the prefix (the state
-//! read and the dense part into the same mma accumulators, then o = num/den): no [rows][M] scratch.
+//! read and the dense part into the same mma accumulators, then o = num/den): no `[rows][M]` scratch.
 //!
 //! Order 1 with f16/bf16 and 16-byte aligned rows has its own kernels (`kernels/include/taylor_order1.cuh`;
 //! `ATTN_CUDA_TAYLOR1=0` keeps the general ones): a fold that writes the same segment sums in the same
@@ -296,6 +296,20 @@ struct Call<'s> {
 /// 16-byte copies need; `ptr` 0 (no tensor) qualifies.
 fn rows_aligned(ptr: u64, s: Strides) -> bool {
     ptr % 16 == 0 && s.batch % 8 == 0 && s.seq % 8 == 0 && s.head % 8 == 0
+}
+
+/// Whether every sequence of a call has as many queries as keys (no key padding), so that query i sits on
+/// key i and both causal alignments are `j ≤ i`: the shape of the causal forwards of the wgmma state kernels
+/// ([`wg_forward`]) and of the single-pass order-1 kernel ([`Call::order1_chain`]).
+fn query_on_key(spec: &AttnSpec) -> bool {
+    match spec.lengths() {
+        SeqLengths::Dense => spec.seq_q() == spec.seq_k(),
+        SeqLengths::KeyPadding(_) => false,
+        SeqLengths::Varlen {
+            cu_seqlens_q,
+            cu_seqlens_k,
+        } => cu_seqlens_q == cu_seqlens_k,
+    }
 }
 
 impl<'s> Call<'s> {

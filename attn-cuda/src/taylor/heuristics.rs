@@ -44,7 +44,7 @@ pub(crate) const WG_SPLIT_SUMS: usize = 68 * 64 * 64;
 pub(crate) const WG_STATE_GROUPS: usize = 168;
 /// bf16 elements of the read's state per (batch entry, kv head): 168 groups of 16 × 64.
 pub(crate) const WG_STATE_ELEMS: usize = WG_STATE_GROUPS * 16 * 64;
-/// f32 vector per (batch entry, kv head): a0 Σv [64], a1 Σk̂ [64], a0 n, padding to 16 bytes.
+/// f32 vector per (batch entry, kv head): a0 Σv `[64]`, a1 Σk̂ `[64]`, a0 n, padding to 16 bytes.
 pub(crate) const WG_VEC: usize = 132;
 /// Queries per read block (two m64 tiles of one warpgroup).
 pub(crate) const WG_READ_QUERIES: usize = 128;

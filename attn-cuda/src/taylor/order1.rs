@@ -2,8 +2,7 @@
 //! where a call takes them, and the backward's launches.
 
 use super::launch::Launch;
-use super::wg::wg_causal_shape;
-use super::{heuristics, rows_aligned, Call, TaylorParams};
+use super::{heuristics, query_on_key, rows_aligned, Call, TaylorParams};
 use crate::dispatch::dtype_tag;
 use crate::error::Result;
 use attn_core::Causal;
@@ -87,7 +86,7 @@ impl Call<'_> {
     /// The single-pass causal order-1 forward (`taylor_order1_chain.cuh`): the causal order-1 forward tile
     /// where every sequence has as many queries as keys (query i sits on key i in both alignments).
     pub(super) fn order1_chain(&self, p: &TaylorParams) -> bool {
-        self.order1_causal(p) && wg_causal_shape(self.spec) && chain_on()
+        self.order1_causal(p) && query_on_key(self.spec) && chain_on()
     }
 
     /// The single-pass causal order-1 forward: one launch of fold and forward blocks per segment round

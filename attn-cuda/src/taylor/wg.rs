@@ -3,10 +3,10 @@
 //! read's segment densely).
 
 use super::launch::Launch;
-use super::{heuristics, Call, TaylorParams};
+use super::{heuristics, query_on_key, Call, TaylorParams};
 use crate::error::Result;
 use crate::runtime::{DenseMode, Hopper};
-use attn_core::{AttnSpec, Causal, DType, FamilySpec, SeqLengths, TaylorOrder};
+use attn_core::{AttnSpec, Causal, DType, FamilySpec, TaylorOrder};
 use cudarc::driver::DevicePtr;
 
 /// Whether a Taylor forward runs on the wgmma state kernels (kernels/include/taylor_wg.cuh: fold,
@@ -32,26 +32,13 @@ pub(crate) fn wg_forward(spec: &AttnSpec, hopper: Hopper) -> bool {
         return false;
     }
     let causal = spec.causal() != Causal::None;
-    if causal && !wg_causal_shape(spec) {
+    if causal && !query_on_key(spec) {
         return false;
     }
     match hopper.taylor_wg {
         DenseMode::Off => false,
         DenseMode::Everywhere => true,
         DenseMode::Measured => heuristics::wg_state_faster(spec.seq_k(), causal),
-    }
-}
-
-/// Whether a causal call has the shape of the wgmma state kernels' causal forward: every sequence
-/// with as many queries as keys (no key padding), so that query i sits on key i.
-pub(super) fn wg_causal_shape(spec: &AttnSpec) -> bool {
-    match spec.lengths() {
-        SeqLengths::Dense => spec.seq_q() == spec.seq_k(),
-        SeqLengths::KeyPadding(_) => false,
-        SeqLengths::Varlen {
-            cu_seqlens_q,
-            cu_seqlens_k,
-        } => cu_seqlens_q == cu_seqlens_k,
     }
 }
 
