@@ -21,7 +21,7 @@ use common::bench::{all_finite, forward_backward, time_ms, Bufs};
 use common::shapes::{cu_seqlens, dense_gqa, mqa_bhnd, strided_views, varlen_causal, Lengths, Shapes};
 use common::{
     case_selected, check_dims, dot, gpu, identical_runs, key_rows, l2norm_bwd, prep_row, query_rows, run_gpu,
-    taylor_family, Cases, KeyRow, Outputs, QueryRow,
+    taylor_family, Cases, KeyCache, KeyRow, Outputs, QueryRow,
 };
 use half::{bf16, f16};
 use std::collections::BTreeMap;
@@ -34,7 +34,7 @@ const DIMS: [usize; 4] = [16, 32, 64, 128];
 /// The query rows run in groups of one (batch entry, kv head), the groups on parallel threads: a group's
 /// rows are the only ones that add into its keys' dk and dv sums, and each group takes its rows in
 /// `query_rows`' order, so every sum is taken in the same order as one pass over `query_rows` would (the
-/// same bits). A group prepares its key and value rows in `T` once. (Done row by row and on one thread,
+/// same bits). A group prepares its key and value rows in `T` once (`KeyCache`). (Done row by row and on one thread,
 /// this baseline took ~30× as long as the f64 reference and most of the GPU tests' time.)
 fn naive_taylor<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
     let rt = |v: f32| T::from_f32(v).to_f32();
@@ -62,30 +62,23 @@ fn naive_taylor<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) ->
     // group's keys' dk and dv sums (key j at j·d and j·dv).
     type Rows = Vec<(usize, usize, usize, Vec<f32>, f32, Vec<f32>)>;
     type Group = (Rows, Vec<f32>, Vec<f32>);
-    type Cached = Vec<Option<Vec<f32>>>;
     let run_group = |(b, hk): (usize, usize), rows: &[QueryRow]| -> Group {
         let n = spec.seq_k();
         let (mut dk_acc, mut dv_acc) = (vec![0f32; n * d], vec![0f32; n * dv]);
-        let (mut kc, mut vc): (Cached, Cached) = (vec![None; n], vec![None; n]);
+        let mut cache = KeyCache::new(n); // per key: the prepared k row and the v row, in T
         let mut out_rows = Rows::new();
         for &QueryRow { h, i, ref keys, .. } in rows {
             let keys = keys.clone();
             let (qh, qnorm) = prep(x.q, spec.q_offset(b, i, h));
             for j in keys.clone() {
-                kc[j].get_or_insert_with(|| prep(x.k, spec.k_offset(b, j, hk)).0);
-                vc[j].get_or_insert_with(|| {
+                cache.fill(b, hk, j, || {
                     let o = spec.v_offset(b, j, hk);
-                    x.v[o..o + dv].iter().map(|&v| v as f32).collect()
+                    let v: Vec<f32> = x.v[o..o + dv].iter().map(|&v| v as f32).collect();
+                    (prep(x.k, spec.k_offset(b, j, hk)).0, v)
                 });
             }
-            let kr: Vec<&[f32]> = keys
-                .clone()
-                .map(|j| kc[j].as_deref().unwrap_or_default())
-                .collect();
-            let vr: Vec<&[f32]> = keys
-                .clone()
-                .map(|j| vc[j].as_deref().unwrap_or_default())
-                .collect();
+            let kr: Vec<&[f32]> = keys.clone().map(|j| cache.at(b, hk, j).0.as_slice()).collect();
+            let vr: Vec<&[f32]> = keys.clone().map(|j| cache.at(b, hk, j).1.as_slice()).collect();
             let s: Vec<f32> = kr.iter().map(|k| rt(scale * dot(&qh, k))).collect();
             let w: Vec<f32> = s.iter().map(|&s| rt(f(s))).collect();
             let den = rt(w.iter().sum());

@@ -10,8 +10,8 @@
 //! then through `x0`: `dq = dq_space + dq_0·q/q0`.
 
 use super::{
-    bias_at, check_close, check_lse, dot, key_rows, query_rows, run_gpu, softmax_row, unit, KeyRow, Outputs,
-    QueryRow, SoftmaxSums,
+    bias_at, check_close, check_lse, dot, key_rows, query_rows, run_gpu, softmax_row, unit, KeyCache, KeyRow,
+    Outputs, QueryRow, SoftmaxSums,
 };
 use attn_core::{Aggregation, AttnSpec, Element, FamilySpec, HypScore, KLEIN_MAX_NORM2};
 use attn_cpu_ref::testing::{max_abs, Case};
@@ -71,25 +71,29 @@ pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Ou
     let mut dk0_acc = vec![0f32; spec.dk_len() / d.max(1) + 1];
     let mut colsum = vec![0f32; spec.dv_len() / d.max(1) + 1];
     let mut sums = SoftmaxSums::new(spec);
+    // Per key: the lifted row and, for the midpoint, log γ.
+    let mut cache = KeyCache::new(spec.seq_k());
     for row in query_rows(spec) {
         let QueryRow { b, h, hk, i, .. } = row;
         let qo = spec.q_offset(b, i, h);
         let (q0, qrow) = lift::<T>(&x.q[qo..qo + d], c);
-        let krows: Vec<(f32, Vec<f32>)> = row
-            .keys
-            .clone()
-            .map(|j| lift::<T>(&x.k[spec.k_offset(b, j, hk)..][..d], c))
-            .collect();
+        for j in row.keys.clone() {
+            cache.fill(b, hk, j, || {
+                let lg = if midpoint {
+                    log_gamma(&x.v[spec.v_offset(b, j, hk)..][..d], c).0
+                } else {
+                    0.0
+                };
+                (lift::<T>(&x.k[spec.k_offset(b, j, hk)..][..d], c), lg)
+            });
+        }
+        let krows: Vec<&(f32, Vec<f32>)> = row.keys.clone().map(|j| &cache.at(b, hk, j).0).collect();
         let mut s = Vec::with_capacity(row.keys.len());
         let mut sigma = Vec::with_capacity(row.keys.len());
         for (jj, j) in row.keys.clone().enumerate() {
             let l = rt(-q0 * krows[jj].0 + dot(&qrow, &krows[jj].1));
             let (sc, sg) = score_of(l);
-            let lg = if midpoint {
-                log_gamma(&x.v[spec.v_offset(b, j, hk)..][..d], c).0
-            } else {
-                0.0
-            };
+            let lg = cache.at(b, hk, j).1;
             s.push(rt(sc + bias_at(spec, &x, &row, j) + lg));
             sigma.push(sg);
         }

@@ -129,6 +129,36 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>()
 }
 
+/// Per-key values of one call, each made once: the naive baselines prepare a key row for every query row
+/// that sees it, which made them the GPU tests' longest part. `fill` makes the value of key j of (batch
+/// entry, kv head) the first time it is asked for; `at` reads it after.
+pub struct KeyCache<V> {
+    keys: usize,
+    rows: std::collections::HashMap<(usize, usize), Vec<Option<V>>>,
+}
+
+impl<V> KeyCache<V> {
+    /// A cache for `keys` keys per (batch entry, kv head) (the spec's longest sequence).
+    pub fn new(keys: usize) -> Self {
+        KeyCache {
+            keys,
+            rows: std::collections::HashMap::new(),
+        }
+    }
+    pub fn fill(&mut self, b: usize, hk: usize, j: usize, make: impl FnOnce() -> V) {
+        let keys = self.keys;
+        let row = self
+            .rows
+            .entry((b, hk))
+            .or_insert_with(|| (0..keys).map(|_| None).collect());
+        row[j].get_or_insert_with(make);
+    }
+    /// The value `fill` made (a test bug if it did not: the baselines fill every key before reading it).
+    pub fn at(&self, b: usize, hk: usize, j: usize) -> &V {
+        self.rows[&(b, hk)][j].as_ref().expect("a filled key")
+    }
+}
+
 /// Row `x` in f32 and its norm `‖x‖`; with `l2_eps`, the row is `x / max(‖x‖, eps)` rounded to `T`.
 pub fn prep_row<T: Element>(x: &[f64], l2_eps: Option<f32>) -> (Vec<f32>, f32) {
     let row: Vec<f32> = x.iter().map(|&v| v as f32).collect();
@@ -266,14 +296,14 @@ pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Ou
     // dk̂ accumulated in f32 per key row, then rounded.
     let mut dk_acc = vec![0f32; spec.dk_len()];
     let mut sums = SoftmaxSums::new(spec);
+    let mut cache = KeyCache::new(spec.seq_k());
     for row in query_rows(spec) {
         let QueryRow { b, h, hk, i, .. } = row;
         let (qh, qnorm) = prep(x.q, spec.q_offset(b, i, h));
-        let krows: Vec<(Vec<f32>, f32)> = row
-            .keys
-            .clone()
-            .map(|j| prep(x.k, spec.k_offset(b, j, hk)))
-            .collect();
+        for j in row.keys.clone() {
+            cache.fill(b, hk, j, || prep(x.k, spec.k_offset(b, j, hk)));
+        }
+        let krows: Vec<&(Vec<f32>, f32)> = row.keys.clone().map(|j| cache.at(b, hk, j)).collect();
         // s = score + bias, rounded; sigma = ∂score/∂(q̂·k̂) (the softcap's tanh term).
         let mut s = Vec::with_capacity(row.keys.len());
         let mut sigma = Vec::with_capacity(row.keys.len());
