@@ -583,6 +583,15 @@ mod tests {
         assert_eq!(order1_causal_seg_len(64, 16_384, 32), 512);
         assert_eq!(order1_causal_seg_len(64, 1024, 512), 512);
         assert_eq!(order1_causal_seg_len(64, 1 << 20, 8), 1024);
+        // The single-pass causal forward (Taylor1Chain): its layout is the two-pass forward's (two blocks
+        // per SM on an H100), its chain states the fold's accumulators of 128 threads.
+        assert_eq!(order1_chain_smem(64), 105_472);
+        assert!(2 * (order1_chain_smem(64) + 1024) <= 228 * 1024);
+        assert_eq!(
+            [16, 32, 64].map(order1_chain_state_floats),
+            [2 * 512, 2 * 3 * 512, 3 * 5 * 512] // NPW · MT · 4 · 128
+        );
+        assert_eq!(order1_chain_seg_len(16_384) % ORDER1_CHUNK, 0);
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
         assert_eq!(seg_len(64, 2, 1 << 20, 8, 2, true), Some(2048));
