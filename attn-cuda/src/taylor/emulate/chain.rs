@@ -135,11 +135,13 @@ pub(super) fn order1_chain_forward(
                 sums.fold(kh, vt, c0, C);
             }
             if round > 0 {
+                // Internal invariant (test-only module): the previous link's fold block took a smaller ticket.
                 let prev = chain[at + round - 1].as_ref().expect("I_{r-1} before I_r");
                 let mut inclusive = prev.clone();
                 inclusive.add(&sums);
                 sums = inclusive;
             }
+            // Internal invariant (test-only module): the tickets name each fold block once.
             assert!(chain[at + round].is_none(), "one fold block per segment");
             chain[at + round] = Some(sums);
             continue;
@@ -147,9 +149,11 @@ pub(super) fn order1_chain_forward(
         if round >= n_seg {
             continue;
         }
+        // Internal invariant (test-only module): the tickets name each forward block once.
         assert!(!fwd_done[idx * rounds + round], "one forward block per segment");
         fwd_done[idx * rounds + round] = true;
         let mut state = if round > 0 {
+            // Internal invariant (test-only module): its fold block took a smaller ticket.
             chain[at + round - 1]
                 .clone()
                 .expect("I_{r-1} before the forward block")
@@ -187,6 +191,7 @@ pub(super) fn order1_chain_forward(
         let n_seg = Seq::new(spec, b).len_k.div_ceil(seg);
         for h in 0..spec.heads_q() {
             for r in 0..n_seg {
+                // Internal invariant (test-only module): the tickets cover every forward block.
                 assert!(
                     fwd_done[(b * spec.heads_q() + h) * rounds + r],
                     "forward block ({b}, {h}, {r})"

@@ -82,6 +82,7 @@ pub(super) fn wg_causal_forward(
                     states.push(sums.clone());
                 }
             }
+            // Internal invariant (test-only module): the host's state count covers the fold's writes.
             assert!(states.len() <= per_head, "more states than the host allocates");
             for g in 0..spec.group() {
                 let h = hk * spec.group() + g;
