@@ -102,6 +102,31 @@ __device__ __forceinline__ float round_tf32(float x) {
     return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
 }
 
+// acc[j][m] += one chunk of C sources' Sᵀ[v][f] = Σ_s y_s[v] φ_f(x_s) on mma.sync: A = Yᵀ (MG m16 tiles
+// of v from 16·m0; y [C][LDY]), B = [1, X] (x [C][LD]; warp w takes the n8 feature tiles w + 4j: the const
+// feature at n = 0, a constant fragment with 1 in column 0, then the linear ones), k = the sources.
+template <typename T, int D, int C, int MG, int NPW, int LD, int LDY>
+__device__ __forceinline__ void taylor1_fold_chunk(float (&acc)[NPW][MG][4], const T* x, const T* y, int m0, int warp,
+                                                   int lane) {
+    constexpr int NT = 1 + D / 8;
+    const uint32_t one2 = lane / 4 == 0 ? pack2<T>(1.f, 1.f) : 0u;
+#pragma unroll
+    for (int k0 = 0; k0 < C; k0 += 16) {
+        uint32_t a[MG][4];
+#pragma unroll
+        for (int mm = 0; mm < MG; ++mm) load_a_trans(a[mm], y, LDY, k0, 16 * (m0 + mm), lane);
+#pragma unroll
+        for (int j = 0; j < NPW; ++j) {
+            const int nt = warp + kTaylorWarps * j;
+            if (nt >= NT) continue;  // warp-uniform
+            uint32_t b[2] = {one2, one2};
+            if (nt > 0) ldsm_x2_trans(b, x + (k0 + (lane & 15)) * LD + 8 * (nt - 1));
+#pragma unroll
+            for (int mm = 0; mm < MG; ++mm) mma16816<T>(acc[j][mm], a[mm], b[0], b[1]);
+        }
+    }
+}
+
 // The sources of one block of a causal order-1 sweep (REV: the reversed one): the two source buffers, the
 // running state S (with ROUNDED, also its tf32 copy Sr) and its boundary b_run, and the fold.
 template <typename T, int D, bool REV, bool ROUNDED> struct Taylor1CausalSources {
@@ -223,7 +248,6 @@ template <typename T, int D, bool REV, bool ROUNDED> struct Taylor1CausalSources
     // Fold the chunks [b_run, target) into S (and Sr).
     __device__ __forceinline__ void fold_to(int target) {
         const int lane = tid % 32, warp = tid / 32, g = lane / 4, t4 = lane % 4;
-        const uint32_t one2 = g == 0 ? pack2<T>(1.f, 1.f) : 0u;  // B of the const feature: 1 in column 0
         for (; b_run < target; b_run += C) {
             fetch(b_run);
             const T* xs_ = x(cur);
@@ -237,21 +261,7 @@ template <typename T, int D, bool REV, bool ROUNDED> struct Taylor1CausalSources
                     for (int mm = 0; mm < MG; ++mm)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) fa[j][mm][e] = 0.f;
-#pragma unroll
-                for (int k0 = 0; k0 < C; k0 += 16) {
-                    uint32_t a[MG][4];
-#pragma unroll
-                    for (int mm = 0; mm < MG; ++mm) load_a_trans(a[mm], ys_, LDY, k0, 16 * (mg + mm), lane);
-#pragma unroll
-                    for (int j = 0; j < NPW; ++j) {
-                        const int nt = warp + kTaylorWarps * j;
-                        if (nt >= NT) continue;  // warp-uniform
-                        uint32_t b[2] = {one2, one2};
-                        if (nt > 0) ldsm_x2_trans(b, xs_ + (k0 + (lane & 15)) * LD + 8 * (nt - 1));
-#pragma unroll
-                        for (int mm = 0; mm < MG; ++mm) mma16816<T>(fa[j][mm], a[mm], b[0], b[1]);
-                    }
-                }
+                taylor1_fold_chunk<T, D, C, MG, NPW, LD, LDY>(fa, xs_, ys_, mg, warp, lane);
                 // S += the chunk's sums; each entry has one owner.
 #pragma unroll
                 for (int j = 0; j < NPW; ++j) {

@@ -97,24 +97,9 @@ template <typename T, int D> struct Taylor1ChainBlock {
         }
     }
 
-    // acc[j][m] += the chunk's Sᵀ: A = Yᵀ (m = v), B = [1, X] (n = f; n-tile warp + 4j), k = the chunk's keys.
+    // acc[j][m] += the chunk's Sᵀ (taylor1_fold_chunk: every m-tile, n-tiles warp + 4j).
     static __device__ __forceinline__ void fold(float (&acc)[NPW][MT][4], const T* x, const T* y, int warp, int lane) {
-        const uint32_t one2 = lane / 4 == 0 ? pack2<T>(1.f, 1.f) : 0u;  // B of the const feature: 1 in column 0
-#pragma unroll
-        for (int k0 = 0; k0 < C; k0 += 16) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int m = 0; m < MT; ++m) load_a_trans(a[m], y, LDY, k0, 16 * m, lane);
-#pragma unroll
-            for (int j = 0; j < NPW; ++j) {
-                const int n = warp + kTaylorWarps * j;
-                if (n >= NT) continue;  // warp-uniform
-                uint32_t b[2] = {one2, one2};
-                if (n > 0) ldsm_x2_trans(b, x + (k0 + (lane & 15)) * LD + 8 * (n - 1));
-#pragma unroll
-                for (int m = 0; m < MT; ++m) mma16816<T>(acc[j][m], a[m], b[0], b[1]);
-            }
-        }
+        taylor1_fold_chunk<T, D, C, MT, NPW, LD, LDY>(acc, x, y, 0, warp, lane);
     }
 
     // Sr ← the accumulators: linear features rounded to tf32 (the read's B); Sc ← the const one as it is.
