@@ -738,7 +738,10 @@ mod tests {
                 (64, 0),
                 (128, 1),
                 (192, 3),
-                (heuristics::order1_chain_seg_len(spec.seq_k()), 2),
+                (
+                    heuristics::ORDER1_CHAIN_SEG_LEN,
+                    heuristics::ORDER1_CHAIN_LOOKAHEAD,
+                ),
             ] {
                 n += 1;
                 let case = random_case(&spec, n);

@@ -478,10 +478,9 @@ pub(crate) const ORDER1_CHAIN_LOOKAHEAD: usize = 2;
 
 /// Segment length of the single-pass causal order-1 forward: a forward block runs its segment's chunks
 /// one after another (each carries the state to the next), a fold block sums the segment for the chain.
-/// 1024 keys (at most one state of [`order1_chain_state_floats`] per 1024 keys and kv head).
-pub(crate) fn order1_chain_seg_len(_n: usize) -> usize {
-    1024
-}
+/// 1024 keys at every length (measured against 512 and 2048, NOTES_taylor session 25): one state of
+/// [`order1_chain_state_floats`] per 1024 keys and kv head.
+pub(crate) const ORDER1_CHAIN_SEG_LEN: usize = 1024;
 
 /// Dynamic shared memory of the order-1 causal backward (`Taylor1Causal::kBytesBwd`): two stages of two
 /// probe tiles (dO and q, or k and v), and the state once (the reads round it themselves).
@@ -591,7 +590,7 @@ mod tests {
             [16, 32, 64].map(order1_chain_state_floats),
             [2 * 512, 2 * 3 * 512, 3 * 5 * 512] // NPW · MT · 4 · 128
         );
-        assert_eq!(order1_chain_seg_len(16_384) % ORDER1_CHUNK, 0);
+        const { assert!(ORDER1_CHAIN_SEG_LEN % ORDER1_CHUNK == 0) };
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
         assert_eq!(seg_len(64, 2, 1 << 20, 8, 2, true), Some(2048));

@@ -95,7 +95,7 @@ impl Call<'_> {
     pub(super) fn order1_chain_forward(&self, p: &mut TaylorParams) -> Result<()> {
         let s = self.spec;
         let d = s.head_dim();
-        let seg = order1_causal_seg_override().unwrap_or_else(|| heuristics::order1_chain_seg_len(s.seq_k()));
+        let seg = order1_causal_seg_override().unwrap_or(heuristics::ORDER1_CHAIN_SEG_LEN);
         let rounds = s.seq_k().div_ceil(seg);
         let chains = s.batch() * s.heads_kv() * rounds;
         (p.seg_len, p.n_seg) = (seg as i32, rounds as i32);
