@@ -9,44 +9,44 @@ use attn_core::Causal;
 use cudarc::driver::DevicePtr;
 use std::sync::OnceLock;
 
+/// A switch read once from the environment: on unless `var` is `0`.
+fn env_on(cell: &'static OnceLock<bool>, var: &str) -> bool {
+    *cell.get_or_init(|| std::env::var(var).map_or(true, |v| v.trim() != "0"))
+}
+
+/// A number read once from the environment, where `var` parses and `accept` takes it.
+fn env_usize(cell: &'static OnceLock<Option<usize>>, var: &str, accept: fn(usize) -> bool) -> Option<usize> {
+    *cell.get_or_init(|| {
+        let n = std::env::var(var).ok()?.trim().parse::<usize>().ok()?;
+        accept(n).then_some(n)
+    })
+}
+
 /// Whether the order-1 kernels may run (`ATTN_CUDA_TAYLOR1=0` keeps the general ones, for comparison).
 fn order1_kernels_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1").map_or(true, |v| v.trim() != "0"))
+    env_on(&ON, "ATTN_CUDA_TAYLOR1")
 }
 
 /// Whether the single-pass causal order-1 forward may run (`ATTN_CUDA_TAYLOR1_CHAIN=0` keeps the two-pass
 /// one, for comparison).
 fn chain_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1_CHAIN").map_or(true, |v| v.trim() != "0"))
+    env_on(&ON, "ATTN_CUDA_TAYLOR1_CHAIN")
 }
 
 /// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
 /// of `heuristics::order1_causal_seg_len`, for measuring it; anything else is ignored.
 pub(super) fn order1_causal_seg_override() -> Option<usize> {
     static SEG: OnceLock<Option<usize>> = OnceLock::new();
-    *SEG.get_or_init(|| {
-        let l = std::env::var("ATTN_CUDA_TAYLOR1_SEG")
-            .ok()?
-            .trim()
-            .parse::<usize>()
-            .ok()?;
-        (l >= 64 && l % 64 == 0).then_some(l)
-    })
+    env_usize(&SEG, "ATTN_CUDA_TAYLOR1_SEG", |l| l >= 64 && l % 64 == 0)
 }
 
 /// `ATTN_CUDA_TAYLOR1_LOOKAHEAD=n`: how many rounds the single-pass causal forward's fold blocks run
 /// ahead of its forward blocks, in place of `heuristics::ORDER1_CHAIN_LOOKAHEAD`, for measuring it.
 fn order1_chain_lookahead_override() -> Option<usize> {
     static LA: OnceLock<Option<usize>> = OnceLock::new();
-    *LA.get_or_init(|| {
-        std::env::var("ATTN_CUDA_TAYLOR1_LOOKAHEAD")
-            .ok()?
-            .trim()
-            .parse::<usize>()
-            .ok()
-    })
+    env_usize(&LA, "ATTN_CUDA_TAYLOR1_LOOKAHEAD", |_| true)
 }
 
 impl Call<'_> {
