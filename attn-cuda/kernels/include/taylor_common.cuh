@@ -48,14 +48,16 @@ struct TaylorParams {
     // as an int), and for f16/bf16 the prefix's storage-type copies (hi, and lo for a gradient read).
     // Decode: st holds the per-feature-block partials of a step.
     float* st;      // [B][Hkv][n_seg][M][f_pad]
-    int* st_max;    // [B][Hkv][n_seg]: the largest |segment sum| (f16/bf16)
+    int* st_max;    // [B][Hkv][n_seg]: the largest |segment sum| (f16/bf16); the single-pass order-1 forward
+                    // (taylor_order1_chain.cuh): its flags, then its ticket counter
     void* st_t;     // f16/bf16: the states in the storage type, [B][Hkv][n_seg][copies][M][f_pad]
     float* st_vec;  // order 2 on wgmma (taylor_wg.cuh): the read's f32 vector part [B][Hkv][132] (causal:
                     // [B][Hkv][n_seg][132], one per state)
     float a0, a1, a2;
     int order;      // 1 or 2
     int reverse;    // sweep roles: 0 keys → queries (forward, dQ); 1 queries → keys, reversed (dV, dK)
-    int n_slabs;    // fold: feature slabs per (batch entry, kv head); decode: feature blocks
+    int n_slabs;    // fold: feature slabs per (batch entry, kv head); decode: feature blocks; the single-pass
+                    // order-1 forward: how many rounds its fold blocks run ahead
     int seg_len;    // L: sources per segment (a multiple of the chunk C)
     int n_seg;      // segments of the longest (batch entry, kv head): the st stride
     int f_pad;      // features per state row: 8 · taylor_tiles rounded up to kTaylorStepTiles

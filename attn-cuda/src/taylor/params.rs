@@ -25,7 +25,8 @@ pub(crate) struct TaylorParams {
     /// State sweep: `[B][Hkv][n_seg][M][f_pad]` f32 segment sums, then their prefix; decode: the
     /// per-feature-block partials of a step.
     pub st: u64,
-    /// State sweep: `[B][Hkv][n_seg]` the bits of each segment's largest |sum| (zeroed before the fold).
+    /// State sweep: `[B][Hkv][n_seg]` the bits of each segment's largest |sum| (zeroed before the fold);
+    /// the single-pass causal order-1 forward: its chain flags, then its ticket counter (zeroed).
     pub st_max: u64,
     /// f16/bf16 state sweep: the states in the storage type, `[B][Hkv][n_seg][copies][M][f_pad]`.
     pub st_t: u64,
@@ -39,7 +40,8 @@ pub(crate) struct TaylorParams {
     pub order: i32,
     /// Sweep roles: 0 keys → queries (forward, dQ), 1 queries → keys reversed (dV, dK).
     pub reverse: i32,
-    /// Fold: feature slabs per (batch entry, kv head); decode: feature blocks of the partials.
+    /// Fold: feature slabs per (batch entry, kv head); decode: feature blocks of the partials; the
+    /// single-pass causal order-1 forward: how many rounds its fold blocks run ahead.
     pub n_slabs: i32,
     /// Sources per segment `L`.
     pub seg_len: i32,
