@@ -38,13 +38,50 @@ fn fail(e: impl ToString) -> TestCaseError {
     TestCaseError::fail(e.to_string())
 }
 
+/// The smallest z − 1 = c·(q0 k0 − q·k) − 1 of the geodesic over every query row and key row of a case
+/// (every pair, attended or not): the distance arccosh(z) is not differentiable at z = 1 (zero distance,
+/// where the reference clamps z and flattens the gradient) and its curvature grows like 1/distance near
+/// it, so central differences there measure the kink, not the gradient.
+fn closest_approach(c: &Case, curvature: f64) -> f64 {
+    let s = &c.spec;
+    let d = s.head_dim();
+    let time = |x: &[f64]| (1.0 / curvature + x.iter().map(|v| v * v).sum::<f64>()).sqrt();
+    let mut closest = f64::INFINITY;
+    for b in 0..s.batch() {
+        let lens = s.seq_lens(b);
+        for h in 0..s.heads_q() {
+            for i in 0..lens.q {
+                let q = &c.q[s.q_offset(b, i, h)..][..d];
+                for hk in 0..s.heads_kv() {
+                    for j in 0..lens.k {
+                        let k = &c.k[s.k_offset(b, j, hk)..][..d];
+                        let qk: f64 = q.iter().zip(k).map(|(x, y)| x * y).sum();
+                        closest = closest.min(curvature * (time(q) * time(k) - qk) - 1.0);
+                    }
+                }
+            }
+        }
+    }
+    closest
+}
+
 #[test]
 fn hyperbolic_gradients_match_finite_differences() {
     run_cases(
         "hyperbolic_gradients_match_finite_differences",
         64,
         setup(hyperbolic_family()),
-        |(p, seed)| check_gradients(&case(&p, seed), 1e-5, 1e-6, 1e-8).map_err(TestCaseError::fail),
+        |(p, seed)| {
+            let c = case(&p, seed);
+            // Geodesic cases whose points come within z − 1 < 1e-3 of another (a distance of ~0.045) are
+            // left to `geodesic_clamp_at_zero_distance_is_finite_and_flat`: with h = 1e-5 the differences'
+            // error there reaches 1e-2 (a D = 1 case with z − 1 = 6e-9 missed by 25%).
+            let hp = params(&p);
+            if hp.score == HypScore::Geodesic && closest_approach(&c, hp.curvature as f64) < 1e-3 {
+                return Err(TestCaseError::reject("a pair near zero geodesic distance"));
+            }
+            check_gradients(&c, 1e-5, 1e-6, 1e-8).map_err(TestCaseError::fail)
+        },
     );
 }
 
