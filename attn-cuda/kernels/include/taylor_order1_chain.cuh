@@ -87,9 +87,9 @@ template <typename T, int D> struct Taylor1ChainBlock {
     }
 
     // This thread's 16-byte copies of one tensor's chunks: rows r0 + k·RPP (k < RPT) of each chunk, column
-    // 8·ch, r0 = tid / CPR, ch = tid % CPR, into a tile [C][LDT] of a stage. The row address advances by one
-    // 64-bit add per chunk and per row (the addresses as a multiply and a select per copy took ~50
-    // instructions each in the chunk loop's SASS).
+    // 8·ch, r0 = tid / CPR, ch = tid % CPR, into a tile [C][LDT] of a stage, by cp_async_column: the row
+    // address advances by one 64-bit add per chunk and per row (the addresses as a multiply and a select
+    // per copy took ~50 instructions each in the chunk loop's SASS).
     template <int LDT> struct Copies {
         static constexpr int RPT = C / RPP;
         const T* row;     // row r0 of the next chunk, column 8·ch
@@ -102,14 +102,7 @@ template <typename T, int D> struct Taylor1ChainBlock {
         // The next chunk into the tile `stage_bytes` past the first one's (rows r with r0 + k·RPP < n_valid;
         // the others zero-filled from `stand_in`, a valid address), no commit.
         __device__ __forceinline__ void issue(uint32_t stage_bytes, int n_valid, const T* stand_in, int tid) {
-            const int r0 = tid / CPR;
-            const T* p = row;
-#pragma unroll
-            for (int k = 0; k < RPT; ++k) {
-                const bool valid = r0 + k * RPP < n_valid;
-                cp_async_16_at(dst + stage_bytes + k * RPP * LDT * 2, valid ? p : stand_in, valid);
-                p += step;
-            }
+            cp_async_column<RPT, RPP, RPP * LDT * 2>(dst + stage_bytes, row, step, n_valid - tid / CPR, stand_in);
             row += chunk;
         }
     };
