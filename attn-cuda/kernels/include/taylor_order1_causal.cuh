@@ -102,13 +102,25 @@ __device__ __forceinline__ float round_tf32(float x) {
     return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
 }
 
+// The fold's n8 feature tiles (NT = 1 + D/8: the const one, then the linear ones) of a warp, static:
+// warp w takes n = w + 4j; warp 0 (W0) takes the const tile at j = 0 and NPW of them, the others at most
+// (NT + 2) / 4; whether such an n can pass NT (only at D = 16) is known at compile time. (With the checks
+// at run time, ptxas kept a branch and a reconvergence point around every tile of the fold and the publish.)
+template <int D, int NPW, bool W0> struct Taylor1FoldTiles {
+    static constexpr int NT = 1 + D / 8;
+    static constexpr int kCount = W0 ? NPW : (NT + 2) / kTaylorWarps;
+    static constexpr bool kMayPassNt = (W0 ? 0 : kTaylorWarps - 1) + kTaylorWarps * (kCount - 1) >= NT;
+    static_assert(kCount <= NPW, "a warp's tiles fit its accumulators");
+};
+
 // acc[j][m] += one chunk of C sources' Sᵀ[v][f] = Σ_s y_s[v] φ_f(x_s) on mma.sync: A = Yᵀ (MG m16 tiles
-// of v from 16·m0; y [C][LDY]), B = [1, X] (x [C][LD]; warp w takes the n8 feature tiles w + 4j: the const
-// feature at n = 0, a constant fragment with 1 in column 0, then the linear ones), k = the sources.
-template <typename T, int D, int C, int MG, int NPW, int LD, int LDY>
-__device__ __forceinline__ void taylor1_fold_chunk(float (&acc)[NPW][MG][4], const T* x, const T* y, int m0, int warp,
-                                                   int lane) {
-    constexpr int NT = 1 + D / 8;
+// of v from 16·m0; y [C][LDY]), B = [1, X] (x [C][LD]; warp w takes the n8 feature tiles w + 4j of
+// Taylor1FoldTiles: the const feature at n = 0, a constant fragment with 1 in column 0, then the linear
+// ones), k = the sources.
+template <typename T, int D, int C, int MG, int NPW, int LD, int LDY, bool W0>
+__device__ __forceinline__ void taylor1_fold_chunk_tiles(float (&acc)[NPW][MG][4], const T* x, const T* y, int m0,
+                                                         int warp, int lane) {
+    using Tiles = Taylor1FoldTiles<D, NPW, W0>;
     const uint32_t one2 = lane / 4 == 0 ? pack2<T>(1.f, 1.f) : 0u;
 #pragma unroll
     for (int k0 = 0; k0 < C; k0 += 16) {
@@ -116,15 +128,21 @@ __device__ __forceinline__ void taylor1_fold_chunk(float (&acc)[NPW][MG][4], con
 #pragma unroll
         for (int mm = 0; mm < MG; ++mm) load_a_trans(a[mm], y, LDY, k0, 16 * (m0 + mm), lane);
 #pragma unroll
-        for (int j = 0; j < NPW; ++j) {
-            const int nt = warp + kTaylorWarps * j;
-            if (nt >= NT) continue;  // warp-uniform
+        for (int j = 0; j < Tiles::kCount; ++j) {
+            const int nt = (W0 ? 0 : warp) + kTaylorWarps * j;
+            if (Tiles::kMayPassNt && nt >= Tiles::NT) continue;  // (warp-uniform)
             uint32_t b[2] = {one2, one2};
-            if (nt > 0) ldsm_x2_trans(b, x + (k0 + (lane & 15)) * LD + 8 * (nt - 1));
+            if (!(W0 && j == 0)) ldsm_x2_trans(b, x + (k0 + (lane & 15)) * LD + 8 * (nt - 1));
 #pragma unroll
             for (int mm = 0; mm < MG; ++mm) mma16816<T>(acc[j][mm], a[mm], b[0], b[1]);
         }
     }
+}
+template <typename T, int D, int C, int MG, int NPW, int LD, int LDY>
+__device__ __forceinline__ void taylor1_fold_chunk(float (&acc)[NPW][MG][4], const T* x, const T* y, int m0, int warp,
+                                                   int lane) {
+    if (warp == 0) taylor1_fold_chunk_tiles<T, D, C, MG, NPW, LD, LDY, true>(acc, x, y, m0, warp, lane);
+    else taylor1_fold_chunk_tiles<T, D, C, MG, NPW, LD, LDY, false>(acc, x, y, m0, warp, lane);
 }
 
 // The sources of one block of a causal order-1 sweep (REV: the reversed one): the two source buffers, the

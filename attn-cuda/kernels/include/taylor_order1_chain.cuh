@@ -86,36 +86,47 @@ template <typename T, int D> struct Taylor1ChainBlock {
         }
     }
 
-    // Rows [j0, j0 + C) of a (row pointer, row stride) tensor into a tile [C][ld] (zero past n), no commit.
-    static __device__ __forceinline__ void issue_rows(T* dst, int ld, const T* src, long long stride, int j0, int n,
-                                                      int tid) {
-        const int ch = tid % CPR;
-        for (int r = tid / CPR; r < C; r += RPP) {
-            const int j = j0 + r;
-            const bool valid = j < n;
-            cp_async_16(dst + r * ld + 8 * ch, src + (valid ? j * stride : 0) + 8 * ch, valid);
+    // This thread's 16-byte copies of one tensor's chunks: rows r0 + k·RPP (k < RPT) of each chunk, column
+    // 8·ch, r0 = tid / CPR, ch = tid % CPR, into a tile [C][LDT] of a stage, by cp_async_column: the row
+    // address advances by one 64-bit add per chunk and per row (the addresses as a multiply and a select
+    // per copy took ~50 instructions each in the chunk loop's SASS).
+    template <int LDT> struct Copies {
+        static constexpr int RPT = C / RPP;
+        const T* row;     // row r0 of the next chunk, column 8·ch
+        long long step;   // RPP rows, in elements
+        long long chunk;  // C rows, in elements
+        uint32_t dst;     // shared address of row r0, column 8·ch of the first stage's tile
+        __device__ __forceinline__ Copies(const T* src, long long stride, int j0, const T* tile, int tid)
+            : row(src + (long long)(j0 + tid / CPR) * stride + 8 * (tid % CPR)), step(RPP * stride),
+              chunk(C * stride), dst(smem_addr(tile + (tid / CPR) * LDT + 8 * (tid % CPR))) {}
+        // The next chunk into the tile `stage_bytes` past the first one's (rows r with r0 + k·RPP < n_valid;
+        // the others zero-filled from `stand_in`, a valid address), no commit.
+        __device__ __forceinline__ void issue(uint32_t stage_bytes, int n_valid, const T* stand_in, int tid) {
+            cp_async_column<RPT, RPP, RPP * LDT * 2>(dst + stage_bytes, row, step, n_valid - tid / CPR, stand_in);
+            row += chunk;
         }
-    }
+    };
 
-    // acc[j][m] += the chunk's Sᵀ (taylor1_fold_chunk: every m-tile, n-tiles warp + 4j).
+    // acc[j][m] += the chunk's Sᵀ (taylor1_fold_chunk: every m-tile, the warp's static n-tiles).
     static __device__ __forceinline__ void fold(float (&acc)[NPW][MT][4], const T* x, const T* y, int warp, int lane) {
         taylor1_fold_chunk<T, D, C, MT, NPW, LD, LDY>(acc, x, y, 0, warp, lane);
     }
 
     // Sr ← the accumulators: linear features rounded to tf32 (the read's B); Sc ← the const one as it is.
-    static __device__ __forceinline__ void publish(const float (&acc)[NPW][MT][4], float* S, float* Sc, int warp,
-                                                   int lane) {
+    template <bool W0>
+    static __device__ __forceinline__ void publish_tiles(const float (&acc)[NPW][MT][4], float* S, float* Sc, int warp,
+                                                         int lane) {
         const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
-        for (int j = 0; j < NPW; ++j) {
-            const int n = warp + kTaylorWarps * j;
-            if (n >= NT) continue;
+        for (int j = 0; j < Taylor1FoldTiles<D, NPW, W0>::kCount; ++j) {
+            const int n = (W0 ? 0 : warp) + kTaylorWarps * j;
+            if (Taylor1FoldTiles<D, NPW, W0>::kMayPassNt && n >= NT) continue;
 #pragma unroll
             for (int m = 0; m < MT; ++m)
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int v = 16 * m + g + 8 * r;
-                    if (n == 0) {
+                    if (W0 && j == 0) {
                         if (t4 == 0) Sc[v] = acc[j][m][2 * r];
                     } else {
                         *reinterpret_cast<float2*>(S + v * LDS + 8 * (n - 1) + 2 * t4) =
@@ -123,6 +134,11 @@ template <typename T, int D> struct Taylor1ChainBlock {
                     }
                 }
         }
+    }
+    static __device__ __forceinline__ void publish(const float (&acc)[NPW][MT][4], float* S, float* Sc, int warp,
+                                                   int lane) {
+        if (warp == 0) publish_tiles<true>(acc, S, Sc, warp, lane);
+        else publish_tiles<false>(acc, S, Sc, warp, lane);
     }
 
     // The accumulators' slots of this thread in a chain state: float4 (j·MT + m)·threads + tid.
@@ -220,10 +236,12 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
         auto stage_y = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kFStage + C * LD * 2); };
         for (int st = 0; st < FS; ++st) Blk::init_y(stage_y(st), tid);
         const int n_chunks = seg / C;  // whole: segment round + 1 exists
+        typename Blk::template Copies<LD> cx(k0, P.k_seq, c_lo, stage_x(0), tid);
+        typename Blk::template Copies<LDY> cy(v0, P.v_seq, c_lo, stage_y(0), tid);
         auto issue = [&](int c) {
             if (c < n_chunks) {
-                Blk::issue_rows(stage_x(c % FS), LD, k0, P.k_seq, c_lo + c * C, len, tid);
-                Blk::issue_rows(stage_y(c % FS), LDY, v0, P.v_seq, c_lo + c * C, len, tid);
+                cx.issue((c % FS) * L::kFStage, C, k0, tid);
+                cy.issue((c % FS) * L::kFStage, C, k0, tid);
             }
             cp_async_commit();  // (also past the last chunk: every iteration waits for the same count)
         };
@@ -262,11 +280,15 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
     auto stage_x = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kStage + L::kX); };
     auto stage_y = [&](int st) { return reinterpret_cast<T*>(smem_raw + st * L::kStage + L::kY); };
     auto sr = [&](int bf) { return reinterpret_cast<float*>(smem_raw + L::kS) + bf * MP * LDS; };
-    auto issue = [&](int c) {
-        const int st = c & 1, i0 = c_lo + c * C;
-        Blk::issue_rows(stage_q(st), LD, q0, P.q_seq, i0, c_hi, tid);
-        Blk::issue_rows(stage_x(st), LD, k0, P.k_seq, i0, c_hi, tid);
-        Blk::issue_rows(stage_y(st), LDY, v0, P.v_seq, i0, c_hi, tid);
+    typename Blk::template Copies<LD> cq(q0, P.q_seq, c_lo, stage_q(0), tid);
+    typename Blk::template Copies<LD> cx(k0, P.k_seq, c_lo, stage_x(0), tid);
+    typename Blk::template Copies<LDY> cy(v0, P.v_seq, c_lo, stage_y(0), tid);
+    auto issue = [&](int c) {  // chunk c, in order
+        const uint32_t st = (c & 1) * L::kStage;
+        const int n_valid = c_hi - (c_lo + c * C);
+        cq.issue(st, n_valid, k0, tid);
+        cx.issue(st, n_valid, k0, tid);
+        cy.issue(st, n_valid, k0, tid);
         cp_async_commit();
     };
     issue(0);
@@ -279,6 +301,9 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
     Blk::publish(acc_s, sr(0), sC[0], warp, lane);  // (rows v past M: zero, as the accumulators' are)
 
     const int wrow = warp * 16;
+    // This lane's o rows: wrow + lane / CPR + k·(32 / CPR) of each chunk, column 8·(lane % CPR).
+    const T* o_row = o0 + (long long)(c_lo + wrow + lane / CPR) * P.o_seq + 8 * (lane % CPR);
+    const long long o_step = (32 / CPR) * P.o_seq, o_chunk = C * P.o_seq;
     for (int c = 0; c < n_chunks; ++c) {
         const int st = c & 1, i0 = c_lo + c * C;
         cp_async_wait<0>();
@@ -302,9 +327,9 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
             taylor1_row_inv_norms<T, D, 16>(sInv, sQ, wrow, P.eps, lane);
             __syncwarp();
         }
-        float rz[2];
+        float c1[2];  // a1·r_z: order 1's f(r_z s) = a0 + c1 s (a2 = 0)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) rz[r] = P.scale * (l2 ? sInv[wrow + g + 8 * r] : 1.f);
+        for (int r = 0; r < 2; ++r) c1[r] = tp.a1 * P.scale * (l2 ? sInv[wrow + g + 8 * r] : 1.f);
 
         // [num, den] = a1 r_z (Q_raw Sr_linᵀ) + a0 S_const on tf32 mma.
         float acc[NO][4];
@@ -313,8 +338,7 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
         for (int nn = 0; nn < NO; ++nn) {
             const float2 c = *reinterpret_cast<const float2*>(&sC[st][8 * nn + 2 * t4]);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                acc[nn][e] = tp.a1 * rz[e / 2] * acc[nn][e] + tp.a0 * ((e & 1) ? c.y : c.x);
+            for (int e = 0; e < 4; ++e) acc[nn][e] = fmaf(c1[e / 2], acc[nn][e], tp.a0 * ((e & 1) ? c.y : c.x));
         }
 
         // The chunk's keys densely: f(r_z q_raw·k̂_j) for j ≤ i.
@@ -325,7 +349,7 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = e / 2, row = wrow + g + 8 * r, col = nn * 8 + 2 * t4 + (e & 1);
-                s[nn][e] = col <= row ? taylor_f(tp, rz[r] * s[nn][e]) : 0.f;
+                s[nn][e] = col <= row ? fmaf(c1[r], s[nn][e], tp.a0) : 0.f;
             }
         taylor_weights_mma<T, C, MP>(acc, s, y, LDY, lane);
         __syncwarp();  // this warp's q rows are read; o goes in their place
@@ -343,11 +367,16 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
             if (t4 == 0 && i < c_hi) P.lse[si.stats_index(P, h, i)] = den;
         }
         __syncwarp();
-        for (int idx = lane; idx < 16 * CPR; idx += 32) {
-            const int row = wrow + idx / CPR, ch = idx % CPR, i = i0 + row;
-            if (i < c_hi)
-                *reinterpret_cast<uint4*>(o0 + (long long)i * P.o_seq + 8 * ch) =
-                    *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
+        {
+            const T* op = o_row;  // row wrow + lane / CPR of the chunk, column 8·(lane % CPR)
+#pragma unroll
+            for (int idx = lane; idx < 16 * CPR; idx += 32) {
+                const int row = wrow + idx / CPR, ch = idx % CPR;
+                if (i0 + row < c_hi)
+                    *reinterpret_cast<uint4*>(const_cast<T*>(op)) = *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
+                op += o_step;
+            }
+            o_row += o_chunk;
         }
     }
 }
