@@ -155,3 +155,10 @@ ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 ATTN_FLASH_BWD_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
+// The warp-specialised fused backward (sm_90a only) at D = 64: attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_ws_{dt}_d64
+// (LorentzWsDkvTile; dQ's row sums into p.dq_rowsum, finished by attn_hyp_dq_store). At D = 128 it spills
+// 120–140 bytes and measured slower than the two kernels (NOTES.md, session 26): not instantiated.
+ATTN_FLASH_BWD_FUSED_WS(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore, f16, __half, 64)
+ATTN_FLASH_BWD_FUSED_WS(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore, bf16, __nv_bfloat16, 64)
+ATTN_FLASH_BWD_FUSED_WS(attn_hyperbolic_geodesic, attn::GeodesicScore, f16, __half, 64)
+ATTN_FLASH_BWD_FUSED_WS(attn_hyperbolic_geodesic, attn::GeodesicScore, bf16, __nv_bfloat16, 64)

@@ -222,19 +222,25 @@ pub(crate) fn fused_dq_tiled(spec: &AttnSpec, hopper: Hopper) -> bool {
 }
 
 /// The fused backward's kernel of `spec` under `hopper.fused`: the warp-specialised one (`true`;
-/// softmax and cosine-sim at D = 64 and 128, with `hopper.bwd_ws`, its dQ by bulk reductions), else
-/// with [`FusedMode::Everywhere`] the wgmma one (D = 128, every score, dQ by f32 atomics from
-/// registers). Its tile either way.
+/// softmax and cosine-sim at D = 64 and 128, the hyperbolic scores at D = 64, with `hopper.bwd_ws`, its
+/// dQ by bulk reductions; the hyperbolic scores on their own dK/dV tile,
+/// [`heuristics::ws_dkdv_lorentz_tile`], with dQ's row sums by f32 atomics), else with [`FusedMode::Everywhere`] the wgmma one (D = 128, every
+/// score, dQ by f32 atomics from registers). Its tile either way.
 fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
     let d = spec.head_dim();
     // Not Taylor: its results are the same bits run to run (README), so its quadratic form takes the
     // deterministic warp-specialised dQ and dK/dV kernels.
+    let hyperbolic = spec.family_kind() == FamilyKind::Hyperbolic;
     let softmax_like = matches!(spec.family_kind(), FamilyKind::Softmax | FamilyKind::CosineSim);
-    let wg_family = softmax_like || spec.family_kind() == FamilyKind::Hyperbolic;
     match hopper.fused {
         FusedMode::Off => None,
         _ if softmax_like && hopper.bwd_ws => heuristics::ws_dkdv_tile(d).map(|t| (t, true)),
-        FusedMode::Everywhere if wg_family && d == 128 => heuristics::wg_dkdv_tile(d).map(|t| (t, false)),
+        // At D = 128 the hyperbolic fused kernel spills (120–140 bytes) and measured 2–7% slower than
+        // the two kernels on the H100 (kernels/NOTES.md, session 26).
+        _ if hyperbolic && hopper.bwd_ws && d == 64 => heuristics::ws_dkdv_lorentz_tile(d).map(|t| (t, true)),
+        FusedMode::Everywhere if (softmax_like || hyperbolic) && d == 128 => {
+            heuristics::wg_dkdv_tile(d).map(|t| (t, false))
+        }
         _ => None,
     }
 }

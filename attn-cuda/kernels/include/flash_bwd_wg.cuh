@@ -35,14 +35,14 @@
 
 namespace attn {
 
-// dQ (64 queries × 64 columns) = dS' K over the BN keys of a key tile, the fused backward's product:
-// A = dS'ᵀ from the sw128 tile at ds_addr (rows = keys), B = 64 columns of K from the sw128 tile at
-// kn_addr, both MN-major; issued and committed as one group (the caller waits).
-template <typename T, int BN>
+// dQ (64 queries × 64 columns) = dS' K over KEYS keys of a key tile (all BN, or from a row of it), the
+// fused backward's product: A = dS'ᵀ from the sw128 tile at ds_addr (rows = keys), B = 64 columns of K
+// from the sw128 tile at kn_addr, both MN-major; issued and committed as one group (the caller waits).
+template <typename T, int BN, int KEYS = BN>
 __device__ __forceinline__ void dq_tile_product(float (&acc_q)[8][4], uint32_t ds_addr, uint32_t kn_addr) {
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
+    for (int kk = 0; kk < KEYS / 16; ++kk)
         Wgmma<T, 64>::ss_tt(acc_q, mnmajor_desc<BN>(ds_addr, kk), mnmajor_desc<BN>(kn_addr, kk), kk > 0);
     wg_commit();
 }

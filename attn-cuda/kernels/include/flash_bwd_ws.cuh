@@ -20,10 +20,15 @@
 // the others), and the delta kernel's LSE is less their score's constant; the host dispatches the
 // hyperbolic scores here with their own tile (LorentzWsDkvTile: 64 queries per block at D = 64).
 //
-// The same kernel with kDq is the fused backward of softmax and cosine-sim (the default there; ATTN_CUDA_WG_FUSED=0 turns it off;
-// kernels/NOTES.md version 10): per query block the consumer warps also store dS'ᵀ (stmatrix), meet at
-// one named barrier, each warpgroup forms a 64 × 64 tile of dQ = dS' K, and each warp adds its 16 × 64
-// f32 rows into p.dq_acc with one cp.reduce.async.bulk in dq_acc's tiled layout (SeqInfo::dq_acc_index).
+// The same kernel with kDq is the fused backward of softmax, cosine-sim and (at D = 64) the hyperbolic scores
+// (the default; ATTN_CUDA_WG_FUSED=0 turns it off; kernels/NOTES.md version 10, and session 26 for the hyperbolic scores): per query block the
+// consumer warps also store dS'ᵀ (stmatrix), meet at a named barrier, each warpgroup forms a 64 × 64 tile
+// of dQ = dS' K, and each warp adds its 16 × 64 f32 rows into p.dq_acc with one cp.reduce.async.bulk in
+// dq_acc's tiled layout (SeqInfo::dq_acc_index). The hyperbolic scores' tile at D = 64 has 64 queries:
+// there each warpgroup forms the block's whole dQ over its own 64 keys (kKeySplit, a barrier per
+// warpgroup), and both add into the same rows. Hyperbolic scores: each warp also adds its keys' share of
+// dQ's row sums a_i = Σ_j w_ij k0_j into p.dq_rowsum (lorentz_rowsum_add), and attn_hyp_dq_store
+// finishes dq_i = hyp_grad·(Σ_j w_ij k_j − (a_i/q0_i)·q_i).
 #pragma once
 #include "flash_bwd_wg.cuh"
 
@@ -99,6 +104,46 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     wg_commit();
 }
 
+// Hyperbolic scores, fused backward: a_i += Σ_j w_ij k0_j over this warp's 16 keys for the block's 64
+// queries, w as the dQ product takes it (dS'ᵀ rounded to T: the dK product's A fragments, rows = keys g
+// and g + 8 of the warp, k0 of those keys in k0). Per thread its two keys for its 16 columns 8c + 2·t4 +
+// {0, 1}, then a reduce-scatter over the 8 lanes of a column quad (lane bits 4, 3, 2: halves of the
+// column groups c) leaves lane (g, t4) the sums of columns 8g + 2·t4 + {0, 1}: 14 shuffles, then two f32
+// atomics per lane.
+template <typename T, int BM>
+__device__ __forceinline__ void lorentz_rowsum_add(const AttnParams& p, const SeqInfo& si, int h, int i0,
+                                                   const uint32_t (&ads)[BM / 16][4], const float (&k0)[1][2],
+                                                   int lane) {
+    static_assert(BM == 64, "8 column groups: one per lane of a column quad after the reduce-scatter");
+    float v[8][2];
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {  // columns 16kk + 8hh + 2·t4: A fragment registers 2hh (key g), 2hh + 1 (g + 8)
+            const float2 w0 = unpack2<T>(ads[kk][2 * hh]), w1 = unpack2<T>(ads[kk][2 * hh + 1]);
+            v[2 * kk + hh][0] = fmaf(w0.x, k0[0][0], w1.x * k0[0][1]);
+            v[2 * kk + hh][1] = fmaf(w0.y, k0[0][0], w1.y * k0[0][1]);
+        }
+#pragma unroll
+    for (int step = 0; step < 3; ++step) {
+        const int half = 4 >> step, mask = 16 >> step;  // lane bit 4 − step: keep the upper or lower half
+        const bool upper = lane & mask;
+#pragma unroll
+        for (int c = 0; c < half; ++c)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float send = upper ? v[c][e] : v[c + half][e];
+                const float keep = upper ? v[c + half][e] : v[c][e];
+                v[c][e] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
+            }
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int i = i0 + 8 * (lane / 4) + 2 * (lane % 4) + e;
+        if (i < si.len_q) atomicAdd(p.dq_rowsum + si.stats_index(p, h, i), v[0][e]);
+    }
+}
+
 template <typename T, int D, class Score, int BN, int BM, int kStages, bool kDq = false>
 __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -109,9 +154,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     static_assert(BM <= kProducers, "one query's scalars per producer thread");
     static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= 65536, "register file");
     // kDq (the fused backward): each consumer warpgroup also forms one 64 × 64 tile of the block's
-    // dQ = dS' K over all BN keys (D = 128, BM = 64: columns 64w..; D = 64, BM = 128: queries 64w..).
-    static_assert(!kDq || (!Score::kLorentz && ((D == 128 && BM == 64) || (D == 64 && BM == 128))),
-                  "fused dQ: softmax and cosine-sim, one 64 × 64 dQ tile per warpgroup");
+    // dQ = dS' K (D = 128, BM = 64: columns 64w.. over all BN keys; D = 64, BM = 128: queries 64w.. over
+    // all BN keys; D = 64, BM = 64, kKeySplit: all of it over keys 64w..).
+    static_assert(!kDq || (D == 128 && BM == 64) || (D == 64 && (BM == 128 || BM == 64)),
+                  "fused dQ: one 64 × 64 dQ tile per warpgroup");
+    static_assert(!kDq || !Score::kLorentz || BM == 64, "fused dQ's row sums: 64-query blocks");
+    constexpr bool kKeySplit = kDq && D == 64 && BM == 64;
     constexpr int AT = D / 8;
     // kDq: a warp's 16 × 64 f32 dQ tile in shared memory, in dq_acc's tiled layout (SeqInfo::
     // dq_acc_index: rows of 64, 8-float chunks swizzled by the row): 4 KiB, one bulk reduction.
@@ -211,9 +259,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     constexpr uint32_t kTile = BM * D * 2;
     // kDq: this warpgroup's dQ tile: queries q0.., columns c0.. of the block; A = dS'ᵀ (MN-major: k =
     // keys, m = queries) from the stored tile, B = K (MN-major: k = keys, n = D) of columns c0...
+    // kKeySplit: A = rows 64w.. of dS'ᵀ, B = rows 64w.. of K.
     const int q0 = BM == 128 ? 64 * wg : 0, c0 = D == 128 ? 64 * wg : 0;
-    const uint32_t ds_addr = smem_addr(sdS) + (BM == 128 ? wg : 0) * BN * 128;
-    const uint32_t kn_addr = smem_addr(sK) + (D == 128 ? wg : 0) * BN * 128;
+    const uint32_t ds_addr = smem_addr(sdS) + (BM == 128 ? wg * BN * 128 : kKeySplit ? wg * 64 * 128 : 0);
+    const uint32_t kn_addr = smem_addr(sK) + (D == 128 ? wg * BN * 128 : kKeySplit ? wg * 64 * 128 : 0);
+    const float dq_mul = Score::kLorentz ? 1.f : p.scale;  // the hyperbolic scores: hyp_grad in attn_hyp_dq_store
     float* wdq = sdQ + warp * 16 * kDqLd;  // this warp's 16 rows of the dQ tile
 
     mbar_wait(full_kv, 0);
@@ -254,8 +304,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                 const uint32_t chunk = 2 * kk + (l >> 4);  // 16-byte chunk of the row, before the swizzle
                 stsm_x4(ds_row + (chunk / 8) * BN * 128 + (((chunk % 8) ^ (l & 7)) << 4), ads[kk]);
             }
+            if constexpr (Score::kLorentz) lorentz_rowsum_add<T, BM>(p, si, h, i0, ads, rk, lane);
             fence_proxy_async();
-            named_bar_sync(1, kConsumers);  // both warpgroups' keys of dS'ᵀ are stored
+            if constexpr (kKeySplit)
+                named_bar_sync(2 + wg, kConsumers / 2);  // this warpgroup's keys of dS'ᵀ are stored
+            else
+                named_bar_sync(1, kConsumers);  // both warpgroups' keys of dS'ᵀ are stored
             wg_wait<1>();  // the dV product: Pᵀ's registers are free before dQ's accumulators live
             fence_regs<AT>(acc_dv[0]);
             fence_regs<BM / 16>(ap);
@@ -263,7 +317,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             uint32_t dsa = ds_addr + tile, kna = kn_addr;
             opaque(dsa);
             opaque(kna);
-            dq_tile_product<T, BN>(acc_q, dsa, kna);
+            dq_tile_product<T, BN, kKeySplit ? 64 : BN>(acc_q, dsa, kna);
             wg_wait<0>();
             fence_regs<8>(acc_q);
             fence_regs<AT>(acc_dk[0]);
@@ -283,7 +337,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
                     *reinterpret_cast<float2*>(wdq + (g + 8 * r) * kDqLd + ((j ^ g) << 3) + 2 * t4) =
-                        make_float2(acc_q[j][2 * r] * p.scale, acc_q[j][2 * r + 1] * p.scale);
+                        make_float2(acc_q[j][2 * r] * dq_mul, acc_q[j][2 * r + 1] * dq_mul);
             fence_proxy_async();
             __syncwarp();
             if (lane < 16) {
@@ -507,12 +561,12 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
         attn::flash_bwd_dq_ws<T, D, SCORE, attn::WsDqTile<D>::BM, attn::WsDqTile<D>::BN, attn::kWsDqKStages,       \
                               attn::kWsDqVStages>(p);                                                              \
     }
-// The warp-specialised fused backward of softmax or cosine-sim (NAME_bwd_fused_ws_{f16,bf16}_d{D}): the
-// dK/dV kernel that also reduces each query block's dQ into p.dq_acc, tile WsDkvTile, kWsFusedStages.
+// The warp-specialised fused backward of a score (NAME_bwd_fused_ws_{f16,bf16}_d{D}): the dK/dV kernel that
+// also reduces each query block's dQ into p.dq_acc, tile WsDkvTileOf (the hyperbolic scores' own), kWsFusedStages.
 #define ATTN_FLASH_BWD_FUSED_WS(NAME, SCORE, DT, T, D)                                                             \
-    extern "C" __global__ void __launch_bounds__(attn::WsDkvTile<D>::BN * 2 + 128, 1)                             \
+    extern "C" __global__ void __launch_bounds__(attn::WsDkvTileOf<SCORE, D>::BN * 2 + 128, 1)                    \
         NAME##_bwd_fused_ws_##DT##_d##D(const __grid_constant__ AttnParams p) {                                     \
-        attn::flash_bwd_dkdv_ws<T, D, SCORE, attn::WsDkvTile<D>::BN, attn::WsDkvTile<D>::BM,                       \
+        attn::flash_bwd_dkdv_ws<T, D, SCORE, attn::WsDkvTileOf<SCORE, D>::BN, attn::WsDkvTileOf<SCORE, D>::BM,     \
                                 attn::kWsFusedStages, true>(p);                                                    \
     }
 #define ATTN_FLASH_BWD_FUSED_WS_ALL(NAME, SCORE)                  \

@@ -8,6 +8,15 @@
 
 namespace attn {
 
+// Two 16-bit elements packed in a register (mma.h's pack2, or a 4-byte shared-memory load) as f32.
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t u);
+template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+
 template <int D> struct SmemRow { static constexpr int ld = D + 8; };
 
 // cp.async a ROWS×D tile (16-byte chunks, every thread of the block helps).

@@ -23,13 +23,6 @@
 
 namespace attn {
 
-template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t u);
-template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&u));
-}
-template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
-}
 // The 8 elements of a 16-byte shared-memory group as f32.
 template <typename T> __device__ __forceinline__ void load8_f32(float (&v)[8], const T* p) {
     const uint4 u = *reinterpret_cast<const uint4*>(p);

@@ -335,34 +335,45 @@ fn hopper_forward_where_the_device_and_head_dim_allow() {
 #[test]
 fn fused_backward_only_where_it_is_exact_and_allowed() {
     let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
-    // (family, dtype, d, fused with the warp-specialised kernels, fused with the wgmma ones)
+    let geo = Family::hyperbolic(HypScore::Geodesic, Aggregation::EinsteinMidpoint);
+    // (family, dtype, d, the fused kernel with the warp-specialised kernels on, with the wgmma ones only)
     for (family, dtype, d, ws, wg) in [
-        (Family::softmax(), DType::BF16, 128, true, true),
-        (Family::cosine_sim(), DType::F16, 128, true, true),
-        (Family::softmax(), DType::BF16, 64, true, false),
-        (Family::cosine_sim(), DType::BF16, 64, true, false),
-        (Family::softmax(), DType::BF16, 96, false, false),
-        (Family::softmax(), DType::F32, 64, false, false),
-        (Family::softmax(), DType::F32, 128, false, false),
-        (hyp, DType::BF16, 128, true, true),
-        (hyp, DType::BF16, 64, false, false),
-        (hyp, DType::F32, 128, false, false),
+        (Family::softmax(), DType::BF16, 128, Some("ws"), true),
+        (Family::cosine_sim(), DType::F16, 128, Some("ws"), true),
+        (Family::softmax(), DType::BF16, 64, Some("ws"), false),
+        (Family::cosine_sim(), DType::BF16, 64, Some("ws"), false),
+        (Family::softmax(), DType::BF16, 96, None, false),
+        (Family::softmax(), DType::F32, 64, None, false),
+        (Family::softmax(), DType::F32, 128, None, false),
+        // The hyperbolic scores: the warp-specialised fused kernel at D = 64 only (at 128 it spills and
+        // measured slower than the two kernels, kernels/NOTES.md session 26); the wgmma one at 128.
+        (hyp, DType::BF16, 64, Some("ws"), false),
+        (geo, DType::F16, 64, Some("ws"), false),
+        (hyp, DType::BF16, 128, Some("wg"), true),
+        (geo, DType::BF16, 128, Some("wg"), true),
+        (hyp, DType::BF16, 96, None, false),
+        (hyp, DType::F32, 128, None, false),
     ] {
         let s = spec(family, dtype, d);
         let ws_on = Hopper { bwd_ws: true, ..ON };
-        assert_eq!(fused_backward(&s, ws_on), ws, "{family:?} {dtype:?} {d}");
+        assert_eq!(
+            fused_backward(&s, ws_on),
+            ws.is_some(),
+            "{family:?} {dtype:?} {d}"
+        );
         assert_eq!(fused_backward(&s, ON), wg, "{family:?} {dtype:?} {d}");
-        for (hopper, fused) in [(ws_on, ws), (ON, wg)] {
+        let lorentz = family.kind() == FamilyKind::Hyperbolic;
+        for (hopper, kind) in [(ws_on, ws), (ON, wg.then_some("wg"))] {
             let k = flash_kernel(&s, Stage::BwdFused, hopper);
-            assert_eq!(k.is_ok(), fused, "{k:?}");
-            let lorentz = family.kind() == FamilyKind::Hyperbolic;
-            assert_eq!(fused_dq_tiled(&s, hopper), fused && hopper.bwd_ws && !lorentz);
+            assert_eq!(k.is_ok(), kind.is_some(), "{k:?}");
+            assert_eq!(fused_dq_tiled(&s, hopper), kind == Some("ws"));
             let Ok(k) = k else { continue };
-            if hopper.bwd_ws && !lorentz {
+            if kind == Some("ws") {
                 assert!(k.name.contains("_bwd_fused_ws_"), "{k:?}");
                 // 130 keys → two tiles of 128 per kv head; a producer warpgroup beside the two.
                 assert_eq!((k.grid, k.threads), ((2, 2, 2), 384));
-                let bm = if d == 128 { 64 } else { 128 };
+                // The hyperbolic scores' tile: 64 queries at D = 64 too (LorentzWsDkvTile).
+                let bm = if d == 128 || lorentz { 64 } else { 128 };
                 assert_eq!(
                     k.smem,
                     1024 + (2 * 128 + 4 * bm) * d * 2 + 2 * 128 * bm * 2 + 6 * bm * 4 + 8 * 16 * 64 * 4
@@ -398,15 +409,16 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
     ] {
         assert!(!fused_backward(&s, off), "{off:?}");
     }
-    // The default mode: the warp-specialised fused kernel only (softmax, cosine-sim), never the
-    // wgmma one; the hyperbolic scores keep the two kernels.
+    // The default mode: the warp-specialised fused kernel only (softmax, cosine-sim, the hyperbolic
+    // scores at D = 64), never the wgmma one.
     let default = Hopper {
         fused: FusedMode::WarpSpecialised,
         bwd_ws: true,
         ..ON
     };
-    let hyp = spec(hyp, DType::BF16, 128);
-    assert!(fused_dq_tiled(&s, default) && !fused_backward(&hyp, default));
+    let (hyp64, hyp128) = (spec(hyp, DType::BF16, 64), spec(hyp, DType::BF16, 128));
+    assert!(fused_dq_tiled(&s, default) && fused_dq_tiled(&hyp64, default));
+    assert!(!fused_backward(&hyp128, default));
     assert!(!fused_backward(
         &s,
         Hopper {
