@@ -9,6 +9,8 @@
 //       (flash_bwd_wg.cuh)
 //   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_wg_{f16,bf16}_d128: the fused Hopper backward (dK,
 //       dV, and dQ with its row sums reduced into f32 scratch), finished by attn_hyp_dq_store_{dt}
+//   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_ws_{f16,bf16}_d64: the default fused Hopper backward
+//       (flash_bwd_ws.cuh, dQ's row sums by atomics), finished by attn_hyp_dq_store_{dt}
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
 //   attn_hyp_rows_{f32,f16,bf16}: the per-row scalars every kernel above reads (grid.y: the query heads,
 //       then the key heads), rows as simt_f32.cuh's with_lane_row lays them out, sums in f64 and rounded
