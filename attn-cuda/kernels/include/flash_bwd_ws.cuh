@@ -20,11 +20,11 @@
 // the others), and the delta kernel's LSE is less their score's constant; the host dispatches the
 // hyperbolic scores here with their own tile (LorentzWsDkvTile: 64 queries per block at D = 64).
 //
-// The same kernel with kDq is the fused backward of softmax, cosine-sim and (at D = 64) the hyperbolic scores
-// (the default; ATTN_CUDA_WG_FUSED=0 turns it off; kernels/NOTES.md version 10, and session 26 for the hyperbolic scores): per query block the
-// consumer warps also store dS'ᵀ (stmatrix), meet at a named barrier, each warpgroup forms a 64 × 64 tile
-// of dQ = dS' K, and each warp adds its 16 × 64 f32 rows into p.dq_acc with one cp.reduce.async.bulk in
-// dq_acc's tiled layout (SeqInfo::dq_acc_index). The hyperbolic scores' tile at D = 64 has 64 queries:
+// The same kernel with kDq is the fused backward of softmax, cosine-sim and (at D = 64) the hyperbolic
+// scores (the default; ATTN_CUDA_WG_FUSED=0 turns it off; kernels/NOTES.md version 10, and session 26 for
+// the hyperbolic scores): per query block the consumer warps also store dS'ᵀ (stmatrix), meet at a
+// named barrier, each warpgroup forms a 64 × 64 tile of dQ = dS' K, and each warp adds its 16 × 64 f32
+// rows into p.dq_acc with one cp.reduce.async.bulk in dq_acc's tiled layout (SeqInfo::dq_acc_index). The hyperbolic scores' tile at D = 64 has 64 queries:
 // there each warpgroup forms the block's whole dQ over its own 64 keys (kKeySplit, a barrier per
 // warpgroup), and both add into the same rows. Hyperbolic scores: each warp also adds its keys' share of
 // dQ's row sums a_i = Σ_j w_ij k0_j into p.dq_rowsum (lorentz_rowsum_add), and attn_hyp_dq_store
@@ -119,7 +119,7 @@ __device__ __forceinline__ void lorentz_rowsum_add(const AttnParams& p, const Se
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {  // columns 16kk + 8hh + 2·t4: A fragment registers 2hh (key g), 2hh + 1 (g + 8)
+        for (int hh = 0; hh < 2; ++hh) {  // columns 16kk + 8hh + 2·t4: registers 2hh (key g), 2hh + 1 (g + 8)
             const float2 w0 = unpack2<T>(ads[kk][2 * hh]), w1 = unpack2<T>(ads[kk][2 * hh + 1]);
             v[2 * kk + hh][0] = fmaf(w0.x, k0[0][0], w1.x * k0[0][1]);
             v[2 * kk + hh][1] = fmaf(w0.y, k0[0][0], w1.y * k0[0][1]);
