@@ -377,7 +377,12 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         let (tile, ws) =
             tile.ok_or_else(|| unsupported(spec, pass, format!("a fused {family} backward here")))?;
         let (kind, smem, threads) = if ws {
-            ("ws", heuristics::ws_fused_smem(tile, d, elem), tile.bn * 2 + 128)
+            let q0_panel = lorentz && spec.dtype() == DType::BF16 && d == 64;
+            (
+                "ws",
+                heuristics::ws_fused_smem(tile, d, elem, q0_panel),
+                tile.bn * 2 + 128,
+            )
         } else {
             ("wg", heuristics::wg_fused_smem(tile, d, elem), tile.bn * 2)
         };
@@ -419,7 +424,8 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 } else {
                     heuristics::ws_dkdv_tile(d)
                 };
-                t.map(|t| (heuristics::ws_dkdv_smem(t, d, elem), t.bn * 2 + 128))
+                let q0_panel = lorentz && spec.dtype() == DType::BF16 && d == 64;
+                t.map(|t| (heuristics::ws_dkdv_smem(t, d, elem, q0_panel), t.bn * 2 + 128))
             };
             let (kind, smem, threads) = match ws {
                 Some((smem, threads)) => ("ws", smem, threads),

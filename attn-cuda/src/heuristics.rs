@@ -330,8 +330,13 @@ pub(crate) fn ws_dq_smem(t: Tile, d: usize, elem: usize) -> usize {
 /// D = 128, bf16: 1024 + (2·128 + 6·64)·128·2 + 9·64·4 = 167 168 bytes
 /// D = 64, bf16:  1024 + (2·128 + 6·128)·64·2 + 9·128·4 = 136 704 bytes
 /// ```
-pub(crate) fn ws_dkdv_smem(t: Tile, d: usize, elem: usize) -> usize {
-    1024 + (2 * t.bn + 2 * WS_DKDV_STAGES * t.bm) * d * elem + 3 * WS_DKDV_STAGES * t.bm * 4
+///
+/// `q0_panel` (the hyperbolic scores on bf16 at D = 64, `kLorentzTcRowSum` in flash_bwd_ws.cuh): each stage also
+/// holds a BM × 128-byte panel of q0's bf16 pieces, the B operand of the tensor-core row sums.
+pub(crate) fn ws_dkdv_smem(t: Tile, d: usize, elem: usize, q0_panel: bool) -> usize {
+    1024 + (2 * t.bn + 2 * WS_DKDV_STAGES * t.bm) * d * elem
+        + 3 * WS_DKDV_STAGES * t.bm * 4
+        + usize::from(q0_panel) * WS_DKDV_STAGES * t.bm * 128
 }
 
 /// Stages of Q and dO in the warp-specialised fused backward (`kWsFusedStages` in tiles.h).
@@ -345,11 +350,13 @@ pub(crate) const WS_FUSED_STAGES: usize = 2;
 /// D = 128, bf16: 1024 + (2·128 + 4·64)·128·2 + 2·128·64·2 + 6·64·4 + 8·16·64·4 = 199 168 bytes
 /// D = 64, bf16:  1024 + (2·128 + 4·128)·64·2 + 2·128·128·2 + 6·128·4 + 8·16·64·4 = 200 704 bytes
 /// ```
-pub(crate) fn ws_fused_smem(t: Tile, d: usize, elem: usize) -> usize {
+/// `q0_panel`: as for [`ws_dkdv_smem`], a BM × 128-byte panel per stage.
+pub(crate) fn ws_fused_smem(t: Tile, d: usize, elem: usize, q0_panel: bool) -> usize {
     1024 + (2 * t.bn + 2 * WS_FUSED_STAGES * t.bm) * d * elem
         + 2 * t.bn * t.bm * elem
         + 3 * WS_FUSED_STAGES * t.bm * 4
         + 8 * 16 * 64 * 4
+        + usize::from(q0_panel) * WS_FUSED_STAGES * t.bm * 128
 }
 
 /// Dynamic shared memory of the fused Hopper backward: the dK/dV kernel's, dS'ᵀ of one query block
@@ -543,7 +550,7 @@ mod tests {
                 wg_dq_smem(q, d, 2),
                 wg_dkdv_smem(kv, d, 2),
                 wg_fused_smem(kv, d, 2),
-                ws_fused_smem(kv, d, 2),
+                ws_fused_smem(kv, d, 2, false),
             ] {
                 assert!(bytes <= 227 * 1024, "D = {d}: {bytes} bytes");
             }
@@ -568,8 +575,14 @@ mod tests {
         assert_eq!(wg_dq_tile(128).map(|t| wg_dq_smem(t, 128, 2)), Some(150_016));
         assert_eq!(wg_dkdv_tile(128).map(|t| wg_dkdv_smem(t, 128, 2)), Some(133_632));
         assert_eq!(wg_dkdv_tile(128).map(|t| wg_fused_smem(t, 128, 2)), Some(150_528));
-        assert_eq!(ws_dkdv_tile(128).map(|t| ws_fused_smem(t, 128, 2)), Some(199_168));
-        assert_eq!(ws_dkdv_tile(64).map(|t| ws_fused_smem(t, 64, 2)), Some(200_704));
+        assert_eq!(
+            ws_dkdv_tile(128).map(|t| ws_fused_smem(t, 128, 2, false)),
+            Some(199_168)
+        );
+        assert_eq!(
+            ws_dkdv_tile(64).map(|t| ws_fused_smem(t, 64, 2, false)),
+            Some(200_704)
+        );
         assert_eq!(
             dkdv_tile(256),
             Some(Tile {

@@ -232,7 +232,7 @@ __device__ __forceinline__ void dkdv_fast_ds(bool norms, const float (&st)[MT][Q
 // dpt holds dPᵀ = V dOᵀ (rows: this thread's keys); on return st holds Pᵀ and dpt holds dS'ᵀ.
 // Hyperbolic scores: lorentz_dkdv_tile. sRq, sLse, sDelta: the query block's 1/‖q‖ (hyperbolic: q0),
 // LSE (log2 units; TaylorScore: 1/den) and δ in shared memory.
-template <typename T, class Score, int MT, int QT>
+template <typename T, class Score, int MT, int QT, bool kLorentzRowSum = true>
 __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInfo& si, int h, int i0, bool full,
                                                bool norms, float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
                                                float (&bsum)[MT][2], float (&csum)[MT][2], const float (&rk)[MT][2],
@@ -241,8 +241,9 @@ __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInf
     const bool fast = dkdv_fast<Score>(p, full);
     if constexpr (Score::kLorentz) {
         lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
-            lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value, decltype(fc)::value>(
-                p, si, h, i0, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta, t4);
+            lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value, decltype(fc)::value,
+                              kLorentzRowSum>(p, si, h, i0, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta,
+                                              t4);
         });
     } else if (Score::kPoly && fast && !norms) {  // sLse holds 1/den
         const Poly f(p);

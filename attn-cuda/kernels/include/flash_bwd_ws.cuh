@@ -42,9 +42,19 @@ namespace attn {
 // then dK += dS'ᵀ Q issued (registers × shared, dO and Q MN-major). Returns with the dV and dK products
 // in flight (reading ap, ads and the block's Q and dO): the caller waits for them. k_addr, v_addr: this
 // warpgroup's 64 rows of K, V; qb, dob: the block's Q and dO tiles; sRq, sLse, sDelta its scalars.
+// The hyperbolic scores on bf16 take Σ_i w_ij q0_i (the dK epilogue's bsum) on tensor cores: q0 as three
+// bf16 pieces (hi, mid, lo: 24 bits, exact products) in columns 0..2 of a 64 × 8 MN-major panel beside each
+// Q stage, written by the producer, and one m64n8k16 product per k-step beside dK's over the very packed
+// w dK reads; lorentz_dkdv_tile then neither rounds w nor sums it per element (kernels/NOTES.md,
+// session 26). D = 64 only (at 128 the accumulators took the dK/dV kernel's spill from 84 to 140 bytes);
+// f16 keeps the per-element sums (q0 may pass f16's range).
+template <typename T, class Score, int D>
+constexpr bool kLorentzTcRowSum = Score::kLorentz && std::is_same<T, __nv_bfloat16>::value && D == 64;
+
 template <typename T, int D, class Score, int BN, int BM>
 __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo& si, int h, int i0, int j0,
                                               uint32_t k_addr, uint32_t v_addr, uint32_t qb, uint32_t dob,
+                                              uint32_t q0b, float (&acc_b)[1][4],
                                               const float* sRq, const float* sLse, const float* sDelta,
                                               const float (&rk)[1][2], const float (&lg)[1][2], const int (&key)[1][2],
                                               float (&bsum)[1][2], float (&csum)[1][2], float (&acc_dk)[1][D / 8][4],
@@ -84,8 +94,8 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     } else {
         wg_wait<0>();
         fence_regs<QT>(dpt[0]);
-        dkdv_block_pds<T, Score, MT, QT>(p, si, h, i0, full, false, st, dpt, bsum, csum, rk, lg, key, sRq, sLse,
-                                         sDelta, t4);
+        dkdv_block_pds<T, Score, MT, QT, !kLorentzTcRowSum<T, Score, D>>(p, si, h, i0, full, false, st, dpt, bsum,
+                                                                      csum, rk, lg, key, sRq, sLse, sDelta, t4);
     }
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) pack_a<T>(ap[kk], st[0][2 * kk], st[0][2 * kk + 1]);
@@ -101,6 +111,10 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, D>::rs(acc_dk[0], ads[kk], n_desc(qb, kk), 1);
+    if constexpr (kLorentzTcRowSum<T, Score, D>) {
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, 8>::rs(acc_b, ads[kk], mnmajor_desc<BM>(q0b, kk), 1);
+    }
     wg_commit();
 }
 
@@ -173,7 +187,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     T* sV = sK + BN * D;                 // [BN × D] sw128
     T* sQ = sV + BN * D;                 // [kStages][BM × D] sw128
     T* sdO = sQ + kStages * BM * D;      // [kStages][BM × D] sw128
-    T* sdS = sdO + kStages * BM * D;     // kDq: [2][BN × BM] sw128, dS'ᵀ (rows = keys) of alternate blocks
+    constexpr bool kTc = kLorentzTcRowSum<T, Score, D>;
+    T* sQ0p = sdO + kStages * BM * D;    // kTc: [kStages][BM × 64] sw128, q0's pieces in columns 0..2
+    T* sdS = sQ0p + (kTc ? kStages * BM * 64 : 0);  // kDq: [2][BN × BM] sw128, dS'ᵀ (rows = keys) of alternate blocks
     float* sLse = reinterpret_cast<float*>(sdS + (kDq ? 2 * BN * BM : 0));  // [kStages][BM] log2 units
     float* sDelta = sLse + kStages * BM;                                     // [kStages][BM]
     float* sRq = sDelta + kStages * BM;                                      // [kStages][BM] 1 (hyperbolic: q0)
@@ -204,7 +220,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     if (tid == 0) {
         mbar_init(full_kv, kProducers);
         for (int s = 0; s < kStages; ++s) {
-            mbar_init(full + s, kProducers);
+            mbar_init(full + s, kProducers + (kTc ? BM : 0));  // kTc: also the panel writers' plain arrivals
             mbar_init(empty + s, kConsumers);
         }
     }
@@ -236,6 +252,17 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                 // Hyperbolic: q0 of the row (past the sequence the slot keeps a finite earlier q0 or the
                 // initial 1: such rows are masked, and their score only needs to stay finite).
                 if (Score::kLorentz && valid) cp_async_4(sRq + s * BM + pt, p.x0q + at, true);
+                if constexpr (kTc) {
+                    // Row pt of the stage's panel, chunk 0 (at 16·(pt % 8) in the sw128 layout): q0's pieces
+                    // (zeros past the sequence: those rows' w are 0), by a generic store made visible to the
+                    // consumers' wgmma by the proxy fence and a plain (release) arrival.
+                    const float x0 = valid ? p.x0q[at] : 0.f;
+                    const float h0 = round_to<T>(x0), r1 = x0 - h0, h1 = round_to<T>(r1), h2 = round_to<T>(r1 - h1);
+                    *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sQ0p + s * BM * 64) + pt * 128 +
+                                              ((pt & 7) << 4)) = make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
+                    fence_proxy_async();
+                    mbar_arrive(full + s);
+                }
             }
             mbar_arrive_cp_async(full + s);
         }
@@ -252,6 +279,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     float rk[MT][2], lg[MT][2], bsum[MT][2], csum[MT][2];
     bwd_k_rows<Score, D, MT>(p, si, hk, j0 + wrow, g, false, midpoint, key, rk, lg, bsum, csum);
     float acc_dk[MT][AT][4], acc_dv[MT][AT][4];
+    float acc_b[1][4] = {{0.f, 0.f, 0.f, 0.f}};  // kTc: Σ_i w_ij q0_i per piece (rows g, g + 8; columns 2·t4..)
     zero(acc_dk[0]);
     zero(acc_dv[0]);
     const uint32_t k_addr = smem_addr(sK) + wg * 64 * 128, v_addr = smem_addr(sV) + wg * 64 * 128;
@@ -285,7 +313,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             opaque(qa);
             opaque(doa);
         }
-        dkdv_ws_block<T, D, Score, BN, BM>(p, si, h, i0, j0, ka, va, qa, doa, sRq + s * BM, sLse + s * BM,
+        dkdv_ws_block<T, D, Score, BN, BM>(p, si, h, i0, j0, ka, va, qa, doa,
+                                           smem_addr(sQ0p) + s * BM * 128, acc_b, sRq + s * BM, sLse + s * BM,
                                            sDelta + s * BM, rk, lg, key, bsum, csum, acc_dk, acc_dv, ap, ads, t4);
         if constexpr (kDq) {
             // dS'ᵀ of this warp's 16 keys (the dK product's A fragments, which it only reads) into the
@@ -321,6 +350,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             wg_wait<0>();
             fence_regs<8>(acc_q);
             fence_regs<AT>(acc_dk[0]);
+            fence_regs<1>(acc_b);
             fence_regs<BM / 16>(ads);
             mbar_arrive(empty + s);
             // The warp's 16 rows × 64 columns of dQ, scaled, into its shared tile in dq_acc's tiled
@@ -353,6 +383,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             wg_wait<0>();
             fence_regs<AT>(acc_dv[0]);
             fence_regs<AT>(acc_dk[0]);
+            fence_regs<1>(acc_b);
             fence_regs<BM / 16>(ap);
             fence_regs<BM / 16>(ads);
             mbar_arrive(empty + s);
@@ -362,6 +393,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
         if (lane < 16) bulk_wait<0>();  // the shared rows stay until read, the sums land before exit
     }
 
+    if constexpr (kTc) {  // the pieces' columns 2·t4, 2·t4 + 1 (0..2 hold q0): the epilogue sums the quad
+#pragma unroll
+        for (int r = 0; r < 2; ++r) bsum[0][r] = acc_b[0][2 * r] + acc_b[0][2 * r + 1];
+    }
     if constexpr (Score::kLorentz)
         lorentz_dkdv_epilogue<T, MT, AT>(
             p, si, hk, 0, acc_dk, acc_dv, bsum, csum, rk, key,

@@ -166,7 +166,9 @@ __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqIn
 // keys' time coordinates and log γ_j; sQ0, sLse, sDelta: the query block's q0, LSE (log2 units, less
 // the score's constant) and δ.
 // kRecip: as for lorentz_dq_tile, with 2^(−LSE) per query column and γ_j per key row.
-template <class Score, bool kMid, typename T, int MT, int QT, bool kRecip, bool kFast>
+// kRowSum = false (the warp-specialised kernels on bf16, whose dK product takes Σ_i w_ij q0_i on tensor
+// cores beside it, flash_bwd_ws.cuh): bsum is left alone and w is not rounded here (packing rounds it).
+template <class Score, bool kMid, typename T, int MT, int QT, bool kRecip, bool kFast, bool kRowSum = true>
 __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const SeqInfo& si, int h, int i0, bool full,
                                                   float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
                                                   float (&bsum)[MT][2], float (&csum)[MT][2], const float (&k0)[MT][2],
@@ -213,8 +215,8 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
                     pr = allowed ? exp2_fast(x - lsei) : 0.f;
                 }
                 const float ds = pr * (dpt[mt][qt][e] - di);
-                const float w = round_to<T>(ds * psi);
-                bsum[mt][r] = fmaf(w, q0i, bsum[mt][r]);
+                const float w = kRowSum ? round_to<T>(ds * psi) : ds * psi;
+                if (kRowSum) bsum[mt][r] = fmaf(w, q0i, bsum[mt][r]);
                 if (kMid) csum[mt][r] += ds;
                 st[mt][qt][e] = pr;
                 dpt[mt][qt][e] = w;

@@ -117,7 +117,17 @@ fn warp_specialised_backward_kernels_unless_turned_off() {
             let lorentz = family.kind() == FamilyKind::Hyperbolic;
             let bm = if d == 128 || lorentz { 64 } else { 128 };
             assert_eq!((k.grid, k.threads, k.hopper), ((2, 2, 2), 384, true), "{k:?}");
-            assert_eq!(k.smem, 1024 + (2 * 128 + 6 * bm) * d * 2 + 9 * bm * 4, "{k:?}");
+            // bf16 hyperbolic at D = 64: a panel of q0's pieces per stage (the tensor-core row sums).
+            let panel = if lorentz && dtype == DType::BF16 && d == 64 {
+                3 * bm * 128
+            } else {
+                0
+            };
+            assert_eq!(
+                k.smem,
+                1024 + (2 * 128 + 6 * bm) * d * 2 + 9 * bm * 4 + panel,
+                "{k:?}"
+            );
         } else {
             assert!(k.name.contains("_bwd_dkdv_wg_"), "{k:?}");
         }
@@ -374,9 +384,19 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
                 assert_eq!((k.grid, k.threads), ((2, 2, 2), 384));
                 // The hyperbolic scores' tile: 64 queries at D = 64 too (LorentzWsDkvTile).
                 let bm = if d == 128 || lorentz { 64 } else { 128 };
+                // bf16 hyperbolic at D = 64: a panel of q0's pieces per stage (the tensor-core row sums).
+                let panel = if lorentz && dtype == DType::BF16 && d == 64 {
+                    2 * bm * 128
+                } else {
+                    0
+                };
                 assert_eq!(
                     k.smem,
-                    1024 + (2 * 128 + 4 * bm) * d * 2 + 2 * 128 * bm * 2 + 6 * bm * 4 + 8 * 16 * 64 * 4
+                    1024 + (2 * 128 + 4 * bm) * d * 2
+                        + 2 * 128 * bm * 2
+                        + 6 * bm * 4
+                        + 8 * 16 * 64 * 4
+                        + panel
                 );
             } else {
                 assert!(k.name.contains("_bwd_fused_wg_"), "{k:?}");
