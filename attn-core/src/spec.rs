@@ -139,9 +139,8 @@ pub struct AttnProblem {
     pub bias: Option<BiasShape>,
     /// A backward whose results are the same bits on every run. Off by default: a backend may
     /// then sum gradient contributions in whatever order its threads finish (attn-cuda's fused
-    /// Hopper backward, its default on Hopper for most f16/bf16 calls at D = 64 and 128, reduces dQ with f32
-    /// atomics), as
-    /// FlashAttention and PyTorch's SDPA do.
+    /// Hopper backward, its default on Hopper for most f16/bf16 calls at D = 64 and 128, reduces dQ
+    /// with f32 atomics), as FlashAttention and PyTorch's SDPA do.
     pub deterministic: bool,
 }
 

@@ -222,10 +222,11 @@ pub(crate) fn fused_dq_tiled(spec: &AttnSpec, hopper: Hopper) -> bool {
 }
 
 /// The fused backward's kernel of `spec` under `hopper.fused`: the warp-specialised one (`true`;
-/// softmax and cosine-sim at D = 64 and 128, the hyperbolic scores at D = 64, with `hopper.bwd_ws`, its
-/// dQ by bulk reductions; the hyperbolic scores on their own dK/dV tile,
-/// [`heuristics::ws_dkdv_lorentz_tile`], with dQ's row sums by f32 atomics), else with [`FusedMode::Everywhere`] the wgmma one (D = 128, every
-/// score, dQ by f32 atomics from registers). Its tile either way.
+/// softmax and cosine-sim at D = 64 and 128, the hyperbolic scores at D = 64, with `hopper.bwd_ws`,
+/// its dQ by bulk reductions; the hyperbolic scores on their own dK/dV tile,
+/// [`heuristics::ws_dkdv_lorentz_tile`], with dQ's row sums by f32 atomics), else with
+/// [`FusedMode::Everywhere`] the wgmma one (D = 128, every score, dQ by f32 atomics from registers).
+/// Its tile either way.
 fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
     let d = spec.head_dim();
     // Not Taylor: its results are the same bits run to run (README), so its quadratic form takes the
@@ -243,6 +244,13 @@ fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
         }
         _ => None,
     }
+}
+
+/// Whether the hyperbolic warp-specialised dK/dV kernel of `spec` (fused or not) keeps a panel of q0's
+/// bf16 pieces per stage for its tensor-core row sums: bf16 at D = 64, the host's mirror of
+/// `kLorentzTcRowSum` in kernels/include/flash_bwd_ws.cuh.
+fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
+    lorentz && spec.dtype() == DType::BF16 && spec.head_dim() == 64
 }
 
 /// The flash kernel of one stage. Assumes [`check_supported`] passed. `hopper`: whether the device runs
@@ -377,12 +385,8 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         let (tile, ws) =
             tile.ok_or_else(|| unsupported(spec, pass, format!("a fused {family} backward here")))?;
         let (kind, smem, threads) = if ws {
-            let q0_panel = lorentz && spec.dtype() == DType::BF16 && d == 64;
-            (
-                "ws",
-                heuristics::ws_fused_smem(tile, d, elem, q0_panel),
-                tile.bn * 2 + 128,
-            )
+            let smem = heuristics::ws_fused_smem(tile, d, elem, ws_q0_panel(spec, lorentz));
+            ("ws", smem, tile.bn * 2 + 128)
         } else {
             ("wg", heuristics::wg_fused_smem(tile, d, elem), tile.bn * 2)
         };
@@ -424,7 +428,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 } else {
                     heuristics::ws_dkdv_tile(d)
                 };
-                let q0_panel = lorentz && spec.dtype() == DType::BF16 && d == 64;
+                let q0_panel = ws_q0_panel(spec, lorentz);
                 t.map(|t| (heuristics::ws_dkdv_smem(t, d, elem, q0_panel), t.bn * 2 + 128))
             };
             let (kind, smem, threads) = match ws {

@@ -302,7 +302,7 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
 
     const int wrow = warp * 16;
     // This lane's o rows: wrow + lane / CPR + k·(32 / CPR) of each chunk, column 8·(lane % CPR).
-    const T* o_row = o0 + (long long)(c_lo + wrow + lane / CPR) * P.o_seq + 8 * (lane % CPR);
+    T* o_row = o0 + (long long)(c_lo + wrow + lane / CPR) * P.o_seq + 8 * (lane % CPR);
     const long long o_step = (32 / CPR) * P.o_seq, o_chunk = C * P.o_seq;
     for (int c = 0; c < n_chunks; ++c) {
         const int st = c & 1, i0 = c_lo + c * C;
@@ -368,12 +368,12 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
         }
         __syncwarp();
         {
-            const T* op = o_row;  // row wrow + lane / CPR of the chunk, column 8·(lane % CPR)
+            T* op = o_row;  // row wrow + lane / CPR of the chunk, column 8·(lane % CPR)
 #pragma unroll
             for (int idx = lane; idx < 16 * CPR; idx += 32) {
                 const int row = wrow + idx / CPR, ch = idx % CPR;
                 if (i0 + row < c_hi)
-                    *reinterpret_cast<uint4*>(const_cast<T*>(op)) = *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
+                    *reinterpret_cast<uint4*>(op) = *reinterpret_cast<const uint4*>(sQ + row * LD + 8 * ch);
                 op += o_step;
             }
             o_row += o_chunk;
