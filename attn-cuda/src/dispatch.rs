@@ -253,6 +253,13 @@ fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
     lorentz && spec.dtype() == DType::BF16 && spec.head_dim() == 64
 }
 
+/// Whether the Hopper forwards of `spec` (wgmma and warp-specialised) form q0·k0 on the tensor cores
+/// over panels of q0's and k0's bf16 pieces: the hyperbolic scores on bf16, the host's mirror of
+/// `kLorentzTcK0` in kernels/include/lorentz_tile.cuh.
+fn fwd_k0_panels(spec: &AttnSpec, lorentz: bool) -> bool {
+    lorentz && spec.dtype() == DType::BF16
+}
+
 /// The flash kernel of one stage. Assumes [`check_supported`] passed. `hopper`: whether the device runs
 /// the Hopper kernels (runtime::Kernels::hopper); the forward (and, unless `hopper.bwd` is off, the
 /// backward) then uses them at the head dims they cover, f16 and bf16.
@@ -343,12 +350,13 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         let (kind, threads, smem) = match ws {
             Some(t) => {
                 tile = t;
-                let smem = heuristics::ws_fwd_smem(t, d, elem, lorentz);
+                let smem = heuristics::ws_fwd_smem(t, d, elem, lorentz, fwd_k0_panels(spec, lorentz));
                 ("ws".to_string(), heuristics::ws_threads(t), smem)
             }
             None => {
                 let extra = if lorentz {
                     heuristics::lorentz_extra_smem(tile)
+                        + usize::from(fwd_k0_panels(spec, lorentz)) * heuristics::k0_panels_smem(tile)
                 } else {
                     0
                 };

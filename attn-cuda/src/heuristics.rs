@@ -210,9 +210,21 @@ pub(crate) const WS_SCALAR_STAGES: usize = 3;
 
 /// Dynamic shared memory of the warp-specialised forward: [`wg_fwd_smem`]'s layout, whose scalars
 /// hold the [`WS_SCALAR_STAGES`] stages of k0, plus as many of log γ_j for the hyperbolic scores
-/// (`lorentz`).
-pub(crate) fn ws_fwd_smem(t: Tile, d: usize, elem: usize, lorentz: bool) -> usize {
-    wg_fwd_smem(t, d, elem) + if lorentz { WS_SCALAR_STAGES * t.bn * 4 } else { 0 }
+/// (`lorentz`), and with `k0_panels` (bf16) the panels of [`k0_panels_smem`].
+pub(crate) fn ws_fwd_smem(t: Tile, d: usize, elem: usize, lorentz: bool, k0_panels: bool) -> usize {
+    wg_fwd_smem(t, d, elem)
+        + if lorentz { WS_SCALAR_STAGES * t.bn * 4 } else { 0 }
+        + usize::from(k0_panels) * k0_panels_smem(t)
+}
+
+/// The Hopper forwards' panels of q0's and −k0's bf16 pieces (`kLorentzTcK0`, hyperbolic scores on
+/// bf16): a 128-byte sw128 row per query of the tile and per key of each of the two K stages.
+///
+/// ```text
+/// D = 128 (bm = bn = 128): (128 + 2·128)·128 = 49 152 bytes
+/// ```
+pub(crate) fn k0_panels_smem(t: Tile) -> usize {
+    (t.bm + 2 * t.bn) * 128
 }
 
 /// Threads of a warp-specialised Hopper forward block: the consumers' `bm · 2` and the producer's 128.
@@ -524,8 +536,13 @@ mod tests {
     fn hopper_forward_fits_the_sm90_opt_in_limit() {
         for (d, t) in [64, 128].into_iter().map(|d| (d, wg_fwd_tile(d))) {
             let t = t.expect("Hopper tile");
-            let bytes = wg_fwd_smem(t, d, 2) + lorentz_extra_smem(t);
+            let bytes = wg_fwd_smem(t, d, 2) + lorentz_extra_smem(t) + k0_panels_smem(t);
             assert!(bytes <= 227 * 1024, "D = {d}: {bytes} bytes");
+            // D = 64 runs two blocks per SM (`WgFwdTile<64>::MIN_BLOCKS`), the panels included: 228 KiB
+            // per SM, 1 KiB of it reserved per block.
+            if d == 64 {
+                assert!(2 * (bytes + 1024) <= 228 * 1024, "D = {d}: 2 × {bytes} bytes");
+            }
             // Two warpgroups of 64 rows; the sw128 column blocks are 64 wide and 8-row aligned.
             assert_eq!((t.bm, wg_threads(t)), (128, 256));
             assert_eq!((d % 64, t.bn % 64, t.bm % 64), (0, 0, 0));
@@ -533,7 +550,7 @@ mod tests {
         assert!(wg_fwd_tile(32).is_none() && wg_fwd_tile(256).is_none());
         for d in [64, 128] {
             let t = ws_fwd_tile(d).expect("warp-specialised tile");
-            let bytes = ws_fwd_smem(t, d, 2, true);
+            let bytes = ws_fwd_smem(t, d, 2, true, true);
             // The scalar ring in the place of the wgmma forward's scalars.
             assert!(WS_SCALAR_STAGES * t.bn <= 2 * t.bn + t.bm, "{t:?}");
             // Plus the kernel's static 1 KiB (its barriers, aligned).
@@ -572,6 +589,7 @@ mod tests {
         assert_eq!(wg_fwd_tile(128).map(|t| wg_fwd_smem(t, 128, 2)), Some(166_400));
         // D = 64: 1024 + (128 + 4·64)·64·2 + (2·64 + 128)·4; two blocks fit an SM's 228 KiB.
         assert_eq!(wg_fwd_tile(64).map(|t| wg_fwd_smem(t, 64, 2)), Some(51_200));
+        assert_eq!(wg_fwd_tile(128).map(k0_panels_smem), Some(49_152));
         assert_eq!(wg_dq_tile(128).map(|t| wg_dq_smem(t, 128, 2)), Some(150_016));
         assert_eq!(wg_dkdv_tile(128).map(|t| wg_dkdv_smem(t, 128, 2)), Some(133_632));
         assert_eq!(wg_dkdv_tile(128).map(|t| wg_fused_smem(t, 128, 2)), Some(150_528));

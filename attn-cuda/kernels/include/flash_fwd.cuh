@@ -88,8 +88,9 @@ __device__ __forceinline__ void fwd_state_init(const AttnParams& p, const SeqInf
 // rescale factor for the output accumulator (applied by the caller: the Hopper kernel applies it
 // only once the previous block's P·V has landed). rk, k0, lg: this key block's column scalars in
 // shared memory (1/‖k‖ for cosine-sim; k0 and log γ_j for hyperbolic scores). full: no row of
-// the query tile [i0, i0 + bm) masks any key of the block.
-template <typename T, class Score, int MT, int NT>
+// the query tile [i0, i0 + bm) masks any key of the block. kK0 (hyperbolic, kLorentzTcK0): the raw
+// products hold q·k − q0 k0 already, and k0 is not read.
+template <typename T, class Score, int MT, int NT, bool kK0 = false>
 __device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
                                                  bool norms, float (&s)[MT][NT][4], float (&m)[MT][2],
                                                  float (&l)[MT][2], float (&alpha)[MT][2], const float (&rq)[MT][2],
@@ -138,7 +139,7 @@ __device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqI
     if constexpr (Score::kLorentz) {
         bool recip = false;  // the geodesic at β/√c = 1: the scores are already the weights 1/w
         lorentz_variant<Score>(p, fast, [&](auto mid, auto rc, auto fc) {
-            lorentz_scores<Score, decltype(mid)::value, T, MT, NT, decltype(rc)::value, decltype(fc)::value>(
+            lorentz_scores<Score, decltype(mid)::value, T, MT, NT, decltype(rc)::value, decltype(fc)::value, kK0>(
                 p, si, h, j0, full, s, c, rq, row, lo, hi, k0, lg, t4);
             recip = decltype(rc)::value;
         });

@@ -16,7 +16,9 @@
 //   warpgroup NC: producer (40 or 32 registers); cp.async of Q per tile (one stage, full_q/empty_q;
 //     the tile's index in shared memory, read after a named barrier of the whole block) and of K_j,
 //     V_j into two stages each, and of the
-//     hyperbolic key scalars (k0, log γ) into three. Cosine-sim
+//     hyperbolic key scalars (k0, log γ) into three; hyperbolic on bf16 (kLorentzTcK0), also the
+//     panels of q0's and −k0's pieces beside Q and each K stage (generic stores, a proxy fence and a
+//     second arrival on full_q / full_k), whose k16 step adds −q0 k0 to S. Cosine-sim
 //     with the l2-norm reads K as the host's normalised copy k̂ (backend.rs; rounded to T as
 //     l2-normalise-then-attend has it), so its scores read no per-key scalar; 1/‖q‖ scales the rows.
 // No block barrier after the start: each stage has a full barrier (the producer's 128 threads arrive
@@ -55,6 +57,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     constexpr int kCs = 3;  // stages of the key scalars
     static_assert(kCs * BN <= 2 * BN + BM, "the scalar ring fits wg_fwd_smem's scalars");
     constexpr int kKs = 2;  // stages of K
+    constexpr bool kK0 = kLorentzTcK0<T, Score>;  // q0 k0 on the tensor cores: panels beside Q and K
 
     // The same layout as flash_fwd_wg (host: heuristics::wg_fwd_smem), stages in place of buffers.
     extern __shared__ __align__(1024) unsigned char smem_ws[];
@@ -62,10 +65,13 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
     T* sK = sQ + BM * D;                 // [kKs][BN × D] sw128
     T* sV = sK + kKs * BN * D;           // [2][BN × D] sw128
-    float* sK0 = reinterpret_cast<float*>(sV + 2 * BN * D);  // [3][BN] hyperbolic: k0
+    T* sQ0p = sV + 2 * BN * D;           // kK0: [BM × 64] sw128, q0's pieces (lorentz_k0_panel_row)
+    T* sK0p = sQ0p + BM * 64;            // kK0: [kKs][BN × 64] sw128, −k0's pieces
+    float* sK0 = reinterpret_cast<float*>(sV + 2 * BN * D + (kK0 ? (BM + kKs * BN) * 64 : 0));  // [3][BN] k0
     float* sLg = sK0 + 2 * BN + BM;  // [3][BN] hyperbolic midpoint: log γ_j (host: ws_fwd_smem)
     // full_q; full_k[kKs], full_v[2] (producer arrivals; full_k also covers the scalars loaded
-    // with K_j); empty_q, empty_k[kKs], empty_v[2], empty_c[3] (consumer arrivals).
+    // with K_j; with kK0 full_q and full_k take a second, plain arrival per producer thread after its
+    // panel rows); empty_q, empty_k[kKs], empty_v[2], empty_c[3] (consumer arrivals).
     __shared__ __align__(8) uint64_t bars[2 + 2 * kKs + 4 + kCs];
     uint64_t* full_q = bars;
     uint64_t* empty_q = bars + 1;
@@ -91,11 +97,12 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     __shared__ int tile_slot[2];
     __shared__ int tile_next;  // the producer's broadcast of a fetched tile index
     constexpr int kSlot = 3, kAll = kProducers + kConsumers;
+    constexpr int kFullArrivals = kProducers * (kK0 ? 2 : 1);
     if (tid == 0) {
-        mbar_init(full_q, kProducers);
+        mbar_init(full_q, kFullArrivals);
         mbar_init(empty_q, kConsumerWarps);
         for (int s = 0; s < kKs; ++s) {
-            mbar_init(full_k + s, kProducers);
+            mbar_init(full_k + s, kFullArrivals);
             mbar_init(empty_k + s, kConsumerWarps);
         }
         for (int s = 0; s < 2; ++s) {
@@ -135,8 +142,34 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
                 if (persistent) named_bar_sync(kSlot, kAll);
                 break;
             }
-            if (qi > 0) mbar_wait(empty_q, (qi - 1) & 1);  // the consumers are done with the last Q
             const SeqInfo si(p, b);
+            // kK0: the time coordinates of the tile's rows and of the first key block, loaded before the
+            // copies are issued (their panels are written once the copies are in flight), and each
+            // later key block's one block ahead.
+            constexpr int kQRows = (BM + kProducers - 1) / kProducers;
+            float q0r[kQRows], k0n = 0.f;
+            auto key_k0 = [&](int n) {
+                const int j = n * BN + pt;
+                return j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f;
+            };
+            if constexpr (kK0) {
+#pragma unroll
+                for (int r = 0; r < kQRows; ++r) {
+                    const int i = i0 + pt + r * kProducers;
+                    q0r[r] = pt + r * kProducers < BM && i < si.len_q ? p.x0q[si.stats_index(p, h, i)] : 0.f;
+                }
+                if (n_count > 0) k0n = key_k0(n_first);
+            }
+            // The Q panel (after the first key block's copies, or at once without one), then the
+            // second arrival on full_q.
+            auto q_panel = [&] {
+#pragma unroll
+                for (int r = 0; r < kQRows; ++r)
+                    if (pt + r * kProducers < BM) lorentz_k0_panel_row<T, false>(sQ0p, pt + r * kProducers, q0r[r]);
+                fence_proxy_async();
+                mbar_arrive(full_q);
+            };
+            if (qi > 0) mbar_wait(empty_q, (qi - 1) & 1);  // the consumers are done with the last Q
             const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
             const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
             const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
@@ -149,12 +182,22 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
                 if (cols && use_c > 0) mbar_wait(empty_c + c, (use_c - 1) & 1);
                 load_key_scalars<Score, BN, D>(p, si, hk, n, sK0 + c * BN, sLg + c * BN, false, midpoint, pt);
                 mbar_arrive_cp_async(full_k + s);
+                if constexpr (kK0) {
+                    // K_j's panel row pt (its stage was released before K_j's copy above).
+                    const float k0 = k0n;
+                    if (it + 1 < n_count) k0n = key_k0(n + 1);
+                    lorentz_k0_panel_row<T, true>(sK0p + s * BN * 64, pt, k0);
+                    fence_proxy_async();
+                    mbar_arrive(full_k + s);
+                    if (it == 0) q_panel();
+                }
                 const int vs = kv & 1, use_v = kv >> 1;
                 if (use_v > 0) mbar_wait(empty_v + vs, (use_v - 1) & 1);
                 load_tile_sw128<T, BN, D, kProducers>(sV + vs * BN * D, v, p.v_seq, n * BN, si.len_k, pt);
                 mbar_arrive_cp_async(full_v + vs);
                 if (persistent && it == 0) named_bar_sync(kSlot, kAll);  // the consumers take the tile
             }
+            if (kK0 && n_count == 0) q_panel();
             if (persistent && n_count == 0) named_bar_sync(kSlot, kAll);
             tile = fetch(tile);
         }
@@ -164,7 +207,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     regs_inc<kConsumerRegs>();
 
     const int g = lane / 4, t4 = lane % 4;
-    const WgFwdOperands<T, D, BM, BN> ops(sQ, sK, sV, wg);  // stages in place of buffers
+    const WgFwdOperands<T, D, BM, BN, kK0> ops(sQ, sK, sV, wg, sQ0p, sK0p);  // stages in place of buffers
     int kv = 0;  // key blocks consumed so far (every tile of this block): the rings' position
     for (int qi = 0;; ++qi) {
         int tile = qi == 0 ? (int)blockIdx.x : -1;  // one tile per block
@@ -213,8 +256,8 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
             const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
             float alpha[MT][2];
             // K_j holds k̂: the scores see unit key norms (rq still scales the rows).
-            fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, false, sc, m, l, alpha, rq, row, lo, hi,
-                                               sK0 + c * BN, sK0 + c * BN, sLg + c * BN, t4);
+            fwd_block_scores<T, Score, MT, NT, kK0>(p, si, h, j0, full, false, sc, m, l, alpha, rq, row, lo, hi,
+                                                    sK0 + c * BN, sK0 + c * BN, sLg + c * BN, t4);
             if (cols) mbar_arrive_warp(empty_c + c, lane);
             wg_wait<0>();
             fence_regs<DT>(acc_o[0]);

@@ -23,6 +23,28 @@ __device__ __forceinline__ float round_to(float x) {
     return to_f32(from_f32<T>(x));
 }
 
+// The Hopper forwards (flash_fwd_wg, flash_fwd_ws) on bf16 form y = q·k − q0 k0 on the tensor cores: one
+// more k16 step of S = Q Kᵀ, over panels beside Q and each K stage whose rows hold q0 and −k0 as three
+// bf16 pieces each (hi, mid, lo: 24 bits) at the columns of the six significant cross products, so the
+// product carries q0 k0 to f32's precision and the scores do no FMA and no k0 load per element
+// (kernels/NOTES.md, session 27). f16 keeps the per-element FMA: q0 may pass f16's range.
+template <typename T, class Score>
+constexpr bool kLorentzTcK0 = Score::kLorentz && std::is_same<T, __nv_bfloat16>::value;
+
+// Row r of such a panel (sw128, ROWS rows of 128 bytes: the k16 step reads columns 0..15, chunks 0
+// and 1 of the row): x's pieces at columns 0..5 in the order of the cross products, hi·hi, hi·mid,
+// mid·hi, hi·lo, lo·hi, mid·mid (kKey: −x, paired the other way round), zeros elsewhere.
+template <typename T, bool kKey>
+__device__ __forceinline__ void lorentz_k0_panel_row(T* panel, int r, float x) {
+    if (kKey) x = -x;
+    const float h0 = round_to<T>(x), r1 = x - h0, h1 = round_to<T>(r1), h2 = round_to<T>(r1 - h1);
+    const uint4 pieces = kKey ? make_uint4(pack2<T>(h0, h1), pack2<T>(h0, h2), pack2<T>(h0, h1), 0u)
+                              : make_uint4(pack2<T>(h0, h0), pack2<T>(h1, h0), pack2<T>(h2, h1), 0u);
+    unsigned char* row = reinterpret_cast<unsigned char*>(panel) + r * 128;
+    *reinterpret_cast<uint4*>(row + ((r & 7) << 4)) = pieces;
+    *reinterpret_cast<uint4*>(row + (((r & 7) ^ 1) << 4)) = make_uint4(0u, 0u, 0u, 0u);
+}
+
 // Calls f(kMid, kRecip, kFast) (std::integral_constant<bool, ..>) with the tile variant of this call:
 // kFast for a tile with no mask and no bias (decided per tile at run time, but a compile-time branch
 // inside the tiles: a per-element test of it costs more than the score itself); kMid for the
@@ -56,7 +78,8 @@ __device__ __forceinline__ void lorentz_variant(const AttnParams& p, bool fast, 
 // q0: this thread's rows' time coordinates; sK0, sLg: the block's k0 and log γ_j in shared memory.
 // kRecip (geodesic, hyp_c = −β/√c = −1, fast path): the weight 2^(c·y) = 1/w (times γ_j) itself, for
 // softmax_rows<.., kLinear>: RSQ and RCP per element instead of RSQ, LG2 and EX2.
-template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip, bool kFast>
+// kK0: s holds q·k − q0 k0 already (kLorentzTcK0).
+template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip, bool kFast, bool kK0 = false>
 __device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
                                                float (&s)[MT][NT][4], float (&c)[MT][2], const float (&q0)[MT][2],
                                                const int (&row)[MT][2], const int (&lo)[MT][2], const int (&hi)[MT][2],
@@ -67,7 +90,7 @@ __device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInf
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int cl = nt * 8 + 2 * t4;
-        const float2 k0 = *reinterpret_cast<const float2*>(sK0 + cl);
+        const float2 k0 = kK0 ? make_float2(0.f, 0.f) : *reinterpret_cast<const float2*>(sK0 + cl);
         const float2 lg = kMid ? *reinterpret_cast<const float2*>(sLg + cl) : make_float2(0.f, 0.f);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -77,11 +100,11 @@ __device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInf
                 const float k0j = (e & 1) ? k0.y : k0.x, lgj = (e & 1) ? lg.y : lg.x;
                 float psi;
                 if constexpr (kRecip) {
-                    const float w = lorentz_value<Score, false, true>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
+                    const float w = lorentz_value<Score, false, true, kK0>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
                     s[mt][nt][e] = kMid ? rcp_fast(w) * exp2_fast(lgj * kLog2e) : rcp_fast(w);
                     continue;
                 }
-                const float y = lorentz_value<Score, false>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
+                const float y = lorentz_value<Score, false, false, kK0>(s[mt][nt][e], q0[mt][r], k0j, L, psi);
                 if constexpr (kFast) {
                     s[mt][nt][e] = kMid ? fmaf(lgj, lg_fast, y) : y;
                 } else {
