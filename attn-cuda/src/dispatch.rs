@@ -253,9 +253,9 @@ fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
     lorentz && spec.dtype() == DType::BF16 && spec.head_dim() == 64
 }
 
-/// Whether the Hopper forwards of `spec` (wgmma and warp-specialised) form q0·k0 on the tensor cores
-/// over panels of q0's and k0's bf16 pieces: the hyperbolic scores on bf16, the host's mirror of
-/// `kLorentzTcK0` in kernels/include/lorentz_tile.cuh.
+/// Whether the warp-specialised forward of `spec` forms q0·k0 on the tensor cores over panels of q0's
+/// and k0's bf16 pieces: the hyperbolic scores on bf16, the host's mirror of `kLorentzTcK0` in
+/// kernels/include/lorentz_tile.cuh.
 fn fwd_k0_panels(spec: &AttnSpec, lorentz: bool) -> bool {
     lorentz && spec.dtype() == DType::BF16
 }
@@ -341,6 +341,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 geodesic,
                 // Taylor has cosine-sim's shape of work: no running max.
                 matches!(module, Module::CosineSim | Module::TaylorFlash),
+                fwd_k0_panels(spec, lorentz),
                 spec.causal() != Causal::None || spec.window().is_some(),
                 spec.seq_k(),
             ),
@@ -356,7 +357,6 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             None => {
                 let extra = if lorentz {
                     heuristics::lorentz_extra_smem(tile)
-                        + usize::from(fwd_k0_panels(spec, lorentz)) * heuristics::k0_panels_smem(tile)
                 } else {
                     0
                 };

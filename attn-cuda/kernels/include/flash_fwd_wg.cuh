@@ -45,8 +45,9 @@ __device__ __forceinline__ void wg_fwd_rows_init(const AttnParams& p, const SeqI
 
 // The wgmma operands of the Hopper forwards: warpgroup wg's 64 rows of the sw128 Q tile (BM rows),
 // and two buffers of BN rows each of K and of V. k16 step kk of a K-major operand is column block
-// kk / 4, +32 bytes per step inside it; of V, 16 rows = 2048 bytes. kK0 (kLorentzTcK0): S gains one
-// more k16 step over the q0 panel (BM rows) and the K buffer's k0 panel (BN rows each), sw128.
+// kk / 4, +32 bytes per step inside it; of V, 16 rows = 2048 bytes. kK0 (kLorentzTcK0, the
+// warp-specialised forward): S gains one more k16 step over the q0 panel (BM rows) and the K stage's
+// k0 panel (BN rows each), sw128.
 template <typename T, int D, int BM, int BN, bool kK0 = false>
 struct WgFwdOperands {
     static constexpr uint32_t kTile = BN * D * 2;  // bytes of one K (or V) buffer
@@ -109,8 +110,6 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     constexpr int NT = BN / 8;          // n8 tiles of S per warp
     constexpr int DT = D / 8;           // n8 tiles of O per warp
     static_assert(BM % 64 == 0 && BN % 64 == 0, "64 rows per warpgroup, whole sw128 row groups");
-    static_assert(BM <= kWgThreads && BN <= kWgThreads, "one panel row per thread");
-    constexpr bool kK0 = kLorentzTcK0<T, Score>;  // q0 k0 on the tensor cores: panels beside Q and K
 
     // The sw128 layout needs 1024-byte alignment; the host adds 1 KiB of slack to the allocation.
     extern __shared__ __align__(1024) unsigned char smem_wg[];
@@ -118,9 +117,7 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
     T* sK = sQ + BM * D;                 // [2][BN × D] sw128
     T* sV = sK + 2 * BN * D;             // [2][BN × D] sw128
-    T* sQ0p = sV + 2 * BN * D;           // kK0: [BM × 64] sw128, q0's pieces (lorentz_k0_panel_row)
-    T* sK0p = sQ0p + BM * 64;            // kK0: [2][BN × 64] sw128, −k0's pieces
-    float* sK0 = reinterpret_cast<float*>(sV + 2 * BN * D + (kK0 ? (BM + 2 * BN) * 64 : 0));  // [2][BN] k0
+    float* sK0 = reinterpret_cast<float*>(sV + 2 * BN * D);  // [2][BN] hyperbolic: k0
     float* sLg = sK0 + 2 * BN + BM;                           // [2][BN] hyperbolic midpoint: log γ_j
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
@@ -145,18 +142,6 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
                                               tid);
     };
 
-    // kK0: key block n's k0 for thread tid's panel row, loaded two blocks ahead of its panel's write
-    // (the panel of block j + 1 is written during block j, into the buffer block j − 1 read).
-    auto key_k0 = [&](int n) {
-        const int j = n * BN + tid;
-        return tid < BN && j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f;
-    };
-    float q0r = 0.f, k0a = 0.f, k0b = 0.f;
-    if constexpr (kK0) {
-        if (tid < BM && i0 + tid < si.len_q) q0r = p.x0q[si.stats_index(p, h, i0 + tid)];
-        if (n_count > 0) k0a = key_k0(n_first);
-        if (n_count > 1) k0b = key_k0(n_first + 1);
-    }
     load_tile_sw128<T, BM, D, kWgThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
     if (n_count > 0) load_k(0);
     cp_async_commit();
@@ -166,11 +151,7 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     float acc_o[MT][DT][4];
     float m[MT][2], l[MT][2], rq[MT][2];
     wg_fwd_rows_init<Score, D>(p, si, h, i0, warp * 16, g, norms, row, lo, hi, acc_o, m, l, rq);
-    const WgFwdOperands<T, D, BM, BN, kK0> ops(sQ, sK, sV, wg, sQ0p, sK0p);
-    if constexpr (kK0) {  // made visible to the wgmma reads by block 0's proxy fence and barrier
-        if (tid < BM) lorentz_k0_panel_row<T, false>(sQ0p, tid, q0r);
-        if (tid < BN) lorentz_k0_panel_row<T, true>(sK0p, tid, k0a);
-    }
+    const WgFwdOperands<T, D, BM, BN> ops(sQ, sK, sV, wg);
 
     uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
     for (int it = 0; it < n_count; ++it) {
@@ -186,22 +167,14 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
         if (it + 1 < n_count) load_k(it + 1);
         load_v(it);
         cp_async_commit();
-        float k0w = 0.f;  // kK0: block j + 1's k0 (its panel is written below)
-        if constexpr (kK0) {
-            k0w = k0b;
-            if (it + 2 < n_count) k0b = key_k0(n + 2);
-        }
         wg_wait<1>();
         fence_regs<NT>(s[0]);
 
         const int j0 = n * BN;
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
         float alpha[MT][2];
-        fwd_block_scores<T, Score, MT, NT, kK0>(p, si, h, j0, full, false, s, m, l, alpha, rq, row, lo, hi,
-                                                sK0 + buf * BN, sK0 + buf * BN, sLg + buf * BN, t4);
-        // Block j + 1's panel into the buffer block j − 1's product read (waited for in block j − 1);
-        // block j + 1's proxy fence and barrier make it visible.
-        if (kK0 && it + 1 < n_count && tid < BN) lorentz_k0_panel_row<T, true>(sK0p + (buf ^ 1) * BN * 64, tid, k0w);
+        fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, false, s, m, l, alpha, rq, row, lo, hi,
+                                           sK0 + buf * BN, sK0 + buf * BN, sLg + buf * BN, t4);
         wg_wait<0>();
         fence_regs<DT>(acc_o[0]);
         fence_regs<BN / 16>(pa);

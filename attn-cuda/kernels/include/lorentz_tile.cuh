@@ -23,11 +23,12 @@ __device__ __forceinline__ float round_to(float x) {
     return to_f32(from_f32<T>(x));
 }
 
-// The Hopper forwards (flash_fwd_wg, flash_fwd_ws) on bf16 form y = q·k − q0 k0 on the tensor cores: one
+// The warp-specialised forward (flash_fwd_ws) on bf16 forms y = q·k − q0 k0 on the tensor cores: one
 // more k16 step of S = Q Kᵀ, over panels beside Q and each K stage whose rows hold q0 and −k0 as three
 // bf16 pieces each (hi, mid, lo: 24 bits) at the columns of the six significant cross products, so the
 // product carries q0 k0 to f32's precision and the scores do no FMA and no k0 load per element
-// (kernels/NOTES.md, session 27). f16 keeps the per-element FMA: q0 may pass f16's range.
+// (kernels/NOTES.md, session 27). f16 keeps the per-element FMA: q0 may pass f16's range. So does the
+// wgmma forward (flash_fwd_wg): with the panels its two blocks per SM at D = 64 measured slower.
 template <typename T, class Score>
 constexpr bool kLorentzTcK0 = Score::kLorentz && std::is_same<T, __nv_bfloat16>::value;
 

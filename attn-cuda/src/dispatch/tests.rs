@@ -188,10 +188,11 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
         assert_eq!((on_9_sms.grid, on_9_sms.persistent), ((8, 1, 1), false));
         let dq = flash_kernel(&s, Stage::BwdDq, Hopper { sms: 5, ..ws }).expect("kernel");
         assert_eq!((dq.grid, dq.tiles_q), ((1, 4, 2), 0));
-        // The scalars hold three stages; the hyperbolic scores add three of log γ. Two K and two
-        // V stages for every score (cosine-sim reads k̂ from the row kernels).
+        // The scalars hold three stages; the hyperbolic scores add three of log γ, and on bf16 the
+        // panels of q0's and −k0's pieces (a 128-byte row per query and per key of two K stages).
+        // Two K and two V stages for every score (cosine-sim reads k̂ from the row kernels).
         let lorentz = if matches!(family, Family::Hyperbolic(_)) {
-            3 * 128 * 4
+            3 * 128 * 4 + (bm + 2 * 128) * 128
         } else {
             0
         };
@@ -207,7 +208,8 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
         assert!(k.name.contains("_fwd_wg_"), "{k:?}");
     }
     // By default: D = 128 every call; D = 64 the geodesic score, and without a causal mask or
-    // window cosine-sim at every length, the other scores from 8192 keys.
+    // window cosine-sim and squared Lorentz on bf16 (its q0·k0 panels) at every length, the other
+    // scores from 8192 keys; causal, squared Lorentz on bf16 from 16384 keys.
     let measured = Hopper {
         ws: WsMode::Measured,
         ..ON
@@ -231,7 +233,7 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
         (geo, 64, "ws"),
         (Family::softmax(), 64, "wg"),
         (Family::cosine_sim(), 64, "ws"),
-        (hyp, 64, "wg"),
+        (hyp, 64, "ws"),
     ] {
         let k = flash_kernel(&spec(family, DType::BF16, d), Stage::Forward, measured).expect("kernel");
         assert!(
@@ -248,6 +250,18 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
     for family in [Family::softmax(), hyp] {
         let k = flash_kernel(&long(family, 64), Stage::Forward, measured).expect("kernel");
         assert!(k.name.contains("_fwd_ws_"), "{k:?}");
+    }
+    // f16 squared Lorentz (no panels) keeps softmax's rule; causal bf16 takes the warp-specialised
+    // kernel from 16384 keys.
+    let k = flash_kernel(&spec(hyp, DType::F16, 64), Stage::Forward, measured).expect("kernel");
+    assert!(k.name.contains("_fwd_wg_"), "{k:?}");
+    for (n, kind) in [(8192, "wg"), (16384, "ws")] {
+        let s = AttnProblem::new(hyp, DType::BF16, 1, 2, 2, n, n, 64)
+            .with_causal(Causal::BottomRight)
+            .validate()
+            .expect("valid problem");
+        let k = flash_kernel(&s, Stage::Forward, measured).expect("kernel");
+        assert!(k.name.contains(&format!("_fwd_{kind}_")), "causal N = {n}: {k:?}");
     }
     // D = 96 has only the mma.sync forward; a tile experiment asks for a wgmma one.
     let k = flash_kernel(&spec(Family::softmax(), DType::BF16, 96), Stage::Forward, ws).expect("kernel");
