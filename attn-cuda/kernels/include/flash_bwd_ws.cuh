@@ -24,9 +24,9 @@
 // scores (the default; ATTN_CUDA_WG_FUSED=0 turns it off; kernels/NOTES.md version 10, and session 26 for
 // the hyperbolic scores): per query block the consumer warps also store dS'ᵀ (stmatrix), meet at a
 // named barrier, each warpgroup forms a 64 × 64 tile of dQ = dS' K, and each warp adds its 16 × 64 f32
-// rows into p.dq_acc with one cp.reduce.async.bulk in dq_acc's tiled layout (SeqInfo::dq_acc_index). The hyperbolic scores' tile at D = 64 has 64 queries:
-// there each warpgroup forms the block's whole dQ over its own 64 keys (kKeySplit, a barrier per
-// warpgroup), and both add into the same rows. Hyperbolic scores: each warp also adds its keys' share of
+// rows into p.dq_acc with one cp.reduce.async.bulk in dq_acc's tiled layout (SeqInfo::dq_acc_index).
+// The hyperbolic scores' tile at D = 64 has 64 queries: there each warpgroup forms the block's whole dQ
+// over its own 64 keys (kKeySplit, a barrier per warpgroup), and both add into the same rows. Hyperbolic scores: each warp also adds its keys' share of
 // dQ's row sums a_i = Σ_j w_ij k0_j into p.dq_rowsum (lorentz_rowsum_add), and attn_hyp_dq_store
 // finishes dq_i = hyp_grad·(Σ_j w_ij k_j − (a_i/q0_i)·q_i).
 #pragma once
@@ -256,8 +256,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                     // Row pt of the stage's panel, chunk 0 (at 16·(pt % 8) in the sw128 layout): q0's pieces
                     // (zeros past the sequence: those rows' w are 0), by a generic store made visible to the
                     // consumers' wgmma by the proxy fence and a plain (release) arrival.
-                    const float x0 = valid ? p.x0q[at] : 0.f;
-                    const float h0 = round_to<T>(x0), r1 = x0 - h0, h1 = round_to<T>(r1), h2 = round_to<T>(r1 - h1);
+                    float h0, h1, h2;
+                    split3<T>(valid ? p.x0q[at] : 0.f, h0, h1, h2);
                     *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sQ0p + s * BM * 64) + pt * 128 +
                                               ((pt & 7) << 4)) = make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
                     fence_proxy_async();

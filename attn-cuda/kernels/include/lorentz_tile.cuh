@@ -23,6 +23,17 @@ __device__ __forceinline__ float round_to(float x) {
     return to_f32(from_f32<T>(x));
 }
 
+// x as three pieces of T (hi, mid, lo; for bf16 24 significant bits, so hi + mid + lo = x): the
+// operands of the hyperbolic scores' tensor-core products of q0 and k0, whose piece-by-piece products
+// are exact in f32.
+template <typename T>
+__device__ __forceinline__ void split3(float x, float& h0, float& h1, float& h2) {
+    h0 = round_to<T>(x);
+    const float r1 = x - h0;
+    h1 = round_to<T>(r1);
+    h2 = round_to<T>(r1 - h1);
+}
+
 // The warp-specialised forward (flash_fwd_ws) on bf16 forms y = q·k − q0 k0 on the tensor cores: one
 // more k16 step of S = Q Kᵀ, over panels beside Q and each K stage whose rows hold q0 and −k0 as three
 // bf16 pieces each (hi, mid, lo: 24 bits) at the columns of the six significant cross products, so the
@@ -38,7 +49,8 @@ constexpr bool kLorentzTcK0 = Score::kLorentz && std::is_same<T, __nv_bfloat16>:
 template <typename T, bool kKey>
 __device__ __forceinline__ void lorentz_k0_panel_row(T* panel, int r, float x) {
     if (kKey) x = -x;
-    const float h0 = round_to<T>(x), r1 = x - h0, h1 = round_to<T>(r1), h2 = round_to<T>(r1 - h1);
+    float h0, h1, h2;
+    split3<T>(x, h0, h1, h2);
     const uint4 pieces = kKey ? make_uint4(pack2<T>(h0, h1), pack2<T>(h0, h2), pack2<T>(h0, h1), 0u)
                               : make_uint4(pack2<T>(h0, h0), pack2<T>(h1, h0), pack2<T>(h2, h1), 0u);
     unsigned char* row = reinterpret_cast<unsigned char*>(panel) + r * 128;

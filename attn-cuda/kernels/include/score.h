@@ -97,7 +97,7 @@ struct Lorentz {
 // of the file), and with kGrad the factor ψ of its gradient. Two FMAs (SqLorentz: one) and, for the
 // geodesic, one MUFU.RSQ and one MUFU.LG2: √t = t·(1/√t) serves both the score and ψ.
 // kW (geodesic): return w itself instead of log2 w (the β/√c = 1 forward, whose weight is 1/w).
-// kK0 (the Hopper forwards on bf16, lorentz_tile.cuh's kLorentzTcK0): `qk` already holds q·k − q0 k0,
+// kK0 (the warp-specialised forward on bf16, lorentz_tile.cuh's kLorentzTcK0): `qk` already holds q·k − q0 k0,
 // the tensor cores' product of one more k16 step (q0 and k0 unused).
 template <class Score, bool kGrad, bool kW = false, bool kK0 = false>
 __device__ __forceinline__ float lorentz_value(float qk, float q0, float k0, const Lorentz& L, float& psi) {
