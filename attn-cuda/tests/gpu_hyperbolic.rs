@@ -17,7 +17,8 @@ use attn_core::{Aggregation, AttnProblem, Causal, DType, Family, HypScore, Hyper
 use common::hyperbolic::{check_points, naive, shape_points, Points};
 use common::shapes::{
     bias_broadcast_batch, bias_broadcast_heads, causal_bottom_right_q_longer, causal_top_left_q_shorter,
-    dense_gqa, key_padding_and_window, mqa_bhnd, strided_views, varlen_causal, Lengths, Make, Shapes,
+    dense_gqa, key_padding_and_window, long_keys_bottom_right, mqa_bhnd, strided_views, varlen_causal,
+    Lengths, Make, Shapes,
 };
 use common::{check_dims, Cases};
 
@@ -50,12 +51,16 @@ fn hyp(score: HypScore, aggregation: Aggregation, curvature: f32, beta: f32) -> 
 }
 
 fn run(name: &str, family: Family, points: Points, offset: usize, make: &Make) {
+    run_dims(name, family, &DIMS, points, offset, make);
+}
+
+fn run_dims(name: &str, family: Family, dims: &[usize], points: Points, offset: usize, make: &Make) {
     let mut cases = Cases::new(name);
     let seed = |n: usize| 7000 + 31 * n as u64;
     check_dims(
         &mut cases,
         family,
-        &DIMS,
+        dims,
         LENGTHS,
         seed,
         make,
@@ -111,6 +116,26 @@ gpu_tests! {
     sq_lorentz_identical_q_and_k_match_reference: hyp(Sq, Mid, 1.0, 1.0), Points::Identical { radius: 1.5 }, square, 0;
     geodesic_midpoint_values_at_and_beyond_the_klein_edge_are_clamped_like_the_reference: hyp(Geo, Mid, 1.0, 1.0), Points::KleinEdge { radius: 1.5 }, dense_gqa, 0;
     sq_lorentz_midpoint_values_at_and_beyond_the_klein_edge_are_clamped_like_the_reference: hyp(Sq, Mid, 0.5, 1.0), Points::KleinEdge { radius: 1.5 }, causal_bottom_right_q_longer, 0;
+}
+
+/// Long keys (Nk 900–1300, Nq 300–500, bottom-right causal) at the Hopper kernels' head dims: most
+/// dK/dV tiles are full, so the fast tiles run (the squared Lorentz score's split halves, with and
+/// without the midpoint), and each key tile streams enough query blocks to wrap the fused backward's
+/// four stages (the 64-query tile at D = 64) several times. The short cases above rarely fill a tile.
+macro_rules! gpu_long_tests {
+    ($($name:ident: $family:expr;)*) => {$(
+        #[test]
+        #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+        fn $name() {
+            run_dims(stringify!($name), $family, &[64, 128], TYPICAL, 0, &long_keys_bottom_right);
+        }
+    )*};
+}
+
+gpu_long_tests! {
+    sq_lorentz_long_keys_bottom_right_matches_reference: hyp(Sq, Euc, 1.0, 1.0);
+    sq_lorentz_midpoint_long_keys_bottom_right_matches_reference: hyp(Sq, Mid, 0.5, 0.7);
+    geodesic_long_keys_bottom_right_matches_reference: hyp(Geo, Euc, 1.0, 1.0);
 }
 
 /// The baseline itself (CPU only): in f32 it must track the f64 reference closely on typical points,
