@@ -25,8 +25,9 @@
 // when their copies have landed) and an empty one (each consumer warp arrives once, from lane 0,
 // when it is done with it); the producer waits on empty before refilling a stage. The hyperbolic
 // key scalars are read by the scores after S_j, so they have their own ring of three stages
-// (released after the scores): K_j's stage is free as soon as S_j is done, as for softmax, and the
-// producer's refill of scalar stage j+2 mod 3 waits for the scores of block j−1, long done.
+// (released after the scores, by every consumer thread: they are plain shared loads): K_j's stage is
+// free as soon as S_j is done, as for softmax, and the producer's refill of scalar stage j+2 mod 3
+// waits for the scores of block j−1, long done.
 //
 // Consumer warpgroup, per key block j (the same overlap of softmax and P·V as flash_fwd_wg):
 //   wait K_j and V_{j−1} full
@@ -109,7 +110,10 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
             mbar_init(full_v + s, kProducers);
             mbar_init(empty_v + s, kConsumerWarps);
         }
-        for (int c = 0; c < kCs; ++c) mbar_init(empty_c + c, kConsumerWarps);
+        // The key scalars are read with plain shared loads: every consumer thread releases its own
+        // (racecheck reports one release per warp against the producer's refill, as it did for the
+        // backward's stages; kernels/NOTES.md, session 28).
+        for (int c = 0; c < kCs; ++c) mbar_init(empty_c + c, kConsumers);
     }
     __syncthreads();
 
@@ -258,7 +262,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
             // K_j holds k̂: the scores see unit key norms (rq still scales the rows).
             fwd_block_scores<T, Score, MT, NT, kK0>(p, si, h, j0, full, false, sc, m, l, alpha, rq, row, lo, hi,
                                                     sK0 + c * BN, sK0 + c * BN, sLg + c * BN, t4);
-            if (cols) mbar_arrive_warp(empty_c + c, lane);
+            if (cols) mbar_arrive(empty_c + c);
             wg_wait<0>();
             fence_regs<DT>(acc_o[0]);
             fence_regs<BN / 16>(pa);
