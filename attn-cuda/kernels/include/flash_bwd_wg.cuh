@@ -38,12 +38,16 @@ namespace attn {
 // dQ (64 queries × 64 columns) = dS' K over KEYS keys of a key tile (all BN, or from a row of it), the
 // fused backward's product: A = dS'ᵀ from the sw128 tile at ds_addr (rows = keys), B = 64 columns of K
 // from the sw128 tile at kn_addr, both MN-major; issued and committed as one group (the caller waits).
-template <typename T, int BN, int KEYS = BN>
-__device__ __forceinline__ void dq_tile_product(float (&acc_q)[8][4], uint32_t ds_addr, uint32_t kn_addr) {
+// N = 72 (the hyperbolic scores' fused kernel, flash_bwd_ws.cuh): B's columns 64..71 are the first 8 of
+// the sw128 column block kn_lbo bytes past kn_addr (by default K's own next column block).
+template <typename T, int BN, int KEYS = BN, int N = 64>
+__device__ __forceinline__ void dq_tile_product(float (&acc_q)[N / 8][4], uint32_t ds_addr, uint32_t kn_addr,
+                                                uint32_t kn_lbo = BN * 128) {
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < KEYS / 16; ++kk)
-        Wgmma<T, 64>::ss_tt(acc_q, mnmajor_desc<BN>(ds_addr, kk), mnmajor_desc<BN>(kn_addr, kk), kk > 0);
+        Wgmma<T, N>::ss_tt(acc_q, mnmajor_desc<BN>(ds_addr, kk), Sw128Desc(kn_addr, kn_lbo, 1024).at16(kk * 128),
+                           kk > 0);
     wg_commit();
 }
 

@@ -26,9 +26,11 @@
 // named barrier, each warpgroup forms a 64 × 64 tile of dQ = dS' K, and each warp adds its 16 × 64 f32
 // rows into p.dq_acc with one cp.reduce.async.bulk in dq_acc's tiled layout (SeqInfo::dq_acc_index).
 // The hyperbolic scores' tile at D = 64 has 64 queries: there each warpgroup forms the block's whole dQ
-// over its own 64 keys (kKeySplit, a barrier per warpgroup), and both add into the same rows. Hyperbolic scores: each warp also adds its keys' share of
-// dQ's row sums a_i = Σ_j w_ij k0_j into p.dq_rowsum (lorentz_rowsum_add), and attn_hyp_dq_store
-// finishes dq_i = hyp_grad·(Σ_j w_ij k_j − (a_i/q0_i)·q_i).
+// over its own 64 keys (kKeySplit, a barrier per warpgroup), and both add into the same rows.
+// Hyperbolic scores: dQ's row sums a_i = Σ_j w_ij k0_j go into p.dq_rowsum by f32 atomics, on bf16
+// from the dQ product itself (kTcDq: 8 more columns of B over a panel of the keys' k0 pieces, one
+// atomic per row and warpgroup), on f16 per element (lorentz_rowsum_add); attn_hyp_dq_store finishes
+// dq_i = hyp_grad·(Σ_j w_ij k_j − (a_i/q0_i)·q_i).
 #pragma once
 #include "flash_bwd_wg.cuh"
 
@@ -189,7 +191,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     T* sdO = sQ + kStages * BM * D;      // [kStages][BM × D] sw128
     constexpr bool kTc = kLorentzTcRowSum<T, Score, D>;
     T* sQ0p = sdO + kStages * BM * D;    // kTc: [kStages][BM × 64] sw128, q0's pieces in columns 0..2
-    T* sdS = sQ0p + (kTc ? kStages * BM * 64 : 0);  // kDq: [2][BN × BM] sw128, dS'ᵀ (rows = keys) of alternate blocks
+    // kTcDq (the fused kernel with kTc): dQ's row sums a_i = Σ_j w_ij k0_j in the dQ product, as 8 more
+    // columns of its B operand K: a second sw128 column block of the keys' k0 pieces (hi, mid, lo in
+    // columns 0..2, written by the producer), LBO bytes past K (kernels/NOTES.md, session 28).
+    constexpr bool kTcDq = kDq && kTc;
+    T* sK0p = sQ0p + (kTc ? kStages * BM * 64 : 0);  // kTcDq: [BN × 64] sw128
+    T* sdS = sK0p + (kTcDq ? BN * 64 : 0);  // kDq: [2][BN × BM] sw128, dS'ᵀ (rows = keys) of alternate blocks
     float* sLse = reinterpret_cast<float*>(sdS + (kDq ? 2 * BN * BM : 0));  // [kStages][BM] log2 units
     float* sDelta = sLse + kStages * BM;                                     // [kStages][BM]
     float* sRq = sDelta + kStages * BM;                                      // [kStages][BM] 1 (hyperbolic: q0)
@@ -218,7 +225,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
         return (m_first + (kDq ? (m + rot) % m_count : m)) * BM;
     };
     if (tid == 0) {
-        mbar_init(full_kv, kProducers);
+        mbar_init(full_kv, kProducers * (kTcDq ? 2 : 1));  // kTcDq: also the k0 panel's plain arrivals
         for (int s = 0; s < kStages; ++s) {
             mbar_init(full + s, kProducers + (kTc ? BM : 0));  // kTc: also the panel writers' plain arrivals
             mbar_init(empty + s, kConsumers);
@@ -236,6 +243,18 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
         load_tile_sw128<T, BN, D, kProducers>(sV, static_cast<const T*>(p.v) + si.v_off(p, 0, hk), p.v_seq, j0,
                                               si.len_k, pt);
         mbar_arrive_cp_async(full_kv);
+        if constexpr (kTcDq) {
+            // Row pt of the k0 panel, chunk 0: key j0 + pt's pieces (zeros past the sequence), by a generic
+            // store made visible to the wgmma by the proxy fence and a plain (release) arrival.
+            static_assert(BN == kProducers, "one panel row per producer thread");
+            const int j = j0 + pt;
+            float h0, h1, h2;
+            split3<T>(j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f, h0, h1, h2);
+            *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sK0p) + pt * 128 + ((pt & 7) << 4)) =
+                make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
+            fence_proxy_async();
+            mbar_arrive(full_kv);
+        }
         for (int it = 0; it < iters; ++it) {
             const int s = it % kStages, use = it / kStages, h = head_of(it), i0 = row0_of(it);
             if (use > 0) mbar_wait(empty + s, (use - 1) & 1);
@@ -292,6 +311,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     const uint32_t ds_addr = smem_addr(sdS) + (BM == 128 ? wg * BN * 128 : kKeySplit ? wg * 64 * 128 : 0);
     const uint32_t kn_addr = smem_addr(sK) + (D == 128 ? wg * BN * 128 : kKeySplit ? wg * 64 * 128 : 0);
     const float dq_mul = Score::kLorentz ? 1.f : p.scale;  // the hyperbolic scores: hyp_grad in attn_hyp_dq_store
+    const uint32_t k0p_lbo = smem_addr(sK0p) - smem_addr(sK);  // kTcDq: the panel as K's second column block
     float* wdq = sdQ + warp * 16 * kDqLd;  // this warp's 16 rows of the dQ tile
 
     mbar_wait(full_kv, 0);
@@ -333,7 +353,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                 const uint32_t chunk = 2 * kk + (l >> 4);  // 16-byte chunk of the row, before the swizzle
                 stsm_x4(ds_row + (chunk / 8) * BN * 128 + (((chunk % 8) ^ (l & 7)) << 4), ads[kk]);
             }
-            if constexpr (Score::kLorentz) lorentz_rowsum_add<T, BM>(p, si, h, i0, ads, rk, lane);
+            if constexpr (Score::kLorentz && !kTcDq) lorentz_rowsum_add<T, BM>(p, si, h, i0, ads, rk, lane);
             fence_proxy_async();
             if constexpr (kKeySplit)
                 named_bar_sync(2 + wg, kConsumers / 2);  // this warpgroup's keys of dS'ᵀ are stored
@@ -342,13 +362,14 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             wg_wait<1>();  // the dV product: Pᵀ's registers are free before dQ's accumulators live
             fence_regs<AT>(acc_dv[0]);
             fence_regs<BM / 16>(ap);
-            float acc_q[8][4];
+            constexpr int kDqN = kTcDq ? 72 : 64;
+            float acc_q[kDqN / 8][4];
             uint32_t dsa = ds_addr + tile, kna = kn_addr;
             opaque(dsa);
             opaque(kna);
-            dq_tile_product<T, BN, kKeySplit ? 64 : BN>(acc_q, dsa, kna);
+            dq_tile_product<T, BN, kKeySplit ? 64 : BN, kDqN>(acc_q, dsa, kna, kTcDq ? k0p_lbo : BN * 128);
             wg_wait<0>();
-            fence_regs<8>(acc_q);
+            fence_regs<kDqN / 8>(acc_q);
             fence_regs<AT>(acc_dk[0]);
             fence_regs<1>(acc_b);
             fence_regs<BM / 16>(ads);
@@ -360,6 +381,16 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             // row by lanes 0..15.
             const int iw = i0 + q0 + (warp % 4) * 16;  // the warp's first query row
             const int rows = min(16, si.len_q - iw);
+            if constexpr (kTcDq) {
+                // Columns 64 + 2·t4 + {0, 1} of rows g, g + 8: the pieces' sums at t4 = 0 (hi, mid) and 1
+                // (lo, 0); the other columns are zero. One atomic per row and warpgroup.
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    float a = acc_q[8][2 * r] + acc_q[8][2 * r + 1];
+                    a += __shfl_xor_sync(0xffffffffu, a, 1);
+                    if (t4 == 0 && g + 8 * r < rows) atomicAdd(p.dq_rowsum + si.stats_index(p, h, iw + g + 8 * r), a);
+                }
+            }
             if (lane < 16) bulk_wait_read<0>();
             __syncwarp();
 #pragma unroll

@@ -211,9 +211,11 @@ template <typename T, int N> struct Wgmma;
     "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
     "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
     "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define ATTN_WG_D72 ATTN_WG_D64, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3])
 #define ATTN_WG_D8 "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
 #define ATTN_WG_R8 "{%0, %1, %2, %3}"
 #define ATTN_WG_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define ATTN_WG_R72 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}"
 #define ATTN_WG_R128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
 // One specialisation per element type (PTX name TAG) and N; NA = N / 2 accumulator operands, so the
@@ -248,6 +250,8 @@ template <typename T, int N> struct Wgmma;
 ATTN_WGMMA(__nv_bfloat16, "bf16", 8, 4, 5, 6, 7, 8, 9)
 ATTN_WGMMA(__nv_bfloat16, "bf16", 64, 32, 33, 34, 35, 36, 37)
 ATTN_WGMMA(__nv_bfloat16, "bf16", 128, 64, 65, 66, 67, 68, 69)
+// m64n72: the fused backward's dQ product with the keys' k0 pieces as 8 more columns (flash_bwd_ws.cuh).
+ATTN_WGMMA(__nv_bfloat16, "bf16", 72, 36, 37, 38, 39, 40, 41)
 ATTN_WGMMA(__half, "f16", 8, 4, 5, 6, 7, 8, 9)
 ATTN_WGMMA(__half, "f16", 64, 32, 33, 34, 35, 36, 37)
 ATTN_WGMMA(__half, "f16", 128, 64, 65, 66, 67, 68, 69)
@@ -255,6 +259,8 @@ ATTN_WGMMA(__half, "f16", 128, 64, 65, 66, 67, 68, 69)
 #undef ATTN_WGMMA
 #undef ATTN_WG_D8
 #undef ATTN_WG_R8
+#undef ATTN_WG_D72
+#undef ATTN_WG_R72
 #undef ATTN_WG_D64
 #undef ATTN_WG_D128
 #undef ATTN_WG_R64
