@@ -253,6 +253,13 @@ fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
     lorentz && spec.dtype() == DType::BF16 && spec.head_dim() == 64
 }
 
+/// Whether the hyperbolic warp-specialised dQ kernel of `spec` keeps a panel of k0's bf16 pieces per K
+/// stage for its tensor-core row sums: bf16, the host's mirror of `kLorentzTcDqRowSum` in
+/// kernels/include/flash_bwd_ws.cuh.
+fn ws_dq_k0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
+    lorentz && spec.dtype() == DType::BF16
+}
+
 /// Whether the warp-specialised forward of `spec` forms q0·k0 on the tensor cores over panels of q0's
 /// and k0's bf16 pieces: the hyperbolic scores on bf16, the host's mirror of `kLorentzTcK0` in
 /// kernels/include/lorentz_tile.cuh.
@@ -429,7 +436,9 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             let ws = if !hopper.bwd_ws {
                 None
             } else if dq {
-                heuristics::ws_dq_tile(d).map(|t| (heuristics::ws_dq_smem(t, d, elem), t.bm * 2 + 128))
+                let k0_panel = ws_dq_k0_panel(spec, lorentz);
+                heuristics::ws_dq_tile(d)
+                    .map(|t| (heuristics::ws_dq_smem(t, d, elem, k0_panel), t.bm * 2 + 128))
             } else {
                 let t = if lorentz {
                     heuristics::ws_dkdv_lorentz_tile(d)

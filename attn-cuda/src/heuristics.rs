@@ -336,9 +336,14 @@ pub(crate) fn ws_dq_tile(d: usize) -> Option<Tile> {
 /// D = 128, bf16: 1024 + (2·128 + 7·64)·128·2 + 8·64·4 = 183 296 bytes
 /// D = 64, bf16:  1024 + (2·128 + 7·128)·64·2 + 8·128·4 = 152 576 bytes
 /// ```
-pub(crate) fn ws_dq_smem(t: Tile, d: usize, elem: usize) -> usize {
+///
+/// `k0_panel` (the hyperbolic scores on bf16, `kLorentzTcDqRowSum` in flash_bwd_ws.cuh): each K stage
+/// also holds a BN × 128-byte panel of k0's bf16 pieces, the B operand of the tensor-core row sums.
+pub(crate) fn ws_dq_smem(t: Tile, d: usize, elem: usize, k0_panel: bool) -> usize {
     let (ks, vs) = WS_DQ_STAGES;
-    1024 + (2 * t.bm + (ks + vs) * t.bn) * d * elem + 2 * ks * t.bn * 4
+    1024 + (2 * t.bm + (ks + vs) * t.bn) * d * elem
+        + 2 * ks * t.bn * 4
+        + usize::from(k0_panel) * ks * t.bn * 128
 }
 
 /// Dynamic shared memory of the warp-specialised dK/dV kernel: 1 KiB of slack, K and V,
@@ -568,6 +573,7 @@ mod tests {
             let (q, kv) = (wg_dq_tile(d).expect("dQ"), wg_dkdv_tile(d).expect("dK/dV"));
             for bytes in [
                 wg_dq_smem(q, d, 2),
+                ws_dq_tile(d).map_or(0, |t| ws_dq_smem(t, d, 2, true)),
                 wg_dkdv_smem(kv, d, 2),
                 wg_fused_smem(kv, d, 2),
                 ws_fused_smem(kv, d, 2, false),
@@ -594,6 +600,12 @@ mod tests {
         assert_eq!(wg_fwd_tile(64).map(|t| wg_fwd_smem(t, 64, 2)), Some(51_200));
         assert_eq!(ws_fwd_tile(128).map(k0_panels_smem), Some(49_152));
         assert_eq!(wg_dq_tile(128).map(|t| wg_dq_smem(t, 128, 2)), Some(150_016));
+        // The hyperbolic k0 panels: 183 296 + 4·64·128 and 152 576 + 4·128·128.
+        assert_eq!(
+            ws_dq_tile(128).map(|t| ws_dq_smem(t, 128, 2, true)),
+            Some(216_064)
+        );
+        assert_eq!(ws_dq_tile(64).map(|t| ws_dq_smem(t, 64, 2, true)), Some(218_112));
         assert_eq!(wg_dkdv_tile(128).map(|t| wg_dkdv_smem(t, 128, 2)), Some(133_632));
         assert_eq!(wg_dkdv_tile(128).map(|t| wg_fused_smem(t, 128, 2)), Some(150_528));
         assert_eq!(

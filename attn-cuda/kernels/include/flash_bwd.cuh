@@ -104,7 +104,7 @@ __device__ __forceinline__ void bwd_k_rows(const AttnParams& p, const SeqInfo& s
 // holding 1/den). Hyperbolic scores: lorentz_dq_tile. Fast path (no mask, bias, softcap or bias
 // gradient in the tile): one FMA and one exp2 per element (TaylorScore: one FMA). sRk, sK0, sLg: the
 // block's 1/‖k‖, k0 and log γ in shared memory.
-template <typename T, class Score, int MT, int NT>
+template <typename T, class Score, int MT, int NT, bool kLorentzRowSum = true>
 __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
                                             bool norms, float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
                                             float (&a)[MT][2], const float (&rq)[MT][2], const float (&cq)[MT][2],
@@ -114,8 +114,8 @@ __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& 
     const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
     if constexpr (Score::kLorentz) {
         lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
-            lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value, decltype(fc)::value>(
-                p, si, h, j0, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
+            lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value, decltype(fc)::value,
+                            kLorentzRowSum>(p, si, h, j0, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
         });
     } else if (Score::kPoly && fast && !norms) {  // dS = f'(s)/den ∘ (dP − δ); lse2 holds 1/den
         const Poly f(p);

@@ -49,9 +49,12 @@ namespace attn {
 // Q stage, written by the producer, and one m64n8k16 product per k-step beside dK's over the very packed
 // w dK reads; lorentz_dkdv_tile then neither rounds w nor sums it per element (kernels/NOTES.md,
 // session 26). D = 64 only (at 128 the accumulators took the dK/dV kernel's spill from 84 to 140 bytes);
-// f16 keeps the per-element sums (q0 may pass f16's range).
+// f16 keeps the per-element sums (q0 may pass f16's range). The dQ kernel takes Σ_j w_ij k0_j the same
+// way at both head dims (kLorentzTcDqRowSum), and the fused kernel in its dQ product (kTcDq).
 template <typename T, class Score, int D>
 constexpr bool kLorentzTcRowSum = Score::kLorentz && std::is_same<T, __nv_bfloat16>::value && D == 64;
+template <typename T, class Score>
+constexpr bool kLorentzTcDqRowSum = Score::kLorentz && std::is_same<T, __nv_bfloat16>::value;
 
 template <typename T, int D, class Score, int BN, int BM>
 __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo& si, int h, int i0, int j0,
@@ -194,7 +197,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     // kTcDq (the fused kernel with kTc): dQ's row sums a_i = Σ_j w_ij k0_j in the dQ product, as 8 more
     // columns of its B operand K: a second sw128 column block of the keys' k0 pieces (hi, mid, lo in
     // columns 0..2, written by the producer), LBO bytes past K (kernels/NOTES.md, session 28).
-    constexpr bool kTcDq = kDq && kTc;
+    constexpr bool kTcDq = kDq && kTc && kKeySplit;
     T* sK0p = sQ0p + (kTc ? kStages * BM * 64 : 0);  // kTcDq: [BN × 64] sw128
     T* sdS = sK0p + (kTcDq ? BN * 64 : 0);  // kDq: [2][BN × BM] sw128, dS'ᵀ (rows = keys) of alternate blocks
     float* sLse = reinterpret_cast<float*>(sdS + (kDq ? 2 * BN * BM : 0));  // [kStages][BM] log2 units
@@ -471,8 +474,13 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     T* sdO = sQ + BM * D;                // [BM × D] sw128
     T* sK = sdO + BM * D;                // [kKs][BN × D] sw128
     T* sV = sK + kKs * BN * D;           // [kVs][BN × D] sw128
-    float* sK0 = reinterpret_cast<float*>(sV + kVs * BN * D);  // [kKs][BN] hyperbolic: k0
-    float* sLg = sK0 + kKs * BN;                                // [kKs][BN] hyperbolic midpoint: log γ_j
+    // kTc (the hyperbolic scores on bf16): dQ's row sums a_i = Σ_j w_ij k0_j on tensor cores, an m64n8
+    // product beside dQ's over the same dS' fragments and a panel of K_j's k0 pieces per K stage (hi,
+    // mid, lo in columns 0..2; the producer writes it), instead of an FMA per element (NOTES.md, session 28).
+    constexpr bool kTc = kLorentzTcDqRowSum<T, Score>;
+    T* sK0p = sV + kVs * BN * D;                                                   // kTc: [kKs][BN × 64] sw128
+    float* sK0 = reinterpret_cast<float*>(sK0p + (kTc ? kKs * BN * 64 : 0));  // [kKs][BN] hyperbolic: k0
+    float* sLg = sK0 + kKs * BN;                                                // [kKs][BN] hyperbolic midpoint: log γ_j
     // full_q; full_k[kKs], full_v[kVs] (producer arrivals); empty_k[kKs], empty_v[kVs] (consumer threads).
     __shared__ __align__(8) uint64_t bars[1 + 2 * (kKs + kVs)];
     uint64_t* full_q = bars;
@@ -490,7 +498,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     if (tid == 0) {
         mbar_init(full_q, kProducers);
         for (int s = 0; s < kKs; ++s) {
-            mbar_init(full_k + s, kProducers);
+            mbar_init(full_k + s, kProducers + (kTc ? BN : 0));  // kTc: also the panel writers' plain arrivals
             mbar_init(empty_k + s, kConsumers);
         }
         for (int s = 0; s < kVs; ++s) {
@@ -517,6 +525,17 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
             load_tile_sw128<T, BN, D, kProducers>(sK + ks * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
             load_key_scalars<Score, BN, D>(p, si, hk, n, sK0 + ks * BN, sLg + ks * BN, false, midpoint, pt);
             mbar_arrive_cp_async(full_k + ks);
+            if constexpr (kTc) {
+                if (pt < BN) {  // row pt of the stage's panel, chunk 0 (as the fused kernel's k0 panel)
+                    const int j = n * BN + pt;
+                    float h0, h1, h2;
+                    split3<T>(j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f, h0, h1, h2);
+                    *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sK0p + ks * BN * 64) + pt * 128 +
+                                              ((pt & 7) << 4)) = make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
+                    fence_proxy_async();
+                    mbar_arrive(full_k + ks);
+                }
+            }
             if (it >= kVs) mbar_wait(empty_v + vs, (it / kVs - 1) & 1);
             load_tile_sw128<T, BN, D, kProducers>(sV + vs * BN * D, v, p.v_seq, n * BN, si.len_k, pt);
             mbar_arrive_cp_async(full_v + vs);
@@ -534,6 +553,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     bwd_q_rows<Score, D, MT>(p, si, h, i0, wrow, g, false, row, lo, hi, lse2, delta, rq, cq);
     float acc_dq[MT][DT][4];
     float a[MT][2] = {{0.f, 0.f}};  // hyperbolic: Σ_j w_ij k0_j, thread-partial
+    float acc_a[1][4] = {{0.f, 0.f, 0.f, 0.f}};  // kTc: Σ_j w_ij k0_j per piece (rows g, g + 8; columns 2·t4..)
     zero(acc_dq[0]);
 
     // Descriptors as in flash_bwd_dq_wg: A (K-major) Q, dO rows of this warpgroup; B K-major K_j, V_j;
@@ -544,6 +564,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     auto a_desc = [&](uint32_t addr, int kk) { return kmajor_desc<BM>(addr, kk); };
     auto b_desc = [&](uint32_t addr, int kk) { return kmajor_desc<BN>(addr, kk); };
     auto kn_desc = [&](int ks, int kk) { return mnmajor_desc<BN>(k_addr + ks * kTile, kk); };
+    auto k0p_desc = [&](int ks, int kk) { return mnmajor_desc<BN>(smem_addr(sK0p) + ks * BN * 128, kk); };
 
     mbar_wait(full_q, 0);
     uint32_t ads[BN / 16][4];  // dS' of the previous key block as A fragments
@@ -569,6 +590,10 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
             if (it > 0) {
 #pragma unroll
                 for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_dq[0], ads[kk], kn_desc(kp, kk), 1);
+                if constexpr (kTc) {
+#pragma unroll
+                    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, 8>::rs(acc_a, ads[kk], k0p_desc(kp, kk), 1);
+                }
             }
             wg_commit();
             wg_wait<1>();
@@ -580,10 +605,12 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
         mbar_arrive(empty_v + vs);
 
         const int j0 = n * BN;
-        dq_block_ds<T, Score, MT, NT>(p, si, h, j0, si.tile_full(p, i0, i0 + BM, j0, j0 + BN), false, s, dp, a, rq, cq,
-                                      lse2, delta, row, lo, hi, sK0 + ks * BN, sK0 + ks * BN, sLg + ks * BN, t4);
+        dq_block_ds<T, Score, MT, NT, !kTc>(p, si, h, j0, si.tile_full(p, i0, i0 + BM, j0, j0 + BN), false, s, dp, a,
+                                            rq, cq, lse2, delta, row, lo, hi, sK0 + ks * BN, sK0 + ks * BN,
+                                            sLg + ks * BN, t4);
         wg_wait<0>();
         fence_regs<DT>(acc_dq[0]);
+        fence_regs<1>(acc_a);
         fence_regs<BN / 16>(ads);
         if (it > 0) mbar_arrive(empty_k + kp);
 #pragma unroll
@@ -593,12 +620,21 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, D>::rs(acc_dq[0], ads[kk], kn_desc((n_count - 1) % kKs, kk), 1);
+        if constexpr (kTc) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T, 8>::rs(acc_a, ads[kk], k0p_desc((n_count - 1) % kKs, kk), 1);
+        }
         wg_commit();
         wg_wait<0>();
         fence_regs<DT>(acc_dq[0]);
+        fence_regs<1>(acc_a);
         fence_regs<BN / 16>(ads);
     }
 
+    if constexpr (kTc) {  // the pieces' columns 2·t4, 2·t4 + 1 (0..2 hold k0): the epilogue sums the quad
+#pragma unroll
+        for (int r = 0; r < 2; ++r) a[0][r] = acc_a[0][2 * r] + acc_a[0][2 * r + 1];
+    }
     if constexpr (Score::kLorentz)
         lorentz_dq_epilogue<T, MT, DT>(
             p, si, h, acc_dq, a, rq, row,

@@ -138,7 +138,9 @@ __device__ __forceinline__ void lorentz_scores(const AttnParams& p, const SeqInf
 // to T, and a[mt][r] (thread-partial) has gained Σ_j w_ij k0_j. lse2: LSE_i in log2 units less the
 // score's constant (+∞ for rows that must get P = 0). With a bias, dS goes to the bias scratch.
 // kRecip (geodesic, hyp_c = −1, fast tiles only): P = (1/w)·γ_j·2^(−lse2_i), no LG2 or EX2 per element.
-template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip, bool kFast>
+// kRowSum = false (the warp-specialised dQ kernel on bf16, whose dQ product takes Σ_j w_ij k0_j on tensor
+// cores beside it): a is left alone and w is not rounded here (packing rounds it).
+template <class Score, bool kMid, typename T, int MT, int NT, bool kRecip, bool kFast, bool kRowSum = true>
 __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
                                                 float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
                                                 float (&a)[MT][2], const float (&q0)[MT][2], const float (&lse2)[MT][2],
@@ -189,8 +191,8 @@ __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqIn
                     ds = pr * (dp[mt][nt][e] - delta[mt][r]);
                     if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
                 }
-                const float w = round_to<T>(ds * psi);
-                a[mt][r] = fmaf(w, k0j, a[mt][r]);
+                const float w = kRowSum ? round_to<T>(ds * psi) : ds * psi;
+                if (kRowSum) a[mt][r] = fmaf(w, k0j, a[mt][r]);
                 s[mt][nt][e] = w;
             }
     }

@@ -110,11 +110,11 @@ fn warp_specialised_backward_kernels_unless_turned_off() {
         let s = spec(family, dtype, d);
         let k = flash_kernel(&s, Stage::BwdDkdv, ws).expect("kernel");
         assert_eq!(k.name.contains("_bwd_dkdv_ws_"), expect, "{k:?}");
+        let lorentz = family.kind() == FamilyKind::Hyperbolic;
         if expect {
             // 130 keys → two tiles of 128 per kv head; 384 threads; three stages of Q and dO
             // (64 queries at D = 128 and for the hyperbolic scores, 128 at D = 64) with their
             // LSE, δ and a row of ones (q0).
-            let lorentz = family.kind() == FamilyKind::Hyperbolic;
             let bm = if d == 128 || lorentz { 64 } else { 128 };
             assert_eq!((k.grid, k.threads, k.hopper), ((2, 2, 2), 384, true), "{k:?}");
             // bf16 hyperbolic at D = 64: a panel of q0's pieces per stage (the tensor-core row sums).
@@ -133,12 +133,22 @@ fn warp_specialised_backward_kernels_unless_turned_off() {
         }
         // The dQ kernel for every score: 100 queries → one block of 128 (384 threads); Q, dO, four
         // K and three V stages of 128 (D = 64) or 64 (D = 128) keys, k0 and log γ with each K
-        // stage. ATTN_CUDA_WG_BWD_WS=0 keeps the wgmma kernels.
+        // stage (bf16 hyperbolic: and a panel of k0's pieces, the tensor-core row sums).
+        // ATTN_CUDA_WG_BWD_WS=0 keeps the wgmma kernels.
         let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
         assert!(dq.name.contains("_bwd_dq_ws_"), "{dq:?}");
         let bn = if d == 128 { 64 } else { 128 };
+        let k0_panel = if lorentz && dtype == DType::BF16 {
+            4 * bn * 128
+        } else {
+            0
+        };
         assert_eq!((dq.grid, dq.threads, dq.hopper), ((1, 4, 2), 384, true), "{dq:?}");
-        assert_eq!(dq.smem, 1024 + (2 * 128 + 7 * bn) * d * 2 + 8 * bn * 4, "{dq:?}");
+        assert_eq!(
+            dq.smem,
+            1024 + (2 * 128 + 7 * bn) * d * 2 + 8 * bn * 4 + k0_panel,
+            "{dq:?}"
+        );
         for stage in [Stage::BwdDq, Stage::BwdDkdv] {
             let k = flash_kernel(&s, stage, ON).expect("kernel");
             assert!(k.name.contains("_wg_"), "{k:?}");
@@ -398,9 +408,10 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
                 assert_eq!((k.grid, k.threads), ((2, 2, 2), 384));
                 // The hyperbolic scores' tile: 64 queries at D = 64 too (LorentzWsDkvTile).
                 let bm = if d == 128 || lorentz { 64 } else { 128 };
-                // bf16 hyperbolic at D = 64: a panel of q0's pieces per stage (the tensor-core row sums).
+                // bf16 hyperbolic at D = 64: a panel of q0's pieces per stage (the tensor-core row sums)
+                // and one of the keys' k0 pieces (dQ's row sums in the dQ product).
                 let panel = if lorentz && dtype == DType::BF16 && d == 64 {
-                    2 * bm * 128
+                    (2 * bm + 128) * 128
                 } else {
                     0
                 };
