@@ -247,10 +247,17 @@ fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
 }
 
 /// Whether the hyperbolic warp-specialised dK/dV kernel of `spec` (fused or not) keeps a panel of q0's
-/// bf16 pieces per stage for its tensor-core row sums: bf16 at D = 64, the host's mirror of
-/// `kLorentzTcRowSum` in kernels/include/flash_bwd_ws.cuh.
+/// bf16 pieces per stage for its tensor-core row sums: bf16 at D = 64, and for the squared Lorentz
+/// score at D = 128 too, the host's mirror of `kLorentzTcRowSum` in kernels/include/flash_bwd_ws.cuh.
 fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
-    lorentz && spec.dtype() == DType::BF16 && spec.head_dim() == 64
+    let squared = matches!(
+        spec.family(),
+        FamilySpec::Hyperbolic {
+            score: HypScore::SquaredLorentz,
+            ..
+        }
+    );
+    lorentz && spec.dtype() == DType::BF16 && (spec.head_dim() == 64 || squared)
 }
 
 /// Whether the hyperbolic warp-specialised dQ kernel of `spec` keeps a panel of k0's bf16 pieces per K

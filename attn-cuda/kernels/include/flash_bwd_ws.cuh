@@ -48,11 +48,13 @@ namespace attn {
 // bf16 pieces (hi, mid, lo: 24 bits, exact products) in columns 0..2 of a 64 × 8 MN-major panel beside each
 // Q stage, written by the producer, and one m64n8k16 product per k-step beside dK's over the very packed
 // w dK reads; lorentz_dkdv_tile then neither rounds w nor sums it per element (kernels/NOTES.md,
-// session 26). D = 64 only (at 128 the accumulators took the dK/dV kernel's spill from 84 to 140 bytes);
-// f16 keeps the per-element sums (q0 may pass f16's range). The dQ kernel takes Σ_j w_ij k0_j the same
+// session 26; at D = 128 since session 28 for the squared Lorentz score, whose tile splits there:
+// unsplit, the accumulators took the dK/dV kernel's spill from 84 to 140 bytes, and the geodesic's
+// from 240 to 312); f16 keeps the per-element sums (q0 may pass f16's range). The dQ kernel takes Σ_j w_ij k0_j the same
 // way at both head dims (kLorentzTcDqRowSum), and the fused kernel in its dQ product (kTcDq).
 template <typename T, class Score, int D>
-constexpr bool kLorentzTcRowSum = Score::kLorentz && std::is_same<T, __nv_bfloat16>::value && D == 64;
+constexpr bool kLorentzTcRowSum =
+    Score::kLorentz && std::is_same<T, __nv_bfloat16>::value && (D == 64 || !Score::kGeodesic);
 template <typename T, class Score>
 constexpr bool kLorentzTcDqRowSum = Score::kLorentz && std::is_same<T, __nv_bfloat16>::value;
 
@@ -90,17 +92,28 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
 
     const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
     // TaylorScore needs f(s) and f'(s) from one Sᵀ: both once dPᵀ is done (the split held
-    // both beside the products in flight and spilled 240 bytes at D = 64).
-    const bool split = !Score::kLorentz && !Score::kPoly && dkdv_fast<Score>(p, full);
+    // both beside the products in flight and spilled 240 bytes at D = 64). So does the geodesic (ψ).
+    // The squared Lorentz score splits like softmax at D = 128 (lorentz_fast_p, lorentz_fast_ds).
+    constexpr bool kSqLorentz = Score::kLorentz && !Score::kGeodesic && D == 128;
+    constexpr bool kRowSum = !kLorentzTcRowSum<T, Score, D>;
+    const bool split = (!Score::kLorentz || kSqLorentz) && !Score::kPoly && dkdv_fast<Score>(p, full);
+    const bool mid = kSqLorentz && p.midpoint;
     wg_wait<1>();
     fence_regs<QT>(st[0]);
     if (split) {
-        dkdv_fast_p<MT, QT>(p, false, st, rk, sRq, sLse, t4);
+        if constexpr (kSqLorentz) {
+            if (mid)
+                lorentz_fast_p<true, MT, QT>(p, st, rk, lg, sRq, sLse, t4);
+            else
+                lorentz_fast_p<false, MT, QT>(p, st, rk, lg, sRq, sLse, t4);
+        } else {
+            dkdv_fast_p<MT, QT>(p, false, st, rk, sRq, sLse, t4);
+        }
     } else {
         wg_wait<0>();
         fence_regs<QT>(dpt[0]);
-        dkdv_block_pds<T, Score, MT, QT, !kLorentzTcRowSum<T, Score, D>>(p, si, h, i0, full, false, st, dpt, bsum,
-                                                                      csum, rk, lg, key, sRq, sLse, sDelta, t4);
+        dkdv_block_pds<T, Score, MT, QT, kRowSum>(p, si, h, i0, full, false, st, dpt, bsum, csum, rk, lg, key, sRq,
+                                                  sLse, sDelta, t4);
     }
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) pack_a<T>(ap[kk], st[0][2 * kk], st[0][2 * kk + 1]);
@@ -110,7 +123,16 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     wg_commit();
     wg_wait<1>();  // dPᵀ
     fence_regs<QT>(dpt[0]);
-    if (split) dkdv_fast_ds<MT, QT>(false, st, dpt, sRq, sDelta, t4);
+    if (split) {
+        if constexpr (kSqLorentz) {
+            if (mid)
+                lorentz_fast_ds<true, T, MT, QT, kRowSum>(st, dpt, bsum, csum, sRq, sDelta, t4);
+            else
+                lorentz_fast_ds<false, T, MT, QT, kRowSum>(st, dpt, bsum, csum, sRq, sDelta, t4);
+        } else {
+            dkdv_fast_ds<MT, QT>(false, st, dpt, sRq, sDelta, t4);
+        }
+    }
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) pack_a<T>(ads[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
     wg_fence();

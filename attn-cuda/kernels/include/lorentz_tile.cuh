@@ -262,6 +262,60 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
     }
 }
 
+// The squared Lorentz score's fast dK/dV tile in two halves, as dkdv_fast_p / dkdv_fast_ds for softmax:
+// the warp-specialised kernel at D = 128 forms Pᵀ once Sᵀ is done while dPᵀ is still on the tensor cores,
+// and wᵀ while dV's product runs (lorentz_dkdv_tile forms both after both products); there it frees the
+// registers of the tensor-core row sums (kernels/NOTES.md, session 28). Per element the same operations as lorentz_dkdv_tile<SqLorentzScore, kMid, .., kFast = true>, so
+// the same bits. The geodesic keeps the one-piece tile: its ψ comes from Sᵀ, which Pᵀ overwrites.
+// st: Sᵀ → Pᵀ. k0, lg: the thread's keys' time coordinates and log γ_j; sQ0, sLse: the query block's
+// q0 and LSE (log2 units, less the score's constant).
+template <bool kMid, int MT, int QT>
+__device__ __forceinline__ void lorentz_fast_p(const AttnParams& p, float (&st)[MT][QT][4], const float (&k0)[MT][2],
+                                               const float (&lg)[MT][2], const float* sQ0, const float* sLse,
+                                               int t4) {
+    const Lorentz L(p);
+    const float lg_fast = kLog2e / L.fast;
+#pragma unroll
+    for (int qt = 0; qt < QT; ++qt) {
+        const int cl = qt * 8 + 2 * t4;
+        const float2 q0 = *reinterpret_cast<const float2*>(sQ0 + cl);
+        const float2 lse = *reinterpret_cast<const float2*>(sLse + cl);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2;
+                const float y = fmaf(-((e & 1) ? q0.y : q0.x), k0[mt][r], st[mt][qt][e]);
+                st[mt][qt][e] =
+                    exp2_fast(fmaf(kMid ? fmaf(lg[mt][r], lg_fast, y) : y, L.fast, -((e & 1) ? lse.y : lse.x)));
+            }
+    }
+}
+
+// dpt: dPᵀ → wᵀ = Pᵀ ∘ (dPᵀ − δ_i) (ψ = 1), with st holding Pᵀ; the row sums as lorentz_dkdv_tile's.
+template <bool kMid, typename T, int MT, int QT, bool kRowSum>
+__device__ __forceinline__ void lorentz_fast_ds(const float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
+                                                float (&bsum)[MT][2], float (&csum)[MT][2], const float* sQ0,
+                                                const float* sDelta, int t4) {
+#pragma unroll
+    for (int qt = 0; qt < QT; ++qt) {
+        const int cl = qt * 8 + 2 * t4;
+        const float2 q0 = kRowSum ? *reinterpret_cast<const float2*>(sQ0 + cl) : make_float2(0.f, 0.f);
+        const float2 delta = *reinterpret_cast<const float2*>(sDelta + cl);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2;
+                const float ds = st[mt][qt][e] * (dpt[mt][qt][e] - ((e & 1) ? delta.y : delta.x));
+                const float w = kRowSum ? round_to<T>(ds) : ds;
+                if (kRowSum) bsum[mt][r] = fmaf(w, (e & 1) ? q0.y : q0.x, bsum[mt][r]);
+                if (kMid) csum[mt][r] += ds;
+                dpt[mt][qt][e] = w;
+            }
+    }
+}
+
 // dQ epilogue: dq_i = hyp_grad·(acc_i − (a_i/q0_i)·q_i), q_i read from the resident Q tile: q_at(r, c)
 // is element c of the tile's row r as f32 (the tile's layout is the kernel's). Every thread of the
 // block calls it after its own cp.async copies completed; it starts with a barrier, since the tile's

@@ -117,8 +117,8 @@ fn warp_specialised_backward_kernels_unless_turned_off() {
             // LSE, δ and a row of ones (q0).
             let bm = if d == 128 || lorentz { 64 } else { 128 };
             assert_eq!((k.grid, k.threads, k.hopper), ((2, 2, 2), 384, true), "{k:?}");
-            // bf16 hyperbolic at D = 64: a panel of q0's pieces per stage (the tensor-core row sums).
-            let panel = if lorentz && dtype == DType::BF16 && d == 64 {
+            // bf16 hyperbolic: a panel of q0's pieces per stage (the tensor-core row sums).
+            let panel = if lorentz && dtype == DType::BF16 {
                 3 * bm * 128
             } else {
                 0
