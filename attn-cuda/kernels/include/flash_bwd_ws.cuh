@@ -70,7 +70,7 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     constexpr int MT = 1, QT = BM / 8;
     // The hyperbolic scores form every step's descriptor in full: with one base per operand kept
     // live, ptxas spills 180 bytes at D = 128 instead of 72.
-    constexpr bool kFull = Score::kLorentz;
+    constexpr bool kFull = Score::kLorentz && D == 128;
     auto a_desc = [&](uint32_t addr, int kk) {
         return kFull ? sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024) : kmajor_desc<BN>(addr, kk);
     };
@@ -352,7 +352,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
         // ones: 172 bytes in the fused kernel at D = 128, reloaded from L2 before every product;
         // kernels/NOTES.md, version 10). The hyperbolic scores spill more that way (72 → 180 bytes).
         uint32_t ka = k_addr, va = v_addr, qa = q_addr + s * kTile, doa = do_addr + s * kTile;
-        if constexpr (!Score::kLorentz) {
+        if constexpr (!Score::kLorentz || D == 64) {
             opaque(ka);
             opaque(va);
             opaque(qa);
