@@ -68,8 +68,9 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
                                               float (&acc_dv)[1][D / 8][4], uint32_t (&ap)[BM / 16][4],
                                               uint32_t (&ads)[BM / 16][4], int t4) {
     constexpr int MT = 1, QT = BM / 8;
-    // The hyperbolic scores form every step's descriptor in full: with one base per operand kept
-    // live, ptxas spills 180 bytes at D = 128 instead of 72.
+    // The hyperbolic scores at D = 128 form every step's descriptor in full: with one base per operand
+    // kept live, ptxas spills 180 bytes there instead of 72. At D = 64 (no spill either way) the
+    // softmax form measured 1–2% faster (kernels/NOTES.md, session 28).
     constexpr bool kFull = Score::kLorentz && D == 128;
     auto a_desc = [&](uint32_t addr, int kk) {
         return kFull ? sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024) : kmajor_desc<BN>(addr, kk);
@@ -347,10 +348,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
 
         uint32_t ap[BM / 16][4], ads[BM / 16][4];
         const int h = head_of(it), i0 = row0_of(it);
-        // The shared addresses of the block's operands, opaque for softmax and cosine-sim: the
-        // descriptors of every k16 step are formed from them per block (ptxas spilled the hoisted
-        // ones: 172 bytes in the fused kernel at D = 128, reloaded from L2 before every product;
-        // kernels/NOTES.md, version 10). The hyperbolic scores spill more that way (72 → 180 bytes).
+        // The shared addresses of the block's operands, opaque for softmax, cosine-sim and the hyperbolic
+        // scores at D = 64: the descriptors of every k16 step are formed from them per block (ptxas
+        // spilled the hoisted ones: 172 bytes in the fused kernel at D = 128, reloaded from L2 before
+        // every product; kernels/NOTES.md, version 10). The hyperbolic scores at D = 128 spill more
+        // that way (72 → 180 bytes) and form each step's descriptor in full (kFull).
         uint32_t ka = k_addr, va = v_addr, qa = q_addr + s * kTile, doa = do_addr + s * kTile;
         if constexpr (!Score::kLorentz || D == 64) {
             opaque(ka);
