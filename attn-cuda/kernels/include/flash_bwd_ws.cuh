@@ -50,8 +50,9 @@ namespace attn {
 // w dK reads; lorentz_dkdv_tile then neither rounds w nor sums it per element (kernels/NOTES.md,
 // session 26; at D = 128 since session 28 for the squared Lorentz score, whose tile splits there:
 // unsplit, the accumulators took the dK/dV kernel's spill from 84 to 140 bytes, and the geodesic's
-// from 240 to 312); f16 keeps the per-element sums (q0 may pass f16's range). The dQ kernel takes Σ_j w_ij k0_j the same
-// way at both head dims (kLorentzTcDqRowSum), and the fused kernel in its dQ product (kTcDq).
+// from 240 to 312); f16 keeps the per-element sums (q0 may pass f16's range). The dQ kernel takes
+// Σ_j w_ij k0_j the same way at both head dims (kLorentzTcDqRowSum), and the fused kernel in its dQ
+// product (kTcDq).
 template <typename T, class Score, int D>
 constexpr bool kLorentzTcRowSum =
     Score::kLorentz && std::is_same<T, __nv_bfloat16>::value && (D == 64 || !Score::kGeodesic);
@@ -502,9 +503,9 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     // product beside dQ's over the same dS' fragments and a panel of K_j's k0 pieces per K stage (hi,
     // mid, lo in columns 0..2; the producer writes it), instead of an FMA per element (NOTES.md, session 28).
     constexpr bool kTc = kLorentzTcDqRowSum<T, Score>;
-    T* sK0p = sV + kVs * BN * D;                                                   // kTc: [kKs][BN × 64] sw128
+    T* sK0p = sV + kVs * BN * D;                                               // kTc: [kKs][BN × 64] sw128
     float* sK0 = reinterpret_cast<float*>(sK0p + (kTc ? kKs * BN * 64 : 0));  // [kKs][BN] hyperbolic: k0
-    float* sLg = sK0 + kKs * BN;                                                // [kKs][BN] hyperbolic midpoint: log γ_j
+    float* sLg = sK0 + kKs * BN;  // [kKs][BN] hyperbolic midpoint: log γ_j
     // full_q; full_k[kKs], full_v[kVs] (producer arrivals); empty_k[kKs], empty_v[kVs] (consumer threads).
     __shared__ __align__(8) uint64_t bars[1 + 2 * (kKs + kVs)];
     uint64_t* full_q = bars;
@@ -554,8 +555,9 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
                     const int j = n * BN + pt;
                     float h0, h1, h2;
                     split3<T>(j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f, h0, h1, h2);
-                    *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sK0p + ks * BN * 64) + pt * 128 +
-                                              ((pt & 7) << 4)) = make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
+                    unsigned char* row = reinterpret_cast<unsigned char*>(sK0p + ks * BN * 64) + pt * 128;
+                    *reinterpret_cast<uint4*>(row + ((pt & 7) << 4)) =
+                        make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
                     fence_proxy_async();
                     mbar_arrive(full_k + ks);
                 }

@@ -265,8 +265,9 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
 // The squared Lorentz score's fast dK/dV tile in two halves, as dkdv_fast_p / dkdv_fast_ds for softmax:
 // the warp-specialised kernel at D = 128 forms Pᵀ once Sᵀ is done while dPᵀ is still on the tensor cores,
 // and wᵀ while dV's product runs (lorentz_dkdv_tile forms both after both products); there it frees the
-// registers of the tensor-core row sums (kernels/NOTES.md, session 28). Per element the same operations as lorentz_dkdv_tile<SqLorentzScore, kMid, .., kFast = true>, so
-// the same bits. The geodesic keeps the one-piece tile: its ψ comes from Sᵀ, which Pᵀ overwrites.
+// registers of the tensor-core row sums (kernels/NOTES.md, session 28). Per element the same operations
+// as lorentz_dkdv_tile<SqLorentzScore, kMid, .., kFast = true>, so the same bits. The geodesic keeps the
+// one-piece tile: its ψ comes from Sᵀ, which Pᵀ overwrites.
 // st: Sᵀ → Pᵀ. k0, lg: the thread's keys' time coordinates and log γ_j; sQ0, sLse: the query block's
 // q0 and LSE (log2 units, less the score's constant).
 template <bool kMid, int MT, int QT>
