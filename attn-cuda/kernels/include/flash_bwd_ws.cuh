@@ -275,10 +275,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             // store made visible to the wgmma by the proxy fence and a plain (release) arrival.
             static_assert(BN == kProducers, "one panel row per producer thread");
             const int j = j0 + pt;
-            float h0, h1, h2;
-            split3<T>(j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f, h0, h1, h2);
-            *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sK0p) + pt * 128 + ((pt & 7) << 4)) =
-                make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
+            lorentz_pieces_panel_row<T>(sK0p, pt, j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f);
             fence_proxy_async();
             mbar_arrive(full_kv);
         }
@@ -302,10 +299,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                     // Row pt of the stage's panel, chunk 0 (at 16·(pt % 8) in the sw128 layout): q0's pieces
                     // (zeros past the sequence: those rows' w are 0), by a generic store made visible to the
                     // consumers' wgmma by the proxy fence and a plain (release) arrival.
-                    float h0, h1, h2;
-                    split3<T>(valid ? p.x0q[at] : 0.f, h0, h1, h2);
-                    *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sQ0p + s * BM * 64) + pt * 128 +
-                                              ((pt & 7) << 4)) = make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
+                    lorentz_pieces_panel_row<T>(sQ0p + s * BM * 64, pt, valid ? p.x0q[at] : 0.f);
                     fence_proxy_async();
                     mbar_arrive(full + s);
                 }
@@ -553,11 +547,8 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
             if constexpr (kTc) {
                 if (pt < BN) {  // row pt of the stage's panel, chunk 0 (as the fused kernel's k0 panel)
                     const int j = n * BN + pt;
-                    float h0, h1, h2;
-                    split3<T>(j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f, h0, h1, h2);
-                    unsigned char* row = reinterpret_cast<unsigned char*>(sK0p + ks * BN * 64) + pt * 128;
-                    *reinterpret_cast<uint4*>(row + ((pt & 7) << 4)) =
-                        make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
+                    lorentz_pieces_panel_row<T>(sK0p + ks * BN * 64, pt,
+                                                j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f);
                     fence_proxy_async();
                     mbar_arrive(full_k + ks);
                 }

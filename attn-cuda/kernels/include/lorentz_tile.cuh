@@ -58,6 +58,18 @@ __device__ __forceinline__ void lorentz_k0_panel_row(T* panel, int r, float x) {
     *reinterpret_cast<uint4*>(row + (((r & 7) ^ 1) << 4)) = make_uint4(0u, 0u, 0u, 0u);
 }
 
+// Row r of a sw128 panel whose columns 0..2 hold x's three pieces (hi, mid, lo) and 3..7 zeros: the
+// MN-major n8 B operand of the backward's tensor-core row sums (q0 beside each Q stage, k0 beside K),
+// chunk 0 of the row, the only part the products read. A generic store: the writer fences the proxy
+// and arrives on the stage's barrier before a consumer's wgmma reads it.
+template <typename T>
+__device__ __forceinline__ void lorentz_pieces_panel_row(T* panel, int r, float x) {
+    float h0, h1, h2;
+    split3<T>(x, h0, h1, h2);
+    *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(panel) + r * 128 + ((r & 7) << 4)) =
+        make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
+}
+
 // Calls f(kMid, kRecip, kFast) (std::integral_constant<bool, ..>) with the tile variant of this call:
 // kFast for a tile with no mask and no bias (decided per tile at run time, but a compile-time branch
 // inside the tiles: a per-element test of it costs more than the score itself); kMid for the
