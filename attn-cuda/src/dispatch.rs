@@ -260,17 +260,11 @@ fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
     lorentz && spec.dtype() == DType::BF16 && (spec.head_dim() == 64 || squared)
 }
 
-/// Whether the hyperbolic warp-specialised dQ kernel of `spec` keeps a panel of k0's bf16 pieces per K
-/// stage for its tensor-core row sums: bf16, the host's mirror of `kLorentzTcDqRowSum` in
-/// kernels/include/flash_bwd_ws.cuh.
-fn ws_dq_k0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
-    lorentz && spec.dtype() == DType::BF16
-}
-
-/// Whether the warp-specialised forward of `spec` forms q0·k0 on the tensor cores over panels of q0's
-/// and k0's bf16 pieces: the hyperbolic scores on bf16, the host's mirror of `kLorentzTcK0` in
-/// kernels/include/lorentz_tile.cuh.
-fn fwd_k0_panels(spec: &AttnSpec, lorentz: bool) -> bool {
+/// Whether the hyperbolic scores' Hopper kernels of `spec` put q0 and k0 on the tensor cores as bf16
+/// pieces: the warp-specialised forward's panels beside Q and each K stage (q·k − q0 k0), and the
+/// warp-specialised dQ kernel's k0 panel per K stage (its row sums). The hyperbolic scores on bf16, the
+/// host's mirror of `kLorentzTcK0` in kernels/include/lorentz_tile.cuh.
+fn k0_panels(spec: &AttnSpec, lorentz: bool) -> bool {
     lorentz && spec.dtype() == DType::BF16
 }
 
@@ -355,7 +349,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 geodesic,
                 // Taylor has cosine-sim's shape of work: no running max.
                 matches!(module, Module::CosineSim | Module::TaylorFlash),
-                fwd_k0_panels(spec, lorentz),
+                k0_panels(spec, lorentz),
                 spec.causal() != Causal::None || spec.window().is_some(),
                 spec.seq_k(),
             ),
@@ -365,7 +359,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         let (kind, threads, smem) = match ws {
             Some(t) => {
                 tile = t;
-                let smem = heuristics::ws_fwd_smem(t, d, elem, lorentz, fwd_k0_panels(spec, lorentz));
+                let smem = heuristics::ws_fwd_smem(t, d, elem, lorentz, k0_panels(spec, lorentz));
                 ("ws".to_string(), heuristics::ws_threads(t), smem)
             }
             None => {
@@ -443,7 +437,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             let ws = if !hopper.bwd_ws {
                 None
             } else if dq {
-                let k0_panel = ws_dq_k0_panel(spec, lorentz);
+                let k0_panel = k0_panels(spec, lorentz);
                 heuristics::ws_dq_tile(d)
                     .map(|t| (heuristics::ws_dq_smem(t, d, elem, k0_panel), t.bm * 2 + 128))
             } else {

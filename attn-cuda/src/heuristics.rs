@@ -337,7 +337,7 @@ pub(crate) fn ws_dq_tile(d: usize) -> Option<Tile> {
 /// D = 64, bf16:  1024 + (2·128 + 7·128)·64·2 + 8·128·4 = 152 576 bytes
 /// ```
 ///
-/// `k0_panel` (the hyperbolic scores on bf16, `kLorentzTcDqRowSum` in flash_bwd_ws.cuh): each K stage
+/// `k0_panel` (the hyperbolic scores on bf16, `kLorentzTcK0` in lorentz_tile.cuh): each K stage
 /// also holds a BN × 128-byte panel of k0's bf16 pieces, the B operand of the tensor-core row sums.
 pub(crate) fn ws_dq_smem(t: Tile, d: usize, elem: usize, k0_panel: bool) -> usize {
     let (ks, vs) = WS_DQ_STAGES;

@@ -51,13 +51,11 @@ namespace attn {
 // session 26; at D = 128 since session 28 for the squared Lorentz score, whose tile splits there:
 // unsplit, the accumulators took the dK/dV kernel's spill from 84 to 140 bytes, and the geodesic's
 // from 240 to 312); f16 keeps the per-element sums (q0 may pass f16's range). The dQ kernel takes
-// Σ_j w_ij k0_j the same way at both head dims (kLorentzTcDqRowSum), and the fused kernel in its dQ
-// product (kTcDq).
+// Σ_j w_ij k0_j the same way at both head dims (lorentz_tile.cuh's kLorentzTcK0), and the fused kernel
+// in its dQ product (kTcDq).
 template <typename T, class Score, int D>
 constexpr bool kLorentzTcRowSum =
     Score::kLorentz && std::is_same<T, __nv_bfloat16>::value && (D == 64 || !Score::kGeodesic);
-template <typename T, class Score>
-constexpr bool kLorentzTcDqRowSum = Score::kLorentz && std::is_same<T, __nv_bfloat16>::value;
 
 template <typename T, int D, class Score, int BN, int BM>
 __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo& si, int h, int i0, int j0,
@@ -496,7 +494,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     // kTc (the hyperbolic scores on bf16): dQ's row sums a_i = Σ_j w_ij k0_j on tensor cores, an m64n8
     // product beside dQ's over the same dS' fragments and a panel of K_j's k0 pieces per K stage (hi,
     // mid, lo in columns 0..2; the producer writes it), instead of an FMA per element (NOTES.md, session 28).
-    constexpr bool kTc = kLorentzTcDqRowSum<T, Score>;
+    constexpr bool kTc = kLorentzTcK0<T, Score>;
     T* sK0p = sV + kVs * BN * D;                                               // kTc: [kKs][BN × 64] sw128
     float* sK0 = reinterpret_cast<float*>(sK0p + (kTc ? kKs * BN * 64 : 0));  // [kKs][BN] hyperbolic: k0
     float* sLg = sK0 + kKs * BN;  // [kKs][BN] hyperbolic midpoint: log γ_j

@@ -39,7 +39,9 @@ __device__ __forceinline__ void split3(float x, float& h0, float& h1, float& h2)
 // bf16 pieces each (hi, mid, lo: 24 bits) at the columns of the six significant cross products, so the
 // product carries q0 k0 to f32's precision and the scores do no FMA and no k0 load per element
 // (kernels/NOTES.md, session 27). f16 keeps the per-element FMA: q0 may pass f16's range. So does the
-// wgmma forward (flash_fwd_wg): with the panels its two blocks per SM at D = 64 measured slower.
+// wgmma forward (flash_fwd_wg): with the panels its two blocks per SM at D = 64 measured slower. The
+// warp-specialised dQ kernel takes its row sums Σ_j w_ij k0_j over such pieces under the same condition
+// (flash_bwd_ws.cuh; host mirror of both: dispatch::k0_panels).
 template <typename T, class Score>
 constexpr bool kLorentzTcK0 = Score::kLorentz && std::is_same<T, __nv_bfloat16>::value;
 
