@@ -9,7 +9,7 @@
 //       (flash_bwd_wg.cuh)
 //   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_wg_{f16,bf16}_d128: the fused Hopper backward (dK,
 //       dV, and dQ with its row sums reduced into f32 scratch), finished by attn_hyp_dq_store_{dt}
-//   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_ws_{f16,bf16}_d64: the default fused Hopper backward
+//   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_ws_{f16,bf16}_d{64,128}: the default fused Hopper backward
 //       (flash_bwd_ws.cuh, dQ's row sums by atomics), finished by attn_hyp_dq_store_{dt}
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
 //   attn_hyp_rows_{f32,f16,bf16}: the per-row scalars every kernel above reads (grid.y: the query heads,
@@ -157,10 +157,7 @@ ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 ATTN_FLASH_BWD_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
-// The warp-specialised fused backward (sm_90a only) at D = 64: attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_ws_{dt}_d64
-// (LorentzWsDkvTile; dQ's row sums into p.dq_rowsum, finished by attn_hyp_dq_store). At D = 128 it spills
-// 120–140 bytes and measured slower than the two kernels (NOTES.md, session 26): not instantiated.
-ATTN_FLASH_BWD_FUSED_WS(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore, f16, __half, 64)
-ATTN_FLASH_BWD_FUSED_WS(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore, bf16, __nv_bfloat16, 64)
-ATTN_FLASH_BWD_FUSED_WS(attn_hyperbolic_geodesic, attn::GeodesicScore, f16, __half, 64)
-ATTN_FLASH_BWD_FUSED_WS(attn_hyperbolic_geodesic, attn::GeodesicScore, bf16, __nv_bfloat16, 64)
+// The warp-specialised fused backward (sm_90a only): attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_ws_{dt}_d{64,128}
+// (LorentzWsDkvTile; dQ's row sums into p.dq_rowsum, finished by attn_hyp_dq_store).
+ATTN_FLASH_BWD_FUSED_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
+ATTN_FLASH_BWD_FUSED_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)

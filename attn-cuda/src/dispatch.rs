@@ -222,7 +222,7 @@ pub(crate) fn fused_dq_tiled(spec: &AttnSpec, hopper: Hopper) -> bool {
 }
 
 /// The fused backward's kernel of `spec` under `hopper.fused`: the warp-specialised one (`true`;
-/// softmax and cosine-sim at D = 64 and 128, the hyperbolic scores at D = 64, with `hopper.bwd_ws`,
+/// softmax, cosine-sim and the hyperbolic scores at D = 64 and 128, with `hopper.bwd_ws`,
 /// its dQ by bulk reductions; the hyperbolic scores on their own dK/dV tile,
 /// [`heuristics::ws_dkdv_lorentz_tile`], with dQ's row sums by f32 atomics), else with
 /// [`FusedMode::Everywhere`] the wgmma one (D = 128, every score, dQ by f32 atomics from registers).
@@ -236,9 +236,7 @@ fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
     match hopper.fused {
         FusedMode::Off => None,
         _ if softmax_like && hopper.bwd_ws => heuristics::ws_dkdv_tile(d).map(|t| (t, true)),
-        // At D = 128 the hyperbolic fused kernel spills (120–140 bytes) and measured 2–7% slower than
-        // the two kernels on the H100 (kernels/NOTES.md, session 26).
-        _ if hyperbolic && hopper.bwd_ws && d == 64 => heuristics::ws_dkdv_lorentz_tile(d).map(|t| (t, true)),
+        _ if hyperbolic && hopper.bwd_ws => heuristics::ws_dkdv_lorentz_tile(d).map(|t| (t, true)),
         FusedMode::Everywhere if (softmax_like || hyperbolic) && d == 128 => {
             heuristics::wg_dkdv_tile(d).map(|t| (t, false))
         }

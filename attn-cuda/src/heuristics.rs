@@ -374,14 +374,14 @@ pub(crate) const WS_FUSED_STAGES: usize = 2;
 /// D = 128, bf16: 1024 + (2·128 + 4·64)·128·2 + 2·128·64·2 + 6·64·4 + 8·16·64·4 = 199 168 bytes
 /// D = 64, bf16:  1024 + (2·128 + 4·128)·64·2 + 2·128·128·2 + 6·128·4 + 8·16·64·4 = 200 704 bytes
 /// ```
-/// `q0_panel`: as for [`ws_dkdv_smem`], a BM × 128-byte panel per stage, and a BN × 128-byte panel
-/// of the keys' k0 pieces, the dQ product's 8 more columns (`kTcDq` in flash_bwd_ws.cuh).
+/// `q0_panel`: a BN × 128-byte panel of the keys' k0 pieces, the dQ product's 8 more columns, whose
+/// other 16-byte chunks hold the stages' q0 panels ([`ws_dkdv_smem`]'s, `kTcDq` in flash_bwd_ws.cuh).
 pub(crate) fn ws_fused_smem(t: Tile, d: usize, elem: usize, q0_panel: bool) -> usize {
     1024 + (2 * t.bn + 2 * WS_FUSED_STAGES * t.bm) * d * elem
         + 2 * t.bn * t.bm * elem
         + 3 * WS_FUSED_STAGES * t.bm * 4
         + 8 * 16 * 64 * 4
-        + usize::from(q0_panel) * (WS_FUSED_STAGES * t.bm + t.bn) * 128
+        + usize::from(q0_panel) * t.bn * 128
 }
 
 /// Dynamic shared memory of the fused Hopper backward: the dK/dV kernel's, dS'ᵀ of one query block
@@ -577,6 +577,7 @@ mod tests {
                 wg_dkdv_smem(kv, d, 2),
                 wg_fused_smem(kv, d, 2),
                 ws_fused_smem(kv, d, 2, false),
+                ws_dkdv_lorentz_tile(d).map_or(0, |t| ws_fused_smem(t, d, 2, true)) + 1024,
             ] {
                 assert!(bytes <= 227 * 1024, "D = {d}: {bytes} bytes");
             }
@@ -616,11 +617,16 @@ mod tests {
             ws_dkdv_tile(64).map(|t| ws_fused_smem(t, 64, 2, false)),
             Some(200_704)
         );
-        // The hyperbolic 64-query tile with its panels:
-        // 1024 + (2·128 + 4·64)·64·2 + 2·128·64·2 + 6·64·4 + 8·16·64·4 + (2·64 + 128)·128.
+        // The hyperbolic tiles with their panel:
+        // 1024 + (2·128 + 4·64)·64·2 + 2·128·64·2 + 6·64·4 + 8·16·64·4 + 128·128, and 199 168 + 128·128
+        // (with the kernel's static 1 KiB, within 227 KiB).
         assert_eq!(
             ws_dkdv_lorentz_tile(64).map(|t| ws_fused_smem(t, 64, 2, true)),
-            Some(166_400)
+            Some(150_016)
+        );
+        assert_eq!(
+            ws_dkdv_lorentz_tile(128).map(|t| ws_fused_smem(t, 128, 2, true)),
+            Some(215_552)
         );
         assert_eq!(
             dkdv_tile(256),

@@ -215,12 +215,19 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     T* sQ = sV + BN * D;                 // [kStages][BM × D] sw128
     T* sdO = sQ + kStages * BM * D;      // [kStages][BM × D] sw128
     constexpr bool kTc = kLorentzTcRowSum<T, Score, D>;
-    T* sQ0p = sdO + kStages * BM * D;    // kTc: [kStages][BM × 64] sw128, q0's pieces in columns 0..2
     // kTcDq (the fused kernel with kTc): dQ's row sums a_i = Σ_j w_ij k0_j in the dQ product, as 8 more
     // columns of its B operand K: a second sw128 column block of the keys' k0 pieces (hi, mid, lo in
-    // columns 0..2, written by the producer), LBO bytes past K (kernels/NOTES.md, session 28).
-    constexpr bool kTcDq = kDq && kTc && kKeySplit;
-    T* sK0p = sQ0p + (kTc ? kStages * BM * 64 : 0);  // kTcDq: [BN × 64] sw128
+    // columns 0..2, written by the producer), LBO bytes past K (kernels/NOTES.md, session 28). Its
+    // chunks 1..kStages hold the stages' q0 panels (rows = the block's queries), which the unfused
+    // kernel keeps in panels of their own (sQ0p): 16 KiB less, which the fused kernel at D = 128 needs.
+    constexpr bool kTcDq = kDq && kTc;
+    static_assert(!kTcDq || kKeySplit || D == 128, "fused dQ row sums on tensor cores: the tiles above");
+    static_assert(!kTcDq || (kStages < 8 && BM <= BN), "the q0 panels in chunks 1..kStages of the k0 panel");
+    T* sQ0p = sdO + kStages * BM * D;  // kTc && !kTcDq: [kStages][BM × 64] sw128, q0's pieces in columns 0..2
+    T* sK0p = sQ0p + (kTc && !kTcDq ? kStages * BM * 64 : 0);  // kTcDq: [BN × 64] sw128
+    // Stage s's q0 panel: its own, or chunk 1 + s of the k0 panel (address and the producer's chunk).
+    auto q0_panel = [&](int s) { return kTcDq ? sK0p : sQ0p + s * BM * 64; };
+    auto q0_chunk = [&](int s) { return kTcDq ? 1 + s : 0; };
     T* sdS = sK0p + (kTcDq ? BN * 64 : 0);  // kDq: [2][BN × BM] sw128, dS'ᵀ (rows = keys) of alternate blocks
     float* sLse = reinterpret_cast<float*>(sdS + (kDq ? 2 * BN * BM : 0));  // [kStages][BM] log2 units
     float* sDelta = sLse + kStages * BM;                                     // [kStages][BM]
@@ -297,7 +304,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                     // Row pt of the stage's panel, chunk 0 (at 16·(pt % 8) in the sw128 layout): q0's pieces
                     // (zeros past the sequence: those rows' w are 0), by a generic store made visible to the
                     // consumers' wgmma by the proxy fence and a plain (release) arrival.
-                    lorentz_pieces_panel_row<T>(sQ0p + s * BM * 64, pt, valid ? p.x0q[at] : 0.f);
+                    lorentz_pieces_panel_row<T>(q0_panel(s), pt, valid ? p.x0q[at] : 0.f, q0_chunk(s));
                     fence_proxy_async();
                     mbar_arrive(full + s);
                 }
@@ -330,7 +337,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     const uint32_t ds_addr = smem_addr(sdS) + (BM == 128 ? wg * BN * 128 : kKeySplit ? wg * 64 * 128 : 0);
     const uint32_t kn_addr = smem_addr(sK) + (D == 128 ? wg * BN * 128 : kKeySplit ? wg * 64 * 128 : 0);
     const float dq_mul = Score::kLorentz ? 1.f : p.scale;  // the hyperbolic scores: hyp_grad in attn_hyp_dq_store
-    const uint32_t k0p_lbo = smem_addr(sK0p) - smem_addr(sK);  // kTcDq: the panel as K's second column block
+    // kTcDq: the panel as the second column block of this warpgroup's B (kKeySplit: rows 64w.. of both).
+    const uint32_t k0p_lbo = smem_addr(sK0p) + (kKeySplit ? wg * 64 * 128 : 0) - kn_addr;
     float* wdq = sdQ + warp * 16 * kDqLd;  // this warp's 16 rows of the dQ tile
 
     mbar_wait(full_kv, 0);
@@ -354,7 +362,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             opaque(doa);
         }
         dkdv_ws_block<T, D, Score, BN, BM>(p, si, h, i0, j0, ka, va, qa, doa,
-                                           smem_addr(sQ0p) + s * BM * 128, acc_b, sRq + s * BM, sLse + s * BM,
+                                           smem_addr(q0_panel(s)) + 16 * q0_chunk(s), acc_b, sRq + s * BM, sLse + s * BM,
                                            sDelta + s * BM, rk, lg, key, bsum, csum, acc_dk, acc_dv, ap, ads, t4);
         if constexpr (kDq) {
             // dS'ᵀ of this warp's 16 keys (the dK product's A fragments, which it only reads) into the
@@ -403,12 +411,14 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             const int rows = min(16, si.len_q - iw);
             if constexpr (kTcDq) {
                 // Columns 64 + 2·t4 + {0, 1} of rows g, g + 8: the pieces' sums at t4 = 0 (hi, mid) and 1
-                // (lo, 0); the other columns are zero. One atomic per row and warpgroup.
+                // (lo, 0); the other columns are zero. One atomic per row and warpgroup (kKeySplit: each
+                // over its keys), or at D = 128 warpgroup 0's (each has all the keys, for its columns).
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     float a = acc_q[8][2 * r] + acc_q[8][2 * r + 1];
                     a += __shfl_xor_sync(0xffffffffu, a, 1);
-                    if (t4 == 0 && g + 8 * r < rows) atomicAdd(p.dq_rowsum + si.stats_index(p, h, iw + g + 8 * r), a);
+                    if ((kKeySplit || wg == 0) && t4 == 0 && g + 8 * r < rows)
+                        atomicAdd(p.dq_rowsum + si.stats_index(p, h, iw + g + 8 * r), a);
                 }
             }
             if (lane < 16) bulk_wait_read<0>();

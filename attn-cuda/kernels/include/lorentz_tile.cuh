@@ -62,13 +62,15 @@ __device__ __forceinline__ void lorentz_k0_panel_row(T* panel, int r, float x) {
 
 // Row r of a sw128 panel whose columns 0..2 hold x's three pieces (hi, mid, lo) and 3..7 zeros: the
 // MN-major n8 B operand of the backward's tensor-core row sums (q0 beside each Q stage, k0 beside K),
-// chunk 0 of the row, the only part the products read. A generic store: the writer fences the proxy
-// and arrives on the stage's barrier before a consumer's wgmma reads it.
+// 16-byte chunk `chunk` of the row (before the swizzle), the only part the products read: a panel's
+// other chunks may hold other panels (the fused kernel keeps its q0 panels in chunks 1.. of its k0
+// panel; the swizzle is of the address, so an operand may start at any chunk). A generic store: the
+// writer fences the proxy and arrives on the stage's barrier before a consumer's wgmma reads it.
 template <typename T>
-__device__ __forceinline__ void lorentz_pieces_panel_row(T* panel, int r, float x) {
+__device__ __forceinline__ void lorentz_pieces_panel_row(T* panel, int r, float x, int chunk = 0) {
     float h0, h1, h2;
     split3<T>(x, h0, h1, h2);
-    *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(panel) + r * 128 + ((r & 7) << 4)) =
+    *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(panel) + r * 128 + ((chunk ^ (r & 7)) << 4)) =
         make_uint4(pack2<T>(h0, h1), pack2<T>(h2, 0.f), 0u, 0u);
 }
 

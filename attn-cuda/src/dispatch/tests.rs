@@ -379,12 +379,11 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
         (Family::softmax(), DType::BF16, 96, None, false),
         (Family::softmax(), DType::F32, 64, None, false),
         (Family::softmax(), DType::F32, 128, None, false),
-        // The hyperbolic scores: the warp-specialised fused kernel at D = 64 only (at 128 it spills and
-        // measured slower than the two kernels, kernels/NOTES.md session 26); the wgmma one at 128.
+        // The hyperbolic scores: the warp-specialised fused kernel at D = 64 and 128; the wgmma one at 128.
         (hyp, DType::BF16, 64, Some("ws"), false),
         (geo, DType::F16, 64, Some("ws"), false),
-        (hyp, DType::BF16, 128, Some("wg"), true),
-        (geo, DType::BF16, 128, Some("wg"), true),
+        (hyp, DType::BF16, 128, Some("ws"), true),
+        (geo, DType::BF16, 128, Some("ws"), true),
         (hyp, DType::BF16, 96, None, false),
         (hyp, DType::F32, 128, None, false),
     ] {
@@ -408,10 +407,18 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
                 assert_eq!((k.grid, k.threads), ((2, 2, 2), 384));
                 // The hyperbolic scores' tile: 64 queries at D = 64 too (LorentzWsDkvTile).
                 let bm = if d == 128 || lorentz { 64 } else { 128 };
-                // bf16 hyperbolic at D = 64: a panel of q0's pieces per stage (the tensor-core row sums)
-                // and one of the keys' k0 pieces (dQ's row sums in the dQ product).
-                let panel = if lorentz && dtype == DType::BF16 && d == 64 {
-                    (2 * bm + 128) * 128
+                // bf16 hyperbolic (the geodesic at D = 64 only): a panel of the keys' k0 pieces (dQ's
+                // row sums in the dQ product) whose other chunks hold q0's pieces per stage (the
+                // tensor-core row sums of dK).
+                let squared = matches!(
+                    s.family(),
+                    FamilySpec::Hyperbolic {
+                        score: HypScore::SquaredLorentz,
+                        ..
+                    }
+                );
+                let panel = if lorentz && dtype == DType::BF16 && (d == 64 || squared) {
+                    128 * 128
                 } else {
                     0
                 };
@@ -455,15 +462,14 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
         assert!(!fused_backward(&s, off), "{off:?}");
     }
     // The default mode: the warp-specialised fused kernel only (softmax, cosine-sim, the hyperbolic
-    // scores at D = 64), never the wgmma one.
+    // scores), never the wgmma one.
     let default = Hopper {
         fused: FusedMode::WarpSpecialised,
         bwd_ws: true,
         ..ON
     };
     let (hyp64, hyp128) = (spec(hyp, DType::BF16, 64), spec(hyp, DType::BF16, 128));
-    assert!(fused_dq_tiled(&s, default) && fused_dq_tiled(&hyp64, default));
-    assert!(!fused_backward(&hyp128, default));
+    assert!(fused_dq_tiled(&s, default) && fused_dq_tiled(&hyp64, default) && fused_dq_tiled(&hyp128, default));
     assert!(!fused_backward(
         &s,
         Hopper {
