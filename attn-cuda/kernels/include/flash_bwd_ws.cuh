@@ -57,7 +57,7 @@ template <typename T, class Score, int D>
 constexpr bool kLorentzTcRowSum =
     Score::kLorentz && std::is_same<T, __nv_bfloat16>::value && (D == 64 || !Score::kGeodesic);
 
-template <typename T, int D, class Score, int BN, int BM>
+template <typename T, int D, class Score, int BN, int BM, bool kFull>
 __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo& si, int h, int i0, int j0,
                                               uint32_t k_addr, uint32_t v_addr, uint32_t qb, uint32_t dob,
                                               uint32_t q0b, float (&acc_b)[1][4],
@@ -67,10 +67,6 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
                                               float (&acc_dv)[1][D / 8][4], uint32_t (&ap)[BM / 16][4],
                                               uint32_t (&ads)[BM / 16][4], int t4) {
     constexpr int MT = 1, QT = BM / 8;
-    // The hyperbolic scores at D = 128 form every step's descriptor in full: with one base per operand
-    // kept live, ptxas spills 180 bytes there instead of 72. At D = 64 (no spill either way) the
-    // softmax form measured 1–2% faster (kernels/NOTES.md, session 28).
-    constexpr bool kFull = Score::kLorentz && D == 128;
     auto a_desc = [&](uint32_t addr, int kk) {
         return kFull ? sw128_desc(addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024) : kmajor_desc<BN>(addr, kk);
     };
@@ -349,19 +345,21 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
 
         uint32_t ap[BM / 16][4], ads[BM / 16][4];
         const int h = head_of(it), i0 = row0_of(it);
-        // The shared addresses of the block's operands, opaque for softmax, cosine-sim and the hyperbolic
-        // scores at D = 64: the descriptors of every k16 step are formed from them per block (ptxas
-        // spilled the hoisted ones: 172 bytes in the fused kernel at D = 128, reloaded from L2 before
-        // every product; kernels/NOTES.md, version 10). The hyperbolic scores at D = 128 spill more
-        // that way (72 → 180 bytes) and form each step's descriptor in full (kFull).
+        // The shared addresses of the block's operands, opaque: the descriptors of every k16 step are
+        // formed from them per block (ptxas spilled the hoisted ones: 172 bytes in the fused kernel at
+        // D = 128, reloaded from L2 before every product; kernels/NOTES.md, version 10). The hyperbolic
+        // scores' unfused kernel at D = 128 spills more that way (72 → 180 bytes) and forms each step's
+        // descriptor in full (kFull); their fused kernel there spills less the opaque way (64 + 80
+        // bytes, against 124 + 140; kernels/NOTES.md, session 29).
+        constexpr bool kFull = Score::kLorentz && D == 128 && !kDq;
         uint32_t ka = k_addr, va = v_addr, qa = q_addr + s * kTile, doa = do_addr + s * kTile;
-        if constexpr (!Score::kLorentz || D == 64) {
+        if constexpr (!kFull) {
             opaque(ka);
             opaque(va);
             opaque(qa);
             opaque(doa);
         }
-        dkdv_ws_block<T, D, Score, BN, BM>(p, si, h, i0, j0, ka, va, qa, doa,
+        dkdv_ws_block<T, D, Score, BN, BM, kFull>(p, si, h, i0, j0, ka, va, qa, doa,
                                            smem_addr(q0_panel(s)) + 16 * q0_chunk(s), acc_b, sRq + s * BM, sLse + s * BM,
                                            sDelta + s * BM, rk, lg, key, bsum, csum, acc_dk, acc_dv, ap, ads, t4);
         if constexpr (kDq) {
