@@ -86,10 +86,10 @@ impl DenseMode {
 /// Where the fused Hopper backward (one dK/dV kernel that also adds dQ into f32 scratch; its dQ is a
 /// sum in arrival order, so not bit-reproducible) replaces the deterministic dQ and dK/dV kernels, for
 /// calls that do not ask for `deterministic` and have no bias: `WarpSpecialised` (the default) where
-/// the warp-specialised fused kernel exists (softmax and cosine-sim at D = 64 and 128, the
-/// hyperbolic scores at D = 64, with the warp-specialised backward: for softmax on the H100 0–9%
-/// faster than the two kernels in forward+backward, 1–3% slower at D = 128, N = 4096;
-/// kernels/NOTES.md, version 10 and session 26), as FlashAttention and SDPA default to a
+/// the warp-specialised fused kernel exists (softmax, cosine-sim and the hyperbolic scores at D = 64
+/// and 128, with the warp-specialised backward: for softmax on the H100 0–9% faster than the two
+/// kernels in forward+backward, 1–3% slower at D = 128, N = 4096; kernels/NOTES.md, version 10,
+/// sessions 26 and 29), as FlashAttention and SDPA default to a
 /// non-deterministic backward; `Everywhere` it has a kernel, the wgmma fused kernel too (D = 128,
 /// every score; `ATTN_CUDA_WG_FUSED=1`); `Off` (`ATTN_CUDA_WG_FUSED=0`): the two kernels for every call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

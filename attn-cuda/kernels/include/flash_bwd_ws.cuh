@@ -20,16 +20,18 @@
 // the others), and the delta kernel's LSE is less their score's constant; the host dispatches the
 // hyperbolic scores here with their own tile (LorentzWsDkvTile: 64 queries per block at D = 64).
 //
-// The same kernel with kDq is the fused backward of softmax, cosine-sim and (at D = 64) the hyperbolic
-// scores (the default; ATTN_CUDA_WG_FUSED=0 turns it off; kernels/NOTES.md version 10, and session 26 for
+// The same kernel with kDq is the fused backward of softmax, cosine-sim and the hyperbolic scores (the
+// default; ATTN_CUDA_WG_FUSED=0 turns it off; kernels/NOTES.md version 10, and sessions 26 and 29 for
 // the hyperbolic scores): per query block the consumer warps also store dS'ᵀ (stmatrix), meet at a
 // named barrier, each warpgroup forms a 64 × 64 tile of dQ = dS' K, and each warp adds its 16 × 64 f32
 // rows into p.dq_acc with one cp.reduce.async.bulk in dq_acc's tiled layout (SeqInfo::dq_acc_index).
 // The hyperbolic scores' tile at D = 64 has 64 queries: there each warpgroup forms the block's whole dQ
 // over its own 64 keys (kKeySplit, a barrier per warpgroup), and both add into the same rows.
 // Hyperbolic scores: dQ's row sums a_i = Σ_j w_ij k0_j go into p.dq_rowsum by f32 atomics, on bf16
-// from the dQ product itself (kTcDq: 8 more columns of B over a panel of the keys' k0 pieces, one
-// atomic per row and warpgroup), on f16 per element (lorentz_rowsum_add); attn_hyp_dq_store finishes
+// from the dQ product itself where dK's come off the tensor cores too (kTcDq: 8 more columns of B over
+// a panel of the keys' k0 pieces; one atomic per row and warpgroup at D = 64, per row from warpgroup 0
+// at D = 128, whose dQ columns split between the warpgroups), else (f16; the geodesic at D = 128) per
+// element (lorentz_rowsum_add); attn_hyp_dq_store finishes
 // dq_i = hyp_grad·(Σ_j w_ij k_j − (a_i/q0_i)·q_i).
 #pragma once
 #include "flash_bwd_wg.cuh"
