@@ -469,7 +469,9 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
         ..ON
     };
     let (hyp64, hyp128) = (spec(hyp, DType::BF16, 64), spec(hyp, DType::BF16, 128));
-    assert!(fused_dq_tiled(&s, default) && fused_dq_tiled(&hyp64, default) && fused_dq_tiled(&hyp128, default));
+    assert!(
+        fused_dq_tiled(&s, default) && fused_dq_tiled(&hyp64, default) && fused_dq_tiled(&hyp128, default)
+    );
     assert!(!fused_backward(
         &s,
         Hopper {
