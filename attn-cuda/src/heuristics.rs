@@ -355,7 +355,8 @@ pub(crate) fn ws_dq_smem(t: Tile, d: usize, elem: usize, k0_panel: bool) -> usiz
 /// D = 64, bf16:  1024 + (2·128 + 6·128)·64·2 + 9·128·4 = 136 704 bytes
 /// ```
 ///
-/// `q0_panel` (the hyperbolic scores on bf16 at D = 64, `kLorentzTcRowSum` in flash_bwd_ws.cuh): each
+/// `q0_panel` (the hyperbolic scores on bf16 at D = 64, and squared Lorentz at D = 128: `kLorentzTcRowSum`
+/// in flash_bwd_ws.cuh, host mirror `dispatch::ws_q0_panel`): each
 /// stage also holds a BM × 128-byte panel of q0's bf16 pieces, the B operand of the tensor-core row sums.
 pub(crate) fn ws_dkdv_smem(t: Tile, d: usize, elem: usize, q0_panel: bool) -> usize {
     1024 + (2 * t.bn + 2 * WS_DKDV_STAGES * t.bm) * d * elem

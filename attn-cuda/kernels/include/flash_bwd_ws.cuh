@@ -299,9 +299,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                 // initial 1: such rows are masked, and their score only needs to stay finite).
                 if (Score::kLorentz && valid) cp_async_4(sRq + s * BM + pt, p.x0q + at, true);
                 if constexpr (kTc) {
-                    // Row pt of the stage's panel, chunk 0 (at 16·(pt % 8) in the sw128 layout): q0's pieces
-                    // (zeros past the sequence: those rows' w are 0), by a generic store made visible to the
-                    // consumers' wgmma by the proxy fence and a plain (release) arrival.
+                    // Row pt of the stage's panel (chunk 0 of its own panel, or chunk 1 + s of the fused
+                    // kernel's k0 panel): q0's pieces (zeros past the sequence: those rows' w are 0), by a
+                    // generic store made visible to the consumers' wgmma by the proxy fence and a plain
+                    // (release) arrival.
                     lorentz_pieces_panel_row<T>(q0_panel(s), pt, valid ? p.x0q[at] : 0.f, q0_chunk(s));
                     fence_proxy_async();
                     mbar_arrive(full + s);
