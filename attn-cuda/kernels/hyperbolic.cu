@@ -157,7 +157,9 @@ ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_DQ_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 ATTN_FLASH_BWD_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
-// The warp-specialised fused backward (sm_90a only): attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_ws_{dt}_d{64,128}
+// The warp-specialised fused backward (sm_90a only): attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_ws_{dt}_d{64,128},
+// and for calls whose every tile is fast attn_hyperbolic_sq_lorentz_bwd_fused_ws_even_bf16_d64 (Euclidean, 128-query blocks)
 // (LorentzWsDkvTile; dQ's row sums into p.dq_rowsum, finished by attn_hyp_dq_store).
 ATTN_FLASH_BWD_FUSED_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
+ATTN_FLASH_BWD_FUSED_WS_EVEN(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_FUSED_WS_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)

@@ -19,7 +19,9 @@
 
 use crate::heuristics::{self, Tile};
 use crate::runtime::{FusedMode, Hopper, WsMode};
-use attn_core::{AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, HypScore, Pass, TaylorOrder};
+use attn_core::{
+    Aggregation, AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, HypScore, Pass, TaylorOrder,
+};
 
 /// Name used in `Unsupported` errors.
 pub(crate) const BACKEND: &str = "attn-cuda";
@@ -244,6 +246,35 @@ fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
     }
 }
 
+/// Whether the fused backward of `spec` runs the kernel for calls whose every tile is fast: the squared
+/// Lorentz score with Euclidean aggregation on bf16 at D = 64, with [`heuristics::WS_FUSED_EVEN_TILE`]'s
+/// 128-query blocks (`attn_hyperbolic_sq_lorentz_bwd_fused_ws_even_bf16_d64`, `kEven` in
+/// kernels/include/flash_bwd_ws.cuh), where the general kernel has 64 (with the general tile's code and
+/// the midpoint the 128-query tile spills 408 + 384 bytes). Every tile is fast when nothing masks an
+/// element and every sequence's query and key counts are multiples of the tile: no causal mask, no
+/// window, no bias. The kernel traps on any other call. `hopper.even` off (`ATTN_CUDA_WG_EVEN=0`): never.
+fn fused_even(spec: &AttnSpec, hopper: Hopper) -> bool {
+    let t = heuristics::WS_FUSED_EVEN_TILE;
+    matches!(
+        spec.family(),
+        FamilySpec::Hyperbolic {
+            score: HypScore::SquaredLorentz,
+            aggregation: Aggregation::Euclidean,
+            ..
+        }
+    ) && hopper.even
+        && hopper.bwd_ws
+        && spec.dtype() == DType::BF16
+        && spec.head_dim() == t.da
+        && spec.causal() == Causal::None
+        && spec.window().is_none()
+        && spec.bias().is_none()
+        && (0..spec.batch()).all(|b| {
+            let l = spec.seq_lens(b);
+            l.q % t.bm == 0 && l.k % t.bn == 0
+        })
+}
+
 /// Whether the hyperbolic warp-specialised dK/dV kernel of `spec` (fused or not) keeps a panel of q0's
 /// bf16 pieces per stage for its tensor-core row sums: bf16 at D = 64, and for the squared Lorentz
 /// score at D = 128 too, the host's mirror of `kLorentzTcRowSum` in kernels/include/flash_bwd_ws.cuh.
@@ -398,6 +429,19 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         let tile = fused_kernel_tile(spec, hopper).filter(|_| fused_backward(spec, hopper));
         let (tile, ws) =
             tile.ok_or_else(|| unsupported(spec, pass, format!("a fused {family} backward here")))?;
+        if ws && fused_even(spec, hopper) {
+            let tile = heuristics::WS_FUSED_EVEN_TILE;
+            return Ok(Kernel {
+                module,
+                name: format!("attn_{family}_bwd_fused_ws_even_bf16_d{d}"),
+                smem: heuristics::ws_fused_smem(tile, d, elem, true),
+                grid: (heuristics::blocks(spec.seq_k(), tile.bn), hkv, b),
+                threads: (tile.bn * 2 + 128) as u32,
+                hopper: true,
+                tiles_q: 0,
+                persistent: false,
+            });
+        }
         let (kind, smem, threads) = if ws {
             let smem = heuristics::ws_fused_smem(tile, d, elem, ws_q0_panel(spec, lorentz));
             ("ws", smem, tile.bn * 2 + 128)

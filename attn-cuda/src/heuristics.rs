@@ -320,6 +320,15 @@ pub(crate) fn ws_dkdv_lorentz_tile(d: usize) -> Option<Tile> {
     }
 }
 
+/// The tile of the squared Lorentz fused backward for calls whose every tile is fast (bf16, D = 64;
+/// `ATTN_FLASH_BWD_FUSED_WS_EVEN` in flash_bwd_ws.cuh, dispatch::fused_even): softmax's 128 queries per
+/// block where [`ws_dkdv_lorentz_tile`] has 64.
+pub(crate) const WS_FUSED_EVEN_TILE: Tile = Tile {
+    bm: 128,
+    bn: 128,
+    da: 64,
+};
+
 /// Stages of K and of V in the warp-specialised dQ kernel (`kWsDqKStages`, `kWsDqVStages` in tiles.h).
 pub(crate) const WS_DQ_STAGES: (usize, usize) = (4, 3);
 

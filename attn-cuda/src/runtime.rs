@@ -55,6 +55,9 @@ pub(crate) struct Hopper {
     pub sms: usize,
     /// Where Taylor order 2 runs its quadratic form on these kernels (`ATTN_CUDA_TAYLOR_DENSE`).
     pub taylor_dense: DenseMode,
+    /// The fused backward's kernels for calls whose every tile is fast, where a call allows them
+    /// (dispatch::fused_even), unless `ATTN_CUDA_WG_EVEN=0` (A/B timings, tests of the general kernel).
+    pub even: bool,
     /// Where Taylor order 2's forward (bf16, D = 64; causal where Nq = Nk) runs on the wgmma state
     /// kernels (`crate::taylor::wg_forward`, `ATTN_CUDA_TAYLOR_WG`: 0 never, 1 wherever they apply).
     pub taylor_wg: DenseMode,
@@ -144,6 +147,7 @@ impl Hopper {
             sms: 0,
             taylor_dense: DenseMode::Measured,
             taylor_wg: DenseMode::Measured,
+            even: true,
         }
     }
 }
@@ -306,6 +310,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
             sms: usize::try_from(sms).unwrap_or(0),
             taylor_dense: DenseMode::parse(std::env::var("ATTN_CUDA_TAYLOR_DENSE").ok().as_deref()),
             taylor_wg: DenseMode::parse(std::env::var("ATTN_CUDA_TAYLOR_WG").ok().as_deref()),
+            even: std::env::var("ATTN_CUDA_WG_EVEN").ok().as_deref().map(str::trim) != Some("0"),
             ..Hopper::new(
                 cc,
                 std::env::var("ATTN_CUDA_WGMMA").ok().as_deref(),

@@ -18,7 +18,7 @@ use common::hyperbolic::{check_points, naive, shape_points, Points};
 use common::shapes::{
     bias_broadcast_batch, bias_broadcast_heads, causal_bottom_right_q_longer, causal_top_left_q_shorter,
     dense_gqa, key_padding_and_window, long_keys_bottom_right, mqa_bhnd, strided_views, varlen_causal,
-    Lengths, Make, Shapes,
+    whole_tiles_gqa, whole_tiles_key_padding, whole_tiles_varlen, Lengths, Make, Shapes,
 };
 use common::{check_dims, Cases};
 
@@ -136,6 +136,27 @@ gpu_long_tests! {
     sq_lorentz_long_keys_bottom_right_matches_reference: hyp(Sq, Euc, 1.0, 1.0);
     sq_lorentz_midpoint_long_keys_bottom_right_matches_reference: hyp(Sq, Mid, 0.5, 0.7);
     geodesic_long_keys_bottom_right_matches_reference: hyp(Geo, Euc, 1.0, 1.0);
+}
+
+/// Every length a multiple of 128 and no mask: the squared Lorentz backward's every tile is fast, so on
+/// bf16 at D = 64 it runs the fused kernel with 128-query blocks and the midpoint as a constant
+/// (dispatch::fused_even; `ATTN_CUDA_WG_EVEN=0` turns it off). D = 128 and f16 take the general kernel
+/// on the same shapes.
+macro_rules! gpu_whole_tile_tests {
+    ($($name:ident: $family:expr, $make:expr;)*) => {$(
+        #[test]
+        #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+        fn $name() {
+            run_dims(stringify!($name), $family, &[64, 128], TYPICAL, 0, &$make);
+        }
+    )*};
+}
+
+gpu_whole_tile_tests! {
+    sq_lorentz_whole_tiles_gqa_matches_reference: hyp(Sq, Euc, 1.0, 1.0), whole_tiles_gqa;
+    sq_lorentz_midpoint_whole_tiles_gqa_matches_reference: hyp(Sq, Mid, 0.5, 0.7), whole_tiles_gqa;
+    sq_lorentz_whole_tiles_packed_varlen_matches_reference: hyp(Sq, Euc, 1.0, 1.0), whole_tiles_varlen;
+    sq_lorentz_midpoint_whole_tiles_key_padding_matches_reference: hyp(Sq, Mid, 1.0, 1.0), whole_tiles_key_padding;
 }
 
 /// The baseline itself (CPU only): in f32 it must track the f64 reference closely on typical points,

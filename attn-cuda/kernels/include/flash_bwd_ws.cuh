@@ -59,7 +59,7 @@ template <typename T, class Score, int D>
 constexpr bool kLorentzTcRowSum =
     Score::kLorentz && std::is_same<T, __nv_bfloat16>::value && (D == 64 || !Score::kGeodesic);
 
-template <typename T, int D, class Score, int BN, int BM, bool kFull>
+template <typename T, int D, class Score, int BN, int BM, bool kFull, bool kEven>
 __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo& si, int h, int i0, int j0,
                                               uint32_t k_addr, uint32_t v_addr, uint32_t qb, uint32_t dob,
                                               uint32_t q0b, float (&acc_b)[1][4],
@@ -91,11 +91,21 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
     // TaylorScore needs f(s) and f'(s) from one Sᵀ: both once dPᵀ is done (the split held
     // both beside the products in flight and spilled 240 bytes at D = 64). So does the geodesic (ψ).
-    // The squared Lorentz score splits like softmax at D = 128 (lorentz_fast_p, lorentz_fast_ds).
-    constexpr bool kSqLorentz = Score::kLorentz && !Score::kGeodesic && D == 128;
+    // The squared Lorentz score splits like softmax at D = 128 (lorentz_fast_p, lorentz_fast_ds), and
+    // in the kernel for calls whose every tile is fast and whose aggregation is Euclidean (kEven: no
+    // general tile and no midpoint compiled; the host routes only such calls there, and the kernel traps
+    // on any other at its start).
+    constexpr bool kSqLorentz = Score::kLorentz && !Score::kGeodesic && (D == 128 || kEven);
     constexpr bool kRowSum = !kLorentzTcRowSum<T, Score, D>;
-    const bool split = (!Score::kLorentz || kSqLorentz) && !Score::kPoly && dkdv_fast<Score>(p, full);
-    const bool mid = kSqLorentz && p.midpoint;
+    static_assert(!kEven || kSqLorentz, "the every-tile-fast kernel: the squared Lorentz score");
+    bool split, mid;
+    if constexpr (kEven) {
+        split = true;
+        mid = false;
+    } else {
+        split = (!Score::kLorentz || kSqLorentz) && !Score::kPoly && dkdv_fast<Score>(p, full);
+        mid = kSqLorentz && p.midpoint;
+    }
     wg_wait<1>();
     fence_regs<QT>(st[0]);
     if (split) {
@@ -107,7 +117,7 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
         } else {
             dkdv_fast_p<MT, QT>(p, false, st, rk, sRq, sLse, t4);
         }
-    } else {
+    } else if constexpr (!kEven) {
         wg_wait<0>();
         fence_regs<QT>(dpt[0]);
         dkdv_block_pds<T, Score, MT, QT, kRowSum>(p, si, h, i0, full, false, st, dpt, bsum, csum, rk, lg, key, sRq,
@@ -183,7 +193,7 @@ __device__ __forceinline__ void lorentz_rowsum_add(const AttnParams& p, const Se
     }
 }
 
-template <typename T, int D, class Score, int BN, int BM, int kStages, bool kDq = false>
+template <typename T, int D, class Score, int BN, int BM, int kStages, bool kDq = false, bool kEven = false>
 __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int MT = 1;
@@ -197,7 +207,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     // all BN keys; D = 64, BM = 64, kKeySplit: all of it over keys 64w..).
     static_assert(!kDq || (D == 128 && BM == 64) || (D == 64 && (BM == 128 || BM == 64)),
                   "fused dQ: one 64 × 64 dQ tile per warpgroup");
-    static_assert(!kDq || !Score::kLorentz || BM == 64, "fused dQ's row sums: 64-query blocks");
+    // The hyperbolic scores' fused kernel: 64-query blocks (lorentz_rowsum_add), or at D = 64 the
+    // every-tile-fast squared Lorentz kernel's 128 (kEven; the row sums in the dQ product, kTcDq).
+    static_assert(!kDq || !Score::kLorentz || BM == 64 || kEven, "fused dQ's row sums: the tiles above");
     constexpr bool kKeySplit = kDq && D == 64 && BM == 64;
     constexpr int AT = D / 8;
     // kDq: a warp's 16 × 64 f32 dQ tile in shared memory, in dq_acc's tiled layout (SeqInfo::
@@ -219,7 +231,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     // chunks 1..kStages hold the stages' q0 panels (rows = the block's queries), which the unfused
     // kernel keeps in panels of their own (sQ0p): 16 KiB less, which the fused kernel at D = 128 needs.
     constexpr bool kTcDq = kDq && kTc;
-    static_assert(!kTcDq || kKeySplit || D == 128, "fused dQ row sums on tensor cores: the tiles above");
+    static_assert(!kTcDq || kKeySplit || D == 128 || BM == 128, "fused dQ row sums on tensor cores: the tiles above");
+    static_assert(!kEven || kTcDq, "the every-tile-fast kernel: bf16, fused");
     static_assert(!kTcDq || (kStages < 8 && BM <= BN), "the q0 panels in chunks 1..kStages of the k0 panel");
     T* sQ0p = sdO + kStages * BM * D;  // kTc && !kTcDq: [kStages][BM × 64] sw128, q0's pieces in columns 0..2
     T* sK0p = sQ0p + (kTc && !kTcDq ? kStages * BM * 64 : 0);  // kTcDq: [BN × 64] sw128
@@ -243,6 +256,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     const SeqInfo si(p, b);
     const int j0 = n_block * BN;
     if (j0 >= si.key_rows(p)) return;
+    if constexpr (kEven) {  // every tile fast (dispatch::fused_even): a routing error traps, never a wrong result
+        if (p.causal != 0 || p.window_left >= 0 || p.window_right >= 0 || p.bias != nullptr || p.midpoint != 0 ||
+            si.len_q % BM != 0 || si.len_k % BN != 0)
+            __trap();
+    }
     int m_first, m_count;
     key_tile_query_blocks<BM, BN>(p, si, j0, m_first, m_count);
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
@@ -362,7 +380,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             opaque(qa);
             opaque(doa);
         }
-        dkdv_ws_block<T, D, Score, BN, BM, kFull>(p, si, h, i0, j0, ka, va, qa, doa,
+        dkdv_ws_block<T, D, Score, BN, BM, kFull, kEven>(p, si, h, i0, j0, ka, va, qa, doa,
                                            smem_addr(q0_panel(s)) + 16 * q0_chunk(s), acc_b, sRq + s * BM, sLse + s * BM,
                                            sDelta + s * BM, rk, lg, key, bsum, csum, acc_dk, acc_dv, ap, ads, t4);
         if constexpr (kDq) {
@@ -413,12 +431,13 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             if constexpr (kTcDq) {
                 // Columns 64 + 2·t4 + {0, 1} of rows g, g + 8: the pieces' sums at t4 = 0 (hi, mid) and 1
                 // (lo, 0); the other columns are zero. One atomic per row and warpgroup (kKeySplit: each
-                // over its keys), or at D = 128 warpgroup 0's (each has all the keys, for its columns).
+                // over its keys; BM = 128: each for its own queries), or at D = 128 warpgroup 0's (each
+                // has all the keys, for its columns).
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     float a = acc_q[8][2 * r] + acc_q[8][2 * r + 1];
                     a += __shfl_xor_sync(0xffffffffu, a, 1);
-                    if ((kKeySplit || wg == 0) && t4 == 0 && g + 8 * r < rows)
+                    if ((kKeySplit || BM == 128 || wg == 0) && t4 == 0 && g + 8 * r < rows)
                         atomicAdd(p.dq_rowsum + si.stats_index(p, h, iw + g + 8 * r), a);
                 }
             }
@@ -696,6 +715,16 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
         NAME##_bwd_fused_ws_##DT##_d##D(const __grid_constant__ AttnParams p) {                                     \
         attn::flash_bwd_dkdv_ws<T, D, SCORE, attn::WsDkvTileOf<SCORE, D>::BN, attn::WsDkvTileOf<SCORE, D>::BM,     \
                                 attn::kWsFusedStages, true>(p);                                                    \
+    }
+// The fused backward for calls whose every tile is fast (no mask, no bias, every sequence's lengths
+// multiples of 128: dispatch::fused_even) and whose aggregation is Euclidean, on bf16 at D = 64 with
+// 128-query blocks (NAME_bwd_fused_ws_even_bf16_d64): without the general tile's code and the midpoint
+// the 128-query tile spills 76 + 84 bytes (softmax's fused kernel: 120 + 92); with both, 408 + 384, and
+// with the midpoint alone 236 + 280 (kernels/NOTES.md, session 30).
+#define ATTN_FLASH_BWD_FUSED_WS_EVEN(NAME, SCORE)                                                            \
+    extern "C" __global__ void __launch_bounds__(128 * 2 + 128, 1)                                           \
+        NAME##_bwd_fused_ws_even_bf16_d64(const __grid_constant__ AttnParams p) {                            \
+        attn::flash_bwd_dkdv_ws<__nv_bfloat16, 64, SCORE, 128, 128, attn::kWsFusedStages, true, true>(p); \
     }
 #define ATTN_FLASH_BWD_FUSED_WS_ALL(NAME, SCORE)                  \
     ATTN_FLASH_BWD_FUSED_WS(NAME, SCORE, f16, __half, 64)         \

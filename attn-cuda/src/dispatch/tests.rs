@@ -93,6 +93,7 @@ const ON: Hopper = Hopper {
     sms: 0,
     taylor_dense: crate::runtime::DenseMode::Measured,
     taylor_wg: crate::runtime::DenseMode::Measured,
+    even: true,
 };
 
 #[test]
@@ -480,6 +481,72 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
         }
     ));
     assert!(!fused_backward(&det, default) && !fused_backward(&bias, default));
+}
+
+#[test]
+fn every_tile_fast_calls_take_the_even_fused_kernel() {
+    let hopper = Hopper {
+        fused: FusedMode::WarpSpecialised,
+        bwd_ws: true,
+        ..ON
+    };
+    let problem = |family, dtype, d, nq, nk| AttnProblem::new(family, dtype, 2, 4, 2, nq, nk, d);
+    let sq = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
+    let sq_mid = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::EinsteinMidpoint);
+    let geo = Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean);
+    let name = |p: AttnProblem, hopper| {
+        let s = p.validate().expect("valid problem");
+        flash_kernel(&s, Stage::BwdFused, hopper).expect("kernel")
+    };
+    // Lengths multiples of 128, no mask, Euclidean aggregation: the 128-query tile.
+    let k = name(problem(sq, DType::BF16, 64, 256, 384), hopper);
+    assert_eq!(k.name, "attn_hyperbolic_sq_lorentz_bwd_fused_ws_even_bf16_d64");
+    assert_eq!((k.grid, k.threads), ((3, 2, 2), 384));
+    // 1 KiB of slack, K, V, two stages of Q and dO, two dS'ᵀ tiles, the scalars, dQ's rows and the k0
+    // panel: 217 088 bytes, within the 227 KiB a block may have.
+    assert_eq!(k.smem, 217_088);
+    assert_eq!(
+        k.smem,
+        heuristics::ws_fused_smem(heuristics::WS_FUSED_EVEN_TILE, 64, 2, true)
+    );
+    // Packed sequences and key padding whose every length is a multiple of 128 qualify too.
+    let packed = problem(sq, DType::BF16, 64, 256, 256).with_varlen(vec![0, 128, 384], vec![0, 256, 384]);
+    assert!(name(packed, hopper).name.contains("_even_"));
+    let padded = problem(sq, DType::BF16, 64, 256, 384).with_key_lens(vec![256, 128]);
+    assert!(name(padded, hopper).name.contains("_even_"));
+    // Anything that masks an element or leaves a partial tile, another score, dtype or head dim, or the
+    // switch off: the general fused kernel.
+    for (p, hopper) in [
+        (
+            problem(sq, DType::BF16, 64, 256, 384).with_causal(Causal::TopLeft),
+            hopper,
+        ),
+        (
+            problem(sq, DType::BF16, 64, 256, 384).with_window(Some(64), None),
+            hopper,
+        ),
+        (problem(sq, DType::BF16, 64, 256, 320), hopper),
+        (problem(sq, DType::BF16, 64, 200, 384), hopper),
+        (
+            problem(sq, DType::BF16, 64, 256, 384).with_key_lens(vec![256, 100]),
+            hopper,
+        ),
+        (problem(sq, DType::F16, 64, 256, 384), hopper),
+        (problem(sq, DType::BF16, 128, 256, 384), hopper),
+        (problem(geo, DType::BF16, 64, 256, 384), hopper),
+        (problem(sq_mid, DType::BF16, 64, 256, 384), hopper),
+        (
+            problem(sq, DType::BF16, 64, 256, 384),
+            Hopper {
+                even: false,
+                ..hopper
+            },
+        ),
+    ] {
+        let k = name(p, hopper);
+        assert!(!k.name.contains("_even"), "{k:?}");
+        assert!(k.name.contains("_bwd_fused_ws_"), "{k:?}");
+    }
 }
 
 #[test]

@@ -92,6 +92,27 @@ pub fn long_keys_bottom_right(f: Family, dt: DType, d: usize, s: &mut Shapes) ->
     AttnProblem::new(f, dt, 1, 2, 1, nq, nk, d).with_causal(Causal::BottomRight)
 }
 
+/// Every sequence's lengths multiples of 128 and no mask, so every tile of the Hopper backward is
+/// fast (the squared Lorentz fused kernel's 128-query tile, dispatch::fused_even): dense GQA, Nq ≠ Nk.
+pub fn whole_tiles_gqa(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let (nq, nk) = (128 * s.next(1, 3), 128 * s.next(2, 4));
+    AttnProblem::new(f, dt, 2, 4, 2, nq, nk, d)
+}
+
+/// [`whole_tiles_gqa`]'s condition with packed sequences (one with no queries).
+pub fn whole_tiles_varlen(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let lq = [128 * s.next(1, 3), 0, 128 * s.next(1, 2)];
+    let lk = [128 * s.next(1, 3), 128, 128 * s.next(1, 2)];
+    let (mq, mk) = (*lq.iter().max().expect("3"), *lk.iter().max().expect("3"));
+    AttnProblem::new(f, dt, 3, 4, 2, mq, mk, d).with_varlen(cu_seqlens(&lq), cu_seqlens(&lk))
+}
+
+/// [`whole_tiles_gqa`]'s condition with key padding (entries of 384, 128 and 256 valid keys).
+pub fn whole_tiles_key_padding(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
+    let nq = 128 * s.next(1, 2);
+    AttnProblem::new(f, dt, 3, 4, 2, nq, 384, d).with_key_lens(vec![384, 128, 256])
+}
+
 /// Key lengths per batch entry (entry 2 has no valid key at all) and a sliding window.
 pub fn key_padding_and_window(f: Family, dt: DType, d: usize, s: &mut Shapes) -> AttnProblem {
     let (nq, nk) = (s.tail(40, s.max_len(d)), s.tail(40, s.max_len(d)));
