@@ -156,6 +156,7 @@ gpu_whole_tile_tests! {
     sq_lorentz_whole_tiles_gqa_matches_reference: hyp(Sq, Euc, 1.0, 1.0), whole_tiles_gqa;
     sq_lorentz_midpoint_whole_tiles_gqa_matches_reference: hyp(Sq, Mid, 0.5, 0.7), whole_tiles_gqa;
     sq_lorentz_whole_tiles_packed_varlen_matches_reference: hyp(Sq, Euc, 1.0, 1.0), whole_tiles_varlen;
+    sq_lorentz_whole_tiles_key_padding_matches_reference: hyp(Sq, Euc, 1.5, 0.5), whole_tiles_key_padding;
     sq_lorentz_midpoint_whole_tiles_key_padding_matches_reference: hyp(Sq, Mid, 1.0, 1.0), whole_tiles_key_padding;
 }
 
