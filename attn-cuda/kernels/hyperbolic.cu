@@ -18,6 +18,7 @@
 //       q rows: q0 = √(1/c + ‖q‖²) and ‖q‖ (stats_index);
 //       k rows: k0 and ‖k‖, and for the Einstein midpoint γ_j = 1/√(1 − min(c‖v_j‖², KLEIN_MAX_NORM2)):
 //       log γ_j and its gradient factor c γ_j² (0 where the clamp is active), at key_index.
+//   attn_hyp_rows_k_{f16,bf16}: the key rows' scalars only, before the wgmma forward (it forms q0 itself)
 //   attn_hyp_dq_store_{f16,bf16}: dq_i = hyp_grad·(dq_acc_i − (a_i/q0_i)·q_i) after the fused backward,
 //       with_lane_row's rows (the dQ kernel's epilogue, lorentz_dq_epilogue, from the f32 sums).
 #include "include/flash_bwd.cuh"
@@ -91,6 +92,15 @@ ATTN_HYP_DQ_STORE(bf16, __nv_bfloat16)
             attn::hyp_rows<T, false>(p, blockIdx.y - p.heads_q);                                                   \
     }
 
+// The keys' scalars only (grid.y: the key heads), before the wgmma forward, which forms q0 from its own
+// Q tile (lorentz_q0_from_tile; dispatch::forward_forms_q0): half the row kernel's bytes.
+#define ATTN_HYP_ROWS_K(DT, T)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) attn_hyp_rows_k_##DT(const __grid_constant__ AttnParams p) { \
+        attn::hyp_rows<T, false>(p, blockIdx.y);                                                                   \
+    }
+
+ATTN_HYP_ROWS_K(f16, __half)
+ATTN_HYP_ROWS_K(bf16, __nv_bfloat16)
 ATTN_HYP_ROWS(f32, float)
 ATTN_HYP_ROWS(f16, __half)
 ATTN_HYP_ROWS(bf16, __nv_bfloat16)

@@ -460,7 +460,8 @@ impl CudaAttn {
         (p.q, p.k, p.v, p.o, p.lse) = (q, k, v, o, lse);
         p.bias = bias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
         let kernel = dispatch::flash_kernel(spec, Stage::Forward, kernels.hopper)?;
-        let scratch = self.hyperbolic_rows(spec, &kernels, &mut p, op)?;
+        let keys_only = dispatch::forward_forms_q0(spec, &kernel);
+        let scratch = self.hyperbolic_rows(spec, &kernels, &mut p, op, keys_only)?;
         // The Hopper forward reads cosine-sim's 1/‖q‖ and k̂ from the row kernels (the mma.sync one
         // computes the norms in its tiles).
         let norms = if kernel.hopper && l2norm_qk(spec) {
@@ -542,13 +543,16 @@ impl CudaAttn {
 
     /// Hyperbolic only: allocate the per-row scalar scratch, point `p` at it and enqueue the row
     /// kernels that fill it. Returns the buffers, to be kept until the kernels that read them are
-    /// enqueued (cudarc frees them in stream order). Nothing for the other families.
+    /// enqueued (cudarc frees them in stream order). Nothing for the other families. `keys_only`
+    /// (a forward that forms q0 from its own Q tile, [`dispatch::forward_forms_q0`]): only the key
+    /// rows' scalars are written, and the kernel after it reads no query row's.
     fn hyperbolic_rows(
         &self,
         spec: &AttnSpec,
         kernels: &Kernels,
         p: &mut AttnParams,
         op: Op,
+        keys_only: bool,
     ) -> Result<Vec<CudaSlice<f32>>> {
         let FamilySpec::Hyperbolic { aggregation, .. } = *spec.family() else {
             return Ok(Vec::new());
@@ -556,8 +560,9 @@ impl CudaAttn {
         let s = &self.stream;
         let (rows_q, rows_k) = (spec.stats_len().max(1), (spec.total_k() * spec.heads_kv()).max(1));
         // SAFETY (each uninitialised allocation): the row kernels enqueued below write q0 and ‖q‖ for
-        // every query row and k0, ‖k‖ (log γ, c γ² with the midpoint) for every key row dk holds,
-        // before any kernel reads them; the kernels read no other entry.
+        // every query row (not with `keys_only`, whose forward reads neither) and k0, ‖k‖ (log γ,
+        // c γ² with the midpoint) for every key row dk holds, before any kernel reads them; the
+        // kernels read no other entry.
         let mut bufs = Vec::new();
         for n in [rows_q, rows_q, rows_k, rows_k] {
             bufs.push(unsafe { s.alloc::<f32>(n) }?);
@@ -572,7 +577,12 @@ impl CudaAttn {
         if let [.., lgk, dgk] = ptrs[4..] {
             (p.lgk, p.dgk) = (lgk, dgk);
         }
-        kernels.launch(s, &dispatch::row_kernel(spec, RowKernel::HypRows), p, op)?;
+        let rows = if keys_only {
+            RowKernel::HypRowsKeys
+        } else {
+            RowKernel::HypRows
+        };
+        kernels.launch(s, &dispatch::row_kernel(spec, rows), p, op)?;
         Ok(bufs)
     }
 
@@ -680,7 +690,7 @@ impl CudaAttn {
             scratch.push(ds);
         }
 
-        let hyperbolic = self.hyperbolic_rows(spec, &kernels, &mut p, op)?;
+        let hyperbolic = self.hyperbolic_rows(spec, &kernels, &mut p, op, false)?;
         let hyperbolic_fused = fused && spec.family_kind() == FamilyKind::Hyperbolic;
         if hyperbolic_fused {
             // Zeroed: the fused kernel adds every key block's share of dQ's row sums into it.

@@ -275,6 +275,13 @@ fn fused_even(spec: &AttnSpec, hopper: Hopper) -> bool {
         })
 }
 
+/// Whether the forward `kernel` forms the hyperbolic scores' q0 from its own Q tile
+/// (`lorentz_q0_from_tile` in flash_fwd_wg.cuh: the wgmma forward, `attn_{family}_fwd_wg_{dt}_d{D}`), so
+/// the row kernel before it computes only the keys' scalars ([`RowKernel::HypRowsKeys`]).
+pub(crate) fn forward_forms_q0(spec: &AttnSpec, kernel: &Kernel) -> bool {
+    spec.family_kind() == FamilyKind::Hyperbolic && kernel.hopper && kernel.name.contains("_fwd_wg_")
+}
+
 /// Whether the hyperbolic warp-specialised dK/dV kernel of `spec` (fused or not) keeps a panel of q0's
 /// bf16 pieces per stage for its tensor-core row sums: bf16 at D = 64, and for the squared Lorentz
 /// score at D = 128 too, the host's mirror of `kLorentzTcRowSum` in kernels/include/flash_bwd_ws.cuh.
@@ -568,6 +575,9 @@ pub(crate) enum RowKernel {
     /// Hyperbolic: q0 and ‖q‖ per query row, k0, ‖k‖ (and log γ, c γ² for the Einstein midpoint) per
     /// key row, in one launch (grid.y: the query heads, then the key heads).
     HypRows,
+    /// Hyperbolic: the key rows' scalars only, before a forward that forms q0 itself
+    /// ([`forward_forms_q0`]).
+    HypRowsKeys,
     /// dq from the f32 dQ of the fused backward.
     DqStore,
     /// Hyperbolic: dq from the f32 dQ and its row sums of the fused backward.
@@ -581,11 +591,12 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
     let over_q = (heuristics::blocks(spec.seq_q(), rows), hq, b);
     let over_k = (heuristics::blocks(spec.seq_k(), rows), hkv, b);
     let module = match which {
-        RowKernel::HypRows | RowKernel::HypDqStore => Module::Hyperbolic,
+        RowKernel::HypRows | RowKernel::HypRowsKeys | RowKernel::HypDqStore => Module::Hyperbolic,
         _ => Module::Common,
     };
     let (stem, grid) = match which {
         RowKernel::HypRows => ("hyp_rows", (over_q.0.max(over_k.0), hq + hkv, b)),
+        RowKernel::HypRowsKeys => ("hyp_rows_k", over_k),
         RowKernel::Delta => ("bwd_delta", over_q),
         RowKernel::InvNormQ => ("inv_norm_q", over_q),
         RowKernel::InvNormK => ("inv_norm_k", over_k),

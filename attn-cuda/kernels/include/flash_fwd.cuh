@@ -67,8 +67,9 @@ __device__ __forceinline__ void fwd_rows(const AttnParams& p, const SeqInfo& si,
 }
 
 // Running state of those rows before the first key block: m (the fixed offset without a running
-// max), l = 0, and rq: 1 (cosine-sim fills 1/‖q‖ later) or, for hyperbolic scores, q0.
-template <class Score, int MT>
+// max), l = 0, and rq: 1 (cosine-sim fills 1/‖q‖ later) or, for hyperbolic scores, q0 (kQ0; without it
+// the kernel forms q0 from its Q tile, lorentz_q0_from_tile, and rq stays 1 until then).
+template <class Score, int MT, bool kQ0 = true>
 __device__ __forceinline__ void fwd_state_init(const AttnParams& p, const SeqInfo& si, int h, const int (&row)[MT][2],
                                                float (&m)[MT][2], float (&l)[MT][2], float (&rq)[MT][2]) {
     const float m_init = p.running_max ? -CUDART_INF_F : p.max_offset * kLog2e;
@@ -79,7 +80,8 @@ __device__ __forceinline__ void fwd_state_init(const AttnParams& p, const SeqInf
             m[mt][r] = m_init;
             l[mt][r] = 0.f;
             rq[mt][r] = 1.f;
-            if (Score::kLorentz && row[mt][r] < si.len_q) rq[mt][r] = p.x0q[si.stats_index(p, h, row[mt][r])];
+            if (Score::kLorentz && kQ0 && row[mt][r] < si.len_q)
+                rq[mt][r] = p.x0q[si.stats_index(p, h, row[mt][r])];
         }
 }
 

@@ -22,10 +22,40 @@
 
 namespace attn {
 
+// q0 = √(1/c + ‖q‖²) of a thread's two rows (r0 and r0 + 8 of the sw128 Q tile of BM rows in shared
+// memory; row: their indices in the sequence) into rq, valid rows only, as attn_hyp_rows forms it: the
+// squares summed in f64 and rounded once to f32. The four lanes of a quad split the row's 16-byte chunks
+// (t4, t4 + 4, …) and add their sums by two shuffles: the whole warp calls it. The wgmma forward forms
+// q0 so, from the tile it loads anyway, and the row kernel reads only the keys (kernels/NOTES.md,
+// session 30). For 16-bit inputs every square and every partial sum is exact in f64 unless the row's
+// magnitudes span more than ~2^30, so the sum's order does not change the result.
+template <typename T, int D, int BM>
+__device__ __forceinline__ void lorentz_q0_from_tile(const AttnParams& p, const SeqInfo& si, const T* sQ,
+                                                     const int (&row)[1][2], int r0, int t4, float (&rq)[1][2]) {
+    const unsigned char* base = reinterpret_cast<const unsigned char*>(sQ);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        double s = 0.0;
+#pragma unroll
+        for (int c = t4; c < D / 8; c += 4) {
+            const uint4 w = *reinterpret_cast<const uint4*>(base + sw128_offset<BM>(r0 + 8 * r, 8 * c));
+            const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const double x = to_f32(e[i]);
+                s = fma(x, x, s);
+            }
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (row[0][r] < si.len_q) rq[0][r] = (float)sqrt(1.0 / (double)p.curvature + s);
+    }
+}
+
 // A consumer warp of the Hopper forwards (flash_fwd_wg, flash_fwd_ws) before its first key block: its
 // two rows (of the 16 from wrow) and their key ranges, O = 0, the running state, and for cosine-sim
 // with fused norms 1/‖q‖ of the rows (from the inv-norm row kernel).
-template <class Score, int D>
+template <class Score, int D, bool kQ0 = true>
 __device__ __forceinline__ void wg_fwd_rows_init(const AttnParams& p, const SeqInfo& si, int h, int i0, int wrow,
                                                  int g, bool norms, int (&row)[1][2], int (&lo)[1][2],
                                                  int (&hi)[1][2], float (&acc_o)[1][D / 8][4], float (&m)[1][2],
@@ -35,7 +65,7 @@ __device__ __forceinline__ void wg_fwd_rows_init(const AttnParams& p, const SeqI
     for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
-    fwd_state_init<Score, 1>(p, si, h, row, m, l, rq);
+    fwd_state_init<Score, 1, kQ0>(p, si, h, row, m, l, rq);
     if (norms) {
 #pragma unroll
         for (int r = 0; r < 2; ++r)
@@ -150,8 +180,15 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     int row[MT][2], lo[MT][2], hi[MT][2];
     float acc_o[MT][DT][4];
     float m[MT][2], l[MT][2], rq[MT][2];
-    wg_fwd_rows_init<Score, D>(p, si, h, i0, warp * 16, g, norms, row, lo, hi, acc_o, m, l, rq);
+    // The hyperbolic scores: q0 from the Q tile once it has landed (lorentz_q0_from_tile), so the row
+    // kernel before this one reads only the keys (dispatch::forward_forms_q0).
+    wg_fwd_rows_init<Score, D, false>(p, si, h, i0, warp * 16, g, norms, row, lo, hi, acc_o, m, l, rq);
     const WgFwdOperands<T, D, BM, BN> ops(sQ, sK, sV, wg);
+    if constexpr (Score::kLorentz) {  // before the loop: inside it, its registers made the kernel spill
+        cp_async_wait<0>();
+        __syncthreads();  // Q (and K_0) have landed
+        lorentz_q0_from_tile<T, D, BM>(p, si, sQ, row, warp * 16 + g, t4, rq);
+    }
 
     uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
     for (int it = 0; it < n_count; ++it) {

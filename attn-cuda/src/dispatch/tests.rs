@@ -550,6 +550,46 @@ fn every_tile_fast_calls_take_the_even_fused_kernel() {
 }
 
 #[test]
+fn the_wgmma_forward_forms_q0_and_its_row_kernel_reads_only_keys() {
+    let hopper = Hopper {
+        ws: WsMode::Measured,
+        ..ON
+    };
+    let sq = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
+    let causal = AttnProblem::new(sq, DType::BF16, 2, 4, 2, 100, 130, 64)
+        .with_causal(Causal::TopLeft)
+        .validate()
+        .expect("valid problem");
+    // Causal at D = 64 below 16384 keys: the wgmma forward, which forms q0 from its Q tile.
+    let k = flash_kernel(&causal, Stage::Forward, hopper).expect("kernel");
+    assert!(k.name.contains("_fwd_wg_"), "{k:?}");
+    assert!(forward_forms_q0(&causal, &k));
+    let rows = row_kernel(&causal, RowKernel::HypRowsKeys);
+    // The 2 key heads only: 130 keys at 32 rows a block.
+    assert_eq!(
+        (rows.name.as_str(), rows.grid),
+        ("attn_hyp_rows_k_bf16", (5, 2, 2))
+    );
+    // Without a mask the warp-specialised forward (q0's panels from the row kernel), and off Hopper
+    // the mma.sync forward: both read q0.
+    let dense = spec(sq, DType::BF16, 64);
+    let ws = flash_kernel(&dense, Stage::Forward, hopper).expect("kernel");
+    assert!(
+        ws.name.contains("_fwd_ws_") && !forward_forms_q0(&dense, &ws),
+        "{ws:?}"
+    );
+    let simt = flash_kernel(&causal, Stage::Forward, Hopper::default()).expect("kernel");
+    assert!(!forward_forms_q0(&causal, &simt), "{simt:?}");
+    // Softmax's wgmma forward has no q0.
+    let soft = AttnProblem::new(Family::softmax(), DType::BF16, 2, 4, 2, 100, 130, 64)
+        .with_causal(Causal::TopLeft)
+        .validate()
+        .expect("valid problem");
+    let k = flash_kernel(&soft, Stage::Forward, hopper).expect("kernel");
+    assert!(!forward_forms_q0(&soft, &k));
+}
+
+#[test]
 fn grids_cover_tails_and_split_columns() {
     let s = spec(Family::softmax(), DType::BF16, 256);
     assert_eq!(
