@@ -56,7 +56,7 @@ __device__ __forceinline__ void hyp_rows(const AttnParams& p, int h) {
         if (!kQuery && p.midpoint) n2 = c * row_sum_sq_f64(lr, static_cast<const T*>(p.v) + si.v_off(p, n, h));
         if (lr.lane != 0) return;
         const long long at = kQuery ? si.stats_index(p, h, n) : si.key_index(p, h, n);
-        const float x0 = (float)sqrt(1.0 / c + s2), norm = (float)sqrt(s2);
+        const float x0 = lorentz_time_coord(c, s2), norm = (float)sqrt(s2);
         if (kQuery) {
             p.x0q[at] = x0;
             p.nq[at] = norm;

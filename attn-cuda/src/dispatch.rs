@@ -436,22 +436,16 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         let tile = fused_kernel_tile(spec, hopper).filter(|_| fused_backward(spec, hopper));
         let (tile, ws) =
             tile.ok_or_else(|| unsupported(spec, pass, format!("a fused {family} backward here")))?;
-        if ws && fused_even(spec, hopper) {
-            let tile = heuristics::WS_FUSED_EVEN_TILE;
-            return Ok(Kernel {
-                module,
-                name: format!("attn_{family}_bwd_fused_ws_even_bf16_d{d}"),
-                smem: heuristics::ws_fused_smem(tile, d, elem, true),
-                grid: (heuristics::blocks(spec.seq_k(), tile.bn), hkv, b),
-                threads: (tile.bn * 2 + 128) as u32,
-                hopper: true,
-                tiles_q: 0,
-                persistent: false,
-            });
-        }
+        // Calls whose every tile is fast: the warp-specialised kernel's `_even` form, on its own tile.
+        let even = ws && fused_even(spec, hopper);
+        let tile = if even {
+            heuristics::WS_FUSED_EVEN_TILE
+        } else {
+            tile
+        };
         let (kind, smem, threads) = if ws {
             let smem = heuristics::ws_fused_smem(tile, d, elem, ws_q0_panel(spec, lorentz));
-            ("ws", smem, tile.bn * 2 + 128)
+            (if even { "ws_even" } else { "ws" }, smem, tile.bn * 2 + 128)
         } else {
             ("wg", heuristics::wg_fused_smem(tile, d, elem), tile.bn * 2)
         };

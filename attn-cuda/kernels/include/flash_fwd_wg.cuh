@@ -48,7 +48,7 @@ __device__ __forceinline__ void lorentz_q0_from_tile(const AttnParams& p, const 
         }
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         s += __shfl_xor_sync(0xffffffffu, s, 2);
-        if (row[0][r] < si.len_q) rq[0][r] = (float)sqrt(1.0 / (double)p.curvature + s);
+        if (row[0][r] < si.len_q) rq[0][r] = lorentz_time_coord(p.curvature, s);
     }
 }
 

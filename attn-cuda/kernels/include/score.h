@@ -93,6 +93,13 @@ struct Lorentz {
         : fast(p.hyp_c), thr((1.f + kAcoshEps) / p.curvature), inv_c2(1.f / (p.curvature * p.curvature)) {}
 };
 
+// A point's time coordinate x0 = √(1/c + ‖x‖²) from c and its Σ x_d² in f64, rounded once to f32: the one
+// formula of the row kernel (hyperbolic.cu's hyp_rows) and of the wgmma forward's q0
+// (lorentz_q0_from_tile), so both give the same bits.
+__device__ __forceinline__ float lorentz_time_coord(double c, double sum_sq) {
+    return (float)sqrt(1.0 / c + sum_sq);
+}
+
 // The fast-path value y of one element from the raw product and the time coordinates (see the top
 // of the file), and with kGrad the factor ψ of its gradient. Two FMAs (SqLorentz: one) and, for the
 // geodesic, one MUFU.RSQ and one MUFU.LG2: √t = t·(1/√t) serves both the score and ψ.
