@@ -12,7 +12,8 @@
 // Order 1, f16/bf16, rows 16-byte aligned: order1_fold replaces fold in every sweep, and a non-causal
 // forward is order1_fold, prefix → order1_forward (taylor_order1.cuh); a causal one (D ≤ 64) order1_fold,
 // prefix (f32 sums in place, no copies) → order1_causal, or, where every sequence has as many queries as
-// keys, the single pass order1_chain (taylor_order1_chain.cuh). A non-causal backward is prep_grads →
+// keys, the single pass order1_chain (taylor_order1_chain.cuh; bf16 at D = 64 on Hopper order1_chain_wg,
+// taylor_order1_chain_wg.cuh). A non-causal backward is prep_grads →
 // order1_fold, prefix → order1_dq → order1_fold, prefix (reversed) → order1_dkdv (taylor_order1_bwd.cuh);
 // a causal one (D ≤ 64) the same with order1_causal_dq and order1_causal_dkdv, f32 sums in place
 // (taylor_order1_causal.cuh).
@@ -22,7 +23,7 @@
 //        attn_taylor_decode_{step,prefill}_{dt}_d{D}, attn_taylor_decode_reduce,
 //        attn_taylor_order1_{fold,forward,dq,dkdv}_{f16,bf16}_d{D},
 //        attn_taylor_order1_causal{,_dq,_dkdv}_{f16,bf16}_d{16,32,64},
-//        attn_taylor_order1_chain_{f16,bf16}_d{16,32,64},
+//        attn_taylor_order1_chain_{f16,bf16}_d{16,32,64}, attn_taylor_order1_chain_wg_bf16_d64,
 //        attn_taylor2_wg_{fold,reduce,read}_bf16_d64.
 // Order 2, bf16, D = 64, no causal mask, on Hopper (taylor_wg.cuh): a forward is wg_fold → wg_reduce (with
 // several splits of the keys only) → wg_read (attn_cuda::taylor::Call::wg_forward).
@@ -32,6 +33,7 @@
 #include "include/taylor_order1_bwd.cuh"
 #include "include/taylor_order1_causal.cuh"
 #include "include/taylor_order1_chain.cuh"
+#include "include/taylor_order1_chain_wg.cuh"
 #include "include/taylor_rows.cuh"
 #include "include/taylor_state.cuh"
 #include "include/taylor_wg.cuh"
@@ -170,6 +172,13 @@ ATTN_TAYLOR_DIM(128)
 ATTN_TAYLOR_ORDER1_CAUSAL(16)
 ATTN_TAYLOR_ORDER1_CAUSAL(32)
 ATTN_TAYLOR_ORDER1_CAUSAL(64)
+
+// The single-pass causal order-1 forward on Hopper tensor cores (taylor_order1_chain_wg.cuh): bf16, D = 64,
+// sm_90a (the body is empty for other targets; the host launches it on compute capability 9.0 only).
+extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)
+    attn_taylor_order1_chain_wg_bf16_d64(const __grid_constant__ TaylorParams p) {
+    attn::taylor1_forward_chain_wg(p);
+}
 
 // Order 2 on Hopper tensor cores (taylor_wg.cuh; causal: Nq = Nk, per-segment states): bf16, D = 64, sm_90a (the bodies
 // are empty for other targets; the host launches them on compute capability 9.0 only).

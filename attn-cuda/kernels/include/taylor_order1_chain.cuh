@@ -73,6 +73,43 @@ __device__ __forceinline__ long long taylor1_chain_index(const TaylorParams& tp,
     return ((long long)b * tp.base.heads_kv + hk) * tp.n_seg + r;
 }
 
+// This block's ticket, the order in which it started (thread 0 takes it; every thread reads it after the
+// barrier).
+__device__ __forceinline__ void taylor1_chain_ticket(const TaylorParams& tp, int* ticket) {
+    const AttnParams& P = tp.base;
+    if (threadIdx.x == 0) *ticket = atomicAdd(tp.st_max + (long long)P.batch * P.heads_kv * tp.n_seg, 1);
+    __syncthreads();
+}
+
+// What a ticket runs. Tickets: the fold blocks of rounds 0 … la − 1 first, then per round r the fold
+// blocks of round r + la and the forward blocks of round r (la = tp.n_slabs: how many rounds the folds run
+// ahead); h is the query head of a forward block and the kv head of a fold block.
+struct Taylor1ChainRole {
+    int round, b, h, hk;
+    bool fold;
+    __device__ __forceinline__ Taylor1ChainRole(const TaylorParams& tp, int ticket) {
+        const AttnParams& P = tp.base;
+        const int n_fold = P.batch * P.heads_kv, n_fwd = P.batch * P.heads_q, la = tp.n_slabs;
+        int k = ticket;
+        fold = true;
+        if (k < la * n_fold) {
+            round = k / n_fold;
+            k %= n_fold;
+        } else {
+            k -= la * n_fold;
+            round = k / (n_fold + n_fwd);
+            k %= n_fold + n_fwd;
+            fold = k < n_fold;
+            if (fold) round += la;
+            else k -= n_fold;
+        }
+        const int heads = fold ? P.heads_kv : P.heads_q;
+        b = k / heads;
+        h = k % heads;
+        hk = fold ? h : h / P.group;
+    }
+};
+
 template <typename T, int D> struct Taylor1ChainBlock {
     using L = Taylor1Chain<T, D>;
     static constexpr int C = L::C, MT = L::MT, NT = L::NT, NPW = L::NPW, LD = L::LD, LDY = L::LDY;
@@ -191,26 +228,10 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
     const AttnParams& P = tp.base;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
     int* flags = tp.st_max;
-    if (tid == 0) sTicket = atomicAdd(flags + (long long)P.batch * P.heads_kv * tp.n_seg, 1);
-    __syncthreads();
-    // Tickets: the fold blocks of rounds 0 … la − 1 first, then per round r the fold blocks of round r + la
-    // and the forward blocks of round r (la = tp.n_slabs: how many rounds the folds run ahead).
-    const int n_fold = P.batch * P.heads_kv, n_fwd = P.batch * P.heads_q, la = tp.n_slabs;
-    int round, k = sTicket;
-    bool fold_block = true;
-    if (k < la * n_fold) {
-        round = k / n_fold;
-        k %= n_fold;
-    } else {
-        k -= la * n_fold;
-        round = k / (n_fold + n_fwd);
-        k %= n_fold + n_fwd;
-        fold_block = k < n_fold;
-        if (fold_block) round += la;
-        else k -= n_fold;
-    }
-    const int heads = fold_block ? P.heads_kv : P.heads_q;
-    const int b = k / heads, h = k % heads, hk = fold_block ? h : h / P.group;
+    taylor1_chain_ticket(tp, &sTicket);
+    const Taylor1ChainRole role(tp, sTicket);
+    const bool fold_block = role.fold;
+    const int round = role.round, b = role.b, h = role.h, hk = role.hk;
     const SeqInfo si(P, b);
     const int len = si.len_k, seg = tp.seg_len;
     if (si.len_q != len) __trap();  // the host routes only such calls here

@@ -250,7 +250,9 @@ template <typename T, int N> struct Wgmma;
 ATTN_WGMMA(__nv_bfloat16, "bf16", 8, 4, 5, 6, 7, 8, 9)
 ATTN_WGMMA(__nv_bfloat16, "bf16", 64, 32, 33, 34, 35, 36, 37)
 ATTN_WGMMA(__nv_bfloat16, "bf16", 128, 64, 65, 66, 67, 68, 69)
-// m64n72: the fused backward's dQ product with the keys' k0 pieces as 8 more columns (flash_bwd_ws.cuh).
+// m64n72: the fused backward's dQ product with the keys' k0 pieces as 8 more columns (flash_bwd_ws.cuh), and
+// the single-pass causal order-1 forward's products with the denominator as the 65th column
+// (taylor_order1_chain_wg.cuh).
 ATTN_WGMMA(__nv_bfloat16, "bf16", 72, 36, 37, 38, 39, 40, 41)
 ATTN_WGMMA(__half, "f16", 8, 4, 5, 6, 7, 8, 9)
 ATTN_WGMMA(__half, "f16", 64, 32, 33, 34, 35, 36, 37)

@@ -470,6 +470,20 @@ pub(crate) fn order1_chain_smem(d: usize) -> usize {
     order1_causal_layout(d, 2, 2)
 }
 
+/// Dynamic shared memory of the single-pass causal order-1 forward on wgmma (`Taylor1ChainWg::kBytes`,
+/// bf16, D = 64): two stages of the q, k, v tiles, the state as bf16 hi and lo tiles of 72 rows twice
+/// (one per chunk parity), the ones tile, and 1 KiB to align the sw128 tiles.
+///
+/// ```text
+/// 2·3·8192 + 4·72·128 + 8192 + 1024 = 95 232
+/// ```
+pub(crate) const ORDER1_CHAIN_WG_SMEM: usize = 2 * 3 * 8192 + 4 * 72 * 128 + 8192 + 1024;
+
+/// Floats of one chain state of the single-pass causal order-1 forward on wgmma
+/// (`Taylor1ChainWg::kStateFloats`): its fold's m64n72 accumulators (9 float4 per thread) and the value
+/// sums (1 float4 per thread) of 128 threads.
+pub(crate) const ORDER1_CHAIN_WG_STATE_FLOATS: usize = (9 + 1) * 4 * THREADS as usize;
+
 /// How many rounds of segments the single-pass causal order-1 forward's fold blocks run ahead of its
 /// forward blocks (`Taylor1Chain`'s tickets): 0 puts a segment's fold and forward blocks side by side
 /// (the second read of the keys from L2), more shortens the forward blocks' wait for the previous
@@ -591,6 +605,9 @@ mod tests {
             [2 * 512, 2 * 3 * 512, 3 * 5 * 512] // NPW · MT · 4 · 128
         );
         const { assert!(ORDER1_CHAIN_SEG_LEN % ORDER1_CHUNK == 0) };
+        // Its wgmma kernel: two blocks per SM, 5120 floats per state.
+        assert!(2 * (ORDER1_CHAIN_WG_SMEM + 1024) <= 228 * 1024);
+        assert_eq!(ORDER1_CHAIN_WG_STATE_FLOATS, 5120);
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
         assert_eq!(seg_len(64, 2, 1 << 20, 8, 2, true), Some(2048));

@@ -5,7 +5,7 @@ use super::launch::Launch;
 use super::{heuristics, query_on_key, rows_aligned, Call, TaylorParams};
 use crate::dispatch::dtype_tag;
 use crate::error::Result;
-use attn_core::Causal;
+use attn_core::{Causal, DType};
 use cudarc::driver::DevicePtr;
 use std::sync::OnceLock;
 
@@ -33,6 +33,13 @@ fn order1_kernels_on() -> bool {
 fn chain_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     env_on(&ON, "ATTN_CUDA_TAYLOR1_CHAIN")
+}
+
+/// Whether the single-pass causal order-1 forward may run on its wgmma kernel where it applies (bf16,
+/// D = Dv = 64, Hopper; `ATTN_CUDA_TAYLOR1_CHAIN_WG=0` keeps the mma.sync one, for comparison).
+fn chain_wg_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    env_on(&ON, "ATTN_CUDA_TAYLOR1_CHAIN_WG")
 }
 
 /// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
@@ -95,16 +102,32 @@ impl Call<'_> {
     pub(super) fn order1_chain_forward(&self, p: &mut TaylorParams) -> Result<()> {
         let s = self.spec;
         let d = s.head_dim();
+        // bf16 at D = Dv = 64 on Hopper: every product of a chunk on wgmma (taylor_order1_chain_wg.cuh).
+        let wg = s.dtype() == DType::BF16
+            && d == heuristics::WG_HEAD_DIM
+            && s.head_dim_v() == d
+            && chain_wg_on()
+            && crate::runtime::kernels_for(self.stream.context(), self.op).is_ok_and(|k| k.hopper.on);
+        let (name, smem, state_floats) = if wg {
+            (
+                "attn_taylor_order1_chain_wg_bf16_d64".to_string(),
+                heuristics::ORDER1_CHAIN_WG_SMEM,
+                heuristics::ORDER1_CHAIN_WG_STATE_FLOATS,
+            )
+        } else {
+            (
+                format!("attn_taylor_order1_chain_{}_d{d}", dtype_tag(s.dtype())),
+                heuristics::order1_chain_smem(d),
+                heuristics::order1_chain_state_floats(d),
+            )
+        };
         let seg = order1_causal_seg_override().unwrap_or(heuristics::ORDER1_CHAIN_SEG_LEN);
         let rounds = s.seq_k().div_ceil(seg);
         let chains = s.batch() * s.heads_kv() * rounds;
         (p.seg_len, p.n_seg) = (seg as i32, rounds as i32);
         // SAFETY (uninitialised): a block reads chain state r only after flag r is raised, which its fold
         // block does after writing every slot of it (u32 flags and the counter: zeroed).
-        let states = unsafe {
-            self.stream
-                .alloc::<f32>(chains.max(1) * heuristics::order1_chain_state_floats(d))
-        }?;
+        let states = unsafe { self.stream.alloc::<f32>(chains.max(1) * state_floats) }?;
         let flags = self.stream.alloc_zeros::<i32>(chains + 1)?;
         p.st = states.device_ptr(self.stream).0;
         p.st_max = flags.device_ptr(self.stream).0;
@@ -114,9 +137,9 @@ impl Call<'_> {
         let blocks = lookahead * folds + rounds * (folds + s.batch() * s.heads_q());
         self.run(
             Launch {
-                name: format!("attn_taylor_order1_chain_{}_d{d}", dtype_tag(s.dtype())),
+                name,
                 grid: (blocks.max(1), 1, 1),
-                smem: heuristics::order1_chain_smem(d),
+                smem,
             },
             p,
         )
