@@ -14,12 +14,12 @@
 //   P = f(r_z S) = a0 + a1 r_z S   for j ≤ i, else 0, rounded to bf16 in the A registers
 //   O += P·Ṽ                      m64n72k16 × 4, A from registers
 //   F += K̂ᵀ·Ṽ                     m64n72k16 × 4, both operands MN-major from the stage's tiles
-//   Σv += 1ᵀ V                    mma.sync with A = 1, warp w the columns 16w … 16w + 15
+//   Σv += Vᵀ·1                    m64n8k16 × 4 (A = V MN-major, B = the ones tile), with the fold
 //   o = O[:, :64] / O[:, 64], the denominator O[:, 64] saved as the statistic.
-// Ṽ's column 64 comes from a constant 8 KiB tile (column 0 = 1 in every row) that the MN-major descriptors
-// of V reach as their second 64-column block (LBO = its distance from V). F's columns 65 … 71 stay zero, so
-// Sr's rows 65 … 71 do. A chain state is F in the accumulators' thread order ([9][128] float4) and Σv
-// ([128] float4: columns 16w + 8t + 2·(lane % 4) + {0, 1}, t = 0, 1, of warp w, the same in every row g).
+// Ṽ's columns 64 … 71 come from a constant 8 KiB tile (columns 0 … 7 = 1 in every row) that the MN-major
+// descriptors of V reach as their second 64-column block (LBO = its distance from V): the den column 64 and
+// seven unused copies of it. A chain state is F in the accumulators' thread order ([9][128] float4) and Σv
+// in its m64n8 accumulators ([128] float4: value columns 16w + g and 16w + g + 8 of warp w, each twice).
 #pragma once
 #include "taylor_order1_chain.cuh"
 #include "taylor_wg.cuh"
@@ -48,11 +48,13 @@ struct Taylor1ChainWgOps {
     using L = Taylor1ChainWg;
     static constexpr int C = L::C, N = L::N, NJ = N / 8;
 
-    // The ones tile: column 0 of every row 1, the rest 0 (only columns 0 … 7 are read).
+    // The ones tile: columns 0 … 7 of every row 1, the rest 0 (only columns 0 … 7 are read: Ṽ's columns
+    // 64 … 71, so F's, Sr's and O's columns 65 … 71 repeat column 64, unused; and B of Σv).
     static __device__ __forceinline__ void init_ones(unsigned char* ones, int tid) {
         for (int idx = tid; idx < C * 8; idx += kTaylorThreads) {
             const int r = idx / 8, ch = idx % 8;
-            *reinterpret_cast<uint4*>(ones + r * 128 + ch * 16) = make_uint4(ch == (r & 7) ? 0x3F80u : 0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(ones + r * 128 + ch * 16) = ch == (r & 7) ? make_uint4(0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u)
+                                                                            : make_uint4(0u, 0u, 0u, 0u);
         }
     }
 
@@ -76,30 +78,20 @@ struct Taylor1ChainWgOps {
         return Sw128Desc(v_addr, ones_addr - v_addr, 1024).at16(kk * 128);
     }
 
-    // F += K̂ᵀ·Ṽ (four wgmma, one commit group).
-    static __device__ __forceinline__ void fold(float (&F)[NJ][4], uint32_t k_addr, uint32_t v_addr, uint32_t ones) {
+    // F += K̂ᵀ·Ṽ and Σv += Vᵀ·1 (m64n8, B = the ones tile's first 8 columns: every column of sv holds Σv
+    // of rows 16w + g, + 8): eight wgmma, one commit group.
+    static __device__ __forceinline__ void fold(float (&F)[NJ][4], float (&sv)[1][4], uint32_t k_addr, uint32_t v_addr,
+                                                uint32_t ones) {
 #pragma unroll
         for (int kk = 0; kk < C / 16; ++kk) Wgmma<T, N>::ss_tt(F, mnmajor_desc<C>(k_addr, kk), vt_desc(v_addr, ones, kk), 1);
-        wg_commit();
-    }
-
-    // sv += the column sums of the V tile, warp w's columns 16w … 16w + 15 (mma.sync, A = 1).
-    static __device__ __forceinline__ void sum_v(float (&sv)[2][4], const unsigned char* v_tile, int warp, int lane) {
-        const uint32_t one = 0x3F803F80u;
-        const uint32_t a[4] = {one, one, one, one};
-        const int m = lane / 8;  // matrix m: keys 8·(m % 2) …, columns 16w + 8·(m / 2) …
 #pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk) {
-            uint32_t b[4];
-            ldsm_x4_trans(b, v_tile + sw128_offset<C>(16 * kk + 8 * (m % 2) + lane % 8, 16 * warp + 8 * (m / 2)));
-            mma16816<T>(sv[0], a, b[0], b[1]);
-            mma16816<T>(sv[1], a, b[2], b[3]);
-        }
+        for (int kk = 0; kk < C / 16; ++kk) Wgmma<T, 8>::ss_tt(sv, mnmajor_desc<C>(v_addr, kk), mnmajor_desc<C>(ones, kk), 1);
+        wg_commit();
     }
 
     // Sr[n][f] ← F[f][n] as bf16 hi = bf16(F) and lo = bf16(F − hi) (the tiles at sr and sr + kSrTile),
     // one transposed stmatrix per n8 tile; Σv to sc (row g = 0's lanes).
-    static __device__ __forceinline__ void publish(const float (&F)[NJ][4], const float (&sv)[2][4], uint32_t sr,
+    static __device__ __forceinline__ void publish(const float (&F)[NJ][4], const float (&sv)[1][4], uint32_t sr,
                                                    float* sc, int warp, int lane) {
         const int r = lane % 8, m = lane / 8;  // lane: row r of matrix m = (tile m / 2, feature half m % 2)
         const uint32_t at = sr + (m / 2) * L::kSrTile + r * 128 + (((2 * warp + m % 2) ^ r) << 4);
@@ -114,16 +106,16 @@ struct Taylor1ChainWgOps {
             }
             stsm_x4_trans(at + j * 1024, x);
         }
-        if (lane < 4)
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-                *reinterpret_cast<float2*>(sc + 16 * warp + 8 * t + 2 * lane) = make_float2(sv[t][0], sv[t][1]);
+        if (lane % 4 == 0) {
+            sc[16 * warp + lane / 4] = sv[0][0];
+            sc[16 * warp + lane / 4 + 8] = sv[0][2];
+        }
     }
 
     static __device__ __forceinline__ float4* slot(float* state, int idx, int tid) {
         return reinterpret_cast<float4*>(state) + idx * kTaylorThreads + tid;
     }
-    static __device__ __forceinline__ void load_state(float (&F)[NJ][4], float (&sv)[2][4], float* state, int tid) {
+    static __device__ __forceinline__ void load_state(float (&F)[NJ][4], float (&sv)[1][4], float* state, int tid) {
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
             const float4 s = __ldcg(slot(state, j, tid));  // (written by another block: not via L1)
@@ -135,18 +127,14 @@ struct Taylor1ChainWgOps {
         const float4 s = __ldcg(slot(state, NJ, tid));
         sv[0][0] += s.x;
         sv[0][1] += s.y;
-        sv[1][0] += s.z;
-        sv[1][1] += s.w;
-        sv[0][2] = sv[0][0];  // (rows g + 8: the same sums)
-        sv[0][3] = sv[0][1];
-        sv[1][2] = sv[1][0];
-        sv[1][3] = sv[1][1];
+        sv[0][2] += s.z;
+        sv[0][3] += s.w;
     }
-    static __device__ __forceinline__ void store_state(const float (&F)[NJ][4], const float (&sv)[2][4], float* state,
+    static __device__ __forceinline__ void store_state(const float (&F)[NJ][4], const float (&sv)[1][4], float* state,
                                                        int tid) {
 #pragma unroll
         for (int j = 0; j < NJ; ++j) __stcg(slot(state, j, tid), make_float4(F[j][0], F[j][1], F[j][2], F[j][3]));
-        __stcg(slot(state, NJ, tid), make_float4(sv[0][0], sv[0][1], sv[1][0], sv[1][1]));
+        __stcg(slot(state, NJ, tid), make_float4(sv[0][0], sv[0][1], sv[0][2], sv[0][3]));
     }
 };
 #endif
@@ -186,11 +174,11 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
     unsigned char* ones = base + L::kOnes;
     const uint32_t ones_addr = smem_addr(ones);
 
-    float F[NJ][4], sv[2][4];
+    float F[NJ][4], sv[1][4];
 #pragma unroll
     for (int j = 0; j < NJ; ++j) F[j][0] = F[j][1] = F[j][2] = F[j][3] = 0.f;
 #pragma unroll
-    for (int t = 0; t < 2; ++t) sv[t][0] = sv[t][1] = sv[t][2] = sv[t][3] = 0.f;
+    sv[0][0] = sv[0][1] = sv[0][2] = sv[0][3] = 0.f;
 
     if (role.fold) {
         if (round + 1 >= n_seg) return;  // no later segment reads I_round
@@ -223,10 +211,10 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
             }
             const uint32_t k_addr = smem_addr(kt);
             wg_fence();
-            Ops::fold(F, k_addr, k_addr + L::kTile, ones_addr);
-            Ops::sum_v(sv, kt + L::kTile, warp, lane);
+            Ops::fold(F, sv, k_addr, k_addr + L::kTile, ones_addr);
             wg_wait<0>();
             fence_regs(F);
+            fence_regs(sv);
         }
         cp_async_wait<0>();
         if (round > 0) {
@@ -299,8 +287,7 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
         for (int kk = 0; kk < L::D / 16; ++kk)
             Wgmma<T, N>::ss(O, kmajor_desc<C>(q_addr, kk), kmajor_desc<N>(sr + L::kSrTile, kk), 1);
         wg_commit();
-        Ops::fold(F, k_addr, v_addr, ones_addr);  // (the last chunk's is never read: a branch would serialise)
-        Ops::sum_v(sv, sK + L::kTile, warp, lane);
+        Ops::fold(F, sv, k_addr, v_addr, ones_addr);  // (the last chunk's is never read: a branch would serialise)
 
         float c1[2];  // a1·r_z of rows wrow + g, + 8: order 1's f(r_z s) = a0 + c1 s
 #pragma unroll
@@ -337,6 +324,7 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
         // The next chunk's state (this chunk's keys folded in) to the other buffer.
         wg_wait<1>();
         fence_regs(F);
+        fence_regs(sv);
         if (c + 1 < n_chunks) Ops::publish(F, sv, sr0 + (st ^ 1) * 2 * L::kSrTile, sC[st ^ 1], warp, lane);
         wg_wait<0>();
         fence_regs(O);
@@ -356,12 +344,24 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
             if (t4 == 0 && i < c_hi) P.lse[si.stats_index(P, h, i)] = den;
         }
         __syncwarp();
+        {
+            // Lane: rows wrow + lane / 8 + 4k, chunk lane % 8 (row % 8 = lane / 8 + 4·(k % 2)); a whole chunk
+            // (all but a sequence's last) loads its four rows first, then stores them.
+            const int r0 = wrow + lane / 8, ch = lane % 8;
+            const uint32_t ib = r0 * 128 + ((ch ^ (lane / 8)) << 4);
+            T* op = o0 + (long long)(i0 + r0) * P.o_seq + 8 * ch;
+            const long long step = 4 * P.o_seq;
+            uint4 x[4];
 #pragma unroll
-        for (int idx = lane; idx < 16 * 8; idx += 32) {
-            const int row = wrow + idx / 8, ch = idx % 8;
-            if (i0 + row < c_hi)
-                *reinterpret_cast<uint4*>(o0 + (long long)(i0 + row) * P.o_seq + 8 * ch) =
-                    *reinterpret_cast<const uint4*>(sQ + sw128_offset<C>(row, 8 * ch));
+            for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(sQ + ((ib + 512 * k) ^ ((k & 1) << 6)));
+            if (i0 + C <= c_hi) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(op + k * step) = x[k];
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    if (i0 + r0 + 4 * k < c_hi) *reinterpret_cast<uint4*>(op + k * step) = x[k];
+            }
         }
     }
 #endif
