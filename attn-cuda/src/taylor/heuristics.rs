@@ -606,7 +606,7 @@ mod tests {
         );
         const { assert!(ORDER1_CHAIN_SEG_LEN % ORDER1_CHUNK == 0) };
         // Its wgmma kernel: two blocks per SM, 5120 floats per state.
-        assert!(2 * (ORDER1_CHAIN_WG_SMEM + 1024) <= 228 * 1024);
+        const { assert!(2 * (ORDER1_CHAIN_WG_SMEM + 1024) <= 228 * 1024) };
         assert_eq!(ORDER1_CHAIN_WG_STATE_FLOATS, 5120);
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
