@@ -110,6 +110,32 @@ struct Taylor1ChainRole {
     }
 };
 
+// What a block of the chain works on: its role, sequence, segment [c_lo, c_lo + L) and chain slot `at`,
+// the sequence's key and value rows of kv head hk. Every sequence has as many queries as keys (the host
+// routes only such calls here; anything else traps).
+template <typename T> struct Taylor1ChainWork {
+    Taylor1ChainRole role;
+    SeqInfo si;
+    int len, seg, n_seg, c_lo;
+    long long at;
+    const T *k0, *v0;
+    __device__ __forceinline__ Taylor1ChainWork(const TaylorParams& tp, int ticket)
+        : role(tp, ticket), si(tp.base, role.b), len(si.len_k), seg(tp.seg_len), n_seg((len + seg - 1) / seg),
+          c_lo(role.round * seg), at(taylor1_chain_index(tp, role.b, role.hk, role.round)),
+          k0(static_cast<const T*>(tp.base.k) + si.k_off(tp.base, 0, role.hk)),
+          v0(static_cast<const T*>(tp.base.v) + si.v_off(tp.base, 0, role.hk)) {
+        if (si.len_q != len) __trap();
+    }
+    // A fold block's end: `store` writes I_round into its chain state, then the block raises flag `at`
+    // (the state visible first: fence, barrier, release).
+    template <class Store> __device__ __forceinline__ void release(const TaylorParams& tp, Store store) const {
+        store();
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) st_release_gpu(tp.st_max + at, 1);
+    }
+};
+
 template <typename T, int D> struct Taylor1ChainBlock {
     using L = Taylor1Chain<T, D>;
     static constexpr int C = L::C, MT = L::MT, NT = L::NT, NPW = L::NPW, LD = L::LD, LDY = L::LDY;
@@ -229,17 +255,12 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
     int* flags = tp.st_max;
     taylor1_chain_ticket(tp, &sTicket);
-    const Taylor1ChainRole role(tp, sTicket);
-    const bool fold_block = role.fold;
-    const int round = role.round, b = role.b, h = role.h, hk = role.hk;
-    const SeqInfo si(P, b);
-    const int len = si.len_k, seg = tp.seg_len;
-    if (si.len_q != len) __trap();  // the host routes only such calls here
-    const int n_seg = (len + seg - 1) / seg;
-    const int c_lo = round * seg;
-    const long long at = taylor1_chain_index(tp, b, hk, round);
-    const T* k0 = static_cast<const T*>(P.k) + si.k_off(P, 0, hk);
-    const T* v0 = static_cast<const T*>(P.v) + si.v_off(P, 0, hk);
+    const Taylor1ChainWork<T> w(tp, sTicket);
+    const bool fold_block = w.role.fold;
+    const int round = w.role.round, h = w.role.h, len = w.len, seg = w.seg, n_seg = w.n_seg, c_lo = w.c_lo;
+    const SeqInfo& si = w.si;
+    const long long at = w.at;
+    const T *k0 = w.k0, *v0 = w.v0;
     const bool l2 = P.l2norm != 0;
 
     float acc_s[NPW][MT][4];
@@ -284,10 +305,7 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
             taylor1_chain_wait(flags + at - 1);
             Blk::load_state(acc_s, tp.st + (at - 1) * L::kStateFloats, warp, tid, true);
         }
-        Blk::store_state(acc_s, tp.st + at * L::kStateFloats, warp, tid);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) st_release_gpu(flags + at, 1);
+        w.release(tp, [&] { Blk::store_state(acc_s, tp.st + at * L::kStateFloats, warp, tid); });
         return;
     }
 

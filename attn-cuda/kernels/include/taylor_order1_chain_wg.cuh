@@ -61,16 +61,7 @@ struct Taylor1ChainWgOps {
     // Rows of a K tile scaled to unit norm in place (k̂ = k / max(‖k‖, eps)); a barrier before they are read.
     static __device__ __forceinline__ void l2norm_rows(unsigned char* tile, float eps, int tid) {
         uint4 chunk[4];
-        const float r = wg_key_inv_norm(tile, eps, tid, chunk);
-        const int j = tid / 2, half = tid % 2;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
-            uint32_t o[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[e] = pack2<T>(r * bf16_lo(w[e]), r * bf16_hi(w[e]));
-            *reinterpret_cast<uint4*>(tile + sw128_offset<C>(j, 32 * half + 8 * q)) = make_uint4(o[0], o[1], o[2], o[3]);
-        }
+        wg_scale_key_rows(tile, wg_key_inv_norm(tile, eps, tid, chunk), chunk, tid);
     }
 
     // k16 step kk of Ṽ as an MN-major B operand: V's 64 columns, then the ones tile's.
@@ -160,16 +151,11 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
     int* flags = tp.st_max;
     taylor1_chain_ticket(tp, &sTicket);
-    const Taylor1ChainRole role(tp, sTicket);
-    const int round = role.round, b = role.b, h = role.h, hk = role.hk;
-    const SeqInfo si(P, b);
-    const int len = si.len_k, seg = tp.seg_len;
-    if (si.len_q != len) __trap();  // the host routes only such calls here
-    const int n_seg = (len + seg - 1) / seg;
-    const int c_lo = round * seg;
-    const long long at = taylor1_chain_index(tp, b, hk, round);
-    const T* k0 = static_cast<const T*>(P.k) + si.k_off(P, 0, hk);
-    const T* v0 = static_cast<const T*>(P.v) + si.v_off(P, 0, hk);
+    const Taylor1ChainWork<T> w(tp, sTicket);
+    const int round = w.role.round, h = w.role.h, len = w.len, seg = w.seg, n_seg = w.n_seg, c_lo = w.c_lo;
+    const SeqInfo& si = w.si;
+    const long long at = w.at;
+    const T *k0 = w.k0, *v0 = w.v0;
     const bool l2 = P.l2norm != 0;
     unsigned char* ones = base + L::kOnes;
     const uint32_t ones_addr = smem_addr(ones);
@@ -177,10 +163,9 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
     float F[NJ][4], sv[1][4];
 #pragma unroll
     for (int j = 0; j < NJ; ++j) F[j][0] = F[j][1] = F[j][2] = F[j][3] = 0.f;
-#pragma unroll
     sv[0][0] = sv[0][1] = sv[0][2] = sv[0][3] = 0.f;
 
-    if (role.fold) {
+    if (w.role.fold) {
         if (round + 1 >= n_seg) return;  // no later segment reads I_round
         constexpr int FS = L::FS;
         const int n_chunks = seg / C;  // whole: segment round + 1 exists
@@ -221,10 +206,7 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
             taylor1_chain_wait(flags + at - 1);
             Ops::load_state(F, sv, tp.st + (at - 1) * L::kStateFloats, tid);
         }
-        Ops::store_state(F, sv, tp.st + at * L::kStateFloats, tid);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) st_release_gpu(flags + at, 1);
+        w.release(tp, [&] { Ops::store_state(F, sv, tp.st + at * L::kStateFloats, tid); });
         return;
     }
 

@@ -178,6 +178,19 @@ __device__ __forceinline__ float wg_key_inv_norm(const unsigned char* k_tile, fl
     return 1.f / fmaxf(sqrtf(ss), eps);
 }
 
+// The row of wg_key_inv_norm (its chunks as read) times r, written back in place (bf16, one rounding).
+__device__ __forceinline__ void wg_scale_key_rows(unsigned char* k_tile, float r, const uint4 (&chunk)[4], int tid) {
+    const int j = tid / 2, half = tid % 2;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
+        uint32_t o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = pack2<__nv_bfloat16>(r * bf16_lo(w[e]), r * bf16_hi(w[e]));
+        *reinterpret_cast<uint4*>(k_tile + sw128_offset<kWgChunk>(j, 32 * half + 8 * q)) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
 // One fold block's chunk loop. kSpecial: slots 64–67 (A = k̂ᵀ or 1; under qk_l2norm the K tile is
 // normalised in place first, as B of K2 and Σk̂); else four quadratic slots a = slot0 … slot0 + 3, A =
 // Kᵀ ∘ m with the multipliers m_j = bf16(r_j² k_ja) (one rounding; k_ja exactly when r = 1) from a
@@ -224,15 +237,7 @@ __device__ __forceinline__ void taylor_wg_fold_chunks(const TaylorParams& tp, co
             uint4 chunk[4];
             const float r = wg_key_inv_norm(k_tile, P.eps, tid, chunk);
             if (kSpecial) {
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const uint32_t w[4] = {chunk[q].x, chunk[q].y, chunk[q].z, chunk[q].w};
-                    uint32_t o[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) o[e] = pack2<T>(r * bf16_lo(w[e]), r * bf16_hi(w[e]));
-                    *reinterpret_cast<uint4*>(k_tile + sw128_offset<kWgChunk>(j, 32 * half + 8 * q)) =
-                        make_uint4(o[0], o[1], o[2], o[3]);
-                }
+                wg_scale_key_rows(k_tile, r, chunk, tid);
                 fence_proxy_async();  // k̂ in place: B of K2 and Σk̂
             } else if (half == 0) {
                 sR[j] = r;
