@@ -2,10 +2,10 @@
 // forward of taylor_order1_chain.cuh (the same tickets, rounds, fold blocks, flags and chain of inclusive
 // sums; read its header first) with every product of a chunk on wgmma, one warpgroup per block (NOTES_taylor.md,
 // "Session 32"). In the mma.sync kernel each warp runs ~800 dependent mma.sync and shared loads per chunk;
-// here a chunk is 20 asynchronous wgmma issued by the warpgroup, and the warps' own work is the
+// here a chunk is 24 asynchronous wgmma issued by the warpgroup, and the warps' own work is the
 // element-wise part (f and the mask, the scale of the state read, o = num/den, the state's bf16 split).
 //
-// With Ṽ = [V | 1 | 0 …] (72 columns: the 64 values, the denominator's column, zeros) and the state of the
+// With Ṽ = [V | 1 …] (72 columns: the 64 values, then the denominator's column 8 times) and the state of the
 // keys before a chunk F[f][n] = Σ_j k̂_jf Ṽ_jn (64 linear features × 72), Σv[n] = Σ_j v_jn:
 //   O = Q·Srᵀ                     m64n72k16 × 4, twice: Sr = F as bf16 hi and lo tiles [72][64] (16
 //                                 significant bits; the mma.sync kernel's tf32 has 11)
@@ -26,7 +26,7 @@
 
 namespace attn {
 
-// The layout (mirrored by taylor::heuristics::{order1_chain_wg_smem, order1_chain_wg_state_floats}): sw128
+// The layout (mirrored by taylor::heuristics::{ORDER1_CHAIN_WG_SMEM, ORDER1_CHAIN_WG_STATE_FLOATS}): sw128
 // tiles of [64][64] bf16 from a 1024-aligned base (1 KiB of slack in kBytes).
 struct Taylor1ChainWg {
     static constexpr int C = 64, D = 64, N = 72;  // keys and queries per chunk, features, Ṽ's columns
