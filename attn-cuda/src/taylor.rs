@@ -75,6 +75,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop}
 use launch::{Kernels, Launch};
 use order1::order1_causal_seg_override;
 use params::TaylorParams;
+use std::cell::OnceCell;
 use std::sync::Arc;
 
 type In<'a, T> = &'a dyn DevicePtr<T>;
@@ -290,6 +291,8 @@ struct Call<'s> {
     stream: &'s Arc<CudaStream>,
     kernels: Arc<Kernels>,
     op: Op,
+    /// The Hopper kernels' settings on this context, looked up once per call ([`Call::hopper`]).
+    hopper: OnceCell<Hopper>,
 }
 
 /// A tensor whose every row starts 16 bytes aligned (base address and strides), as the order-1 kernels'
@@ -322,6 +325,17 @@ impl<'s> Call<'s> {
             stream,
             kernels,
             op,
+            hopper: OnceCell::new(),
+        })
+    }
+
+    /// Whether (and how) this context runs the Hopper (wgmma) kernels: `Hopper::default()` (off) where
+    /// the runtime has none.
+    fn hopper(&self) -> Hopper {
+        *self.hopper.get_or_init(|| {
+            crate::runtime::kernels_for(self.stream.context(), self.op)
+                .map(|k| k.hopper)
+                .unwrap_or_default()
         })
     }
 
@@ -624,10 +638,7 @@ fn forward_impl<T: DeviceElem>(call: &Call<'_>, p: &mut TaylorParams, b: Forward
             && rows_aligned(k, spec.k_strides())
             && rows_aligned(v, spec.v_strides())
             && rows_aligned(o, spec.o_strides());
-        if rows
-            && crate::runtime::kernels_for(call.stream.context(), call.op)
-                .is_ok_and(|k| wg_forward(spec, k.hopper))
-        {
+        if rows && wg_forward(spec, call.hopper()) {
             return call.wg_forward(p);
         }
         return call.forward_tiles(p);

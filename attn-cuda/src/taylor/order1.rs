@@ -5,7 +5,8 @@ use super::launch::Launch;
 use super::{heuristics, query_on_key, rows_aligned, Call, TaylorParams};
 use crate::dispatch::dtype_tag;
 use crate::error::Result;
-use attn_core::{Causal, DType};
+use crate::runtime::Hopper;
+use attn_core::{AttnSpec, Causal, DType};
 use cudarc::driver::DevicePtr;
 use std::sync::OnceLock;
 
@@ -40,6 +41,17 @@ fn chain_on() -> bool {
 fn chain_wg_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     env_on(&ON, "ATTN_CUDA_TAYLOR1_CHAIN_WG")
+}
+
+/// Whether the single-pass causal order-1 forward ([`Call::order1_chain`]) runs on its wgmma kernel
+/// (`taylor_order1_chain_wg.cuh`): bf16, D = Dv = 64, the Hopper kernels on this device, unless
+/// `ATTN_CUDA_TAYLOR1_CHAIN_WG=0`.
+pub(crate) fn order1_chain_wg(spec: &AttnSpec, hopper: Hopper) -> bool {
+    spec.dtype() == DType::BF16
+        && spec.head_dim() == heuristics::WG_HEAD_DIM
+        && spec.head_dim_v() == heuristics::WG_HEAD_DIM
+        && hopper.on
+        && chain_wg_on()
 }
 
 /// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
@@ -102,13 +114,7 @@ impl Call<'_> {
     pub(super) fn order1_chain_forward(&self, p: &mut TaylorParams) -> Result<()> {
         let s = self.spec;
         let d = s.head_dim();
-        // bf16 at D = Dv = 64 on Hopper: every product of a chunk on wgmma (taylor_order1_chain_wg.cuh).
-        let wg = s.dtype() == DType::BF16
-            && d == heuristics::WG_HEAD_DIM
-            && s.head_dim_v() == d
-            && chain_wg_on()
-            && crate::runtime::kernels_for(self.stream.context(), self.op).is_ok_and(|k| k.hopper.on);
-        let (name, smem, state_floats) = if wg {
+        let (name, smem, state_floats) = if order1_chain_wg(s, self.hopper()) {
             (
                 "attn_taylor_order1_chain_wg_bf16_d64".to_string(),
                 heuristics::ORDER1_CHAIN_WG_SMEM,
@@ -197,5 +203,30 @@ impl Call<'_> {
             self.run(launch, p)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_core::{AttnProblem, Family};
+
+    /// The wgmma chain kernel takes bf16 at D = 64 on Hopper only; everything else stays on the mma.sync one.
+    #[test]
+    fn order1_chain_wg_routes_bf16_d64_on_hopper_only() {
+        let spec = |dtype, d| {
+            AttnProblem::new(Family::taylor(1), dtype, 1, 4, 2, 2048, 2048, d)
+                .with_causal(Causal::TopLeft)
+                .validate()
+                .expect("valid problem")
+        };
+        let on = Hopper {
+            on: true,
+            ..Hopper::default()
+        };
+        assert!(order1_chain_wg(&spec(DType::BF16, 64), on));
+        assert!(!order1_chain_wg(&spec(DType::BF16, 64), Hopper::default()));
+        assert!(!order1_chain_wg(&spec(DType::F16, 64), on));
+        assert!(!order1_chain_wg(&spec(DType::BF16, 32), on));
     }
 }
