@@ -34,6 +34,7 @@
 #include "include/taylor_order1_causal.cuh"
 #include "include/taylor_order1_chain.cuh"
 #include "include/taylor_order1_chain_wg.cuh"
+#include "include/taylor_order1_chain_res.cuh"
 #include "include/taylor_rows.cuh"
 #include "include/taylor_state.cuh"
 #include "include/taylor_wg.cuh"
@@ -178,6 +179,13 @@ ATTN_TAYLOR_ORDER1_CAUSAL(64)
 extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)
     attn_taylor_order1_chain_wg_bf16_d64(const __grid_constant__ TaylorParams p) {
     attn::taylor1_forward_chain_wg(p);
+}
+
+// The same forward with each block's 512 keys resident in shared memory (taylor_order1_chain_res.cuh):
+// bf16, D = 64, sm_90a, 256 threads, one block per SM.
+extern "C" __global__ void __launch_bounds__(2 * attn::kTaylorThreads, 1)
+    attn_taylor_order1_chain_res_bf16_d64(const __grid_constant__ TaylorParams p) {
+    attn::taylor1_forward_chain_res(p);
 }
 
 // Order 2 on Hopper tensor cores (taylor_wg.cuh; causal: Nq = Nk, per-segment states): bf16, D = 64, sm_90a (the bodies

@@ -479,6 +479,18 @@ pub(crate) fn order1_chain_smem(d: usize) -> usize {
 /// ```
 pub(crate) const ORDER1_CHAIN_WG_SMEM: usize = 2 * 3 * 8192 + 4 * 72 * 128 + 8192 + 1024;
 
+/// Dynamic shared memory of the single-pass causal order-1 forward with resident keys
+/// (`Taylor1ChainRes::kBytes`, bf16, D = 64): K̂ and V of 512 keys, per warpgroup two q stages and the
+/// state as bf16 hi and lo tiles of 72 rows, the ones tile, and 1 KiB to align the sw128 tiles.
+///
+/// ```text
+/// 8·2·8192 + 2·(2·8192 + 2·72·128) + 8192 + 1024 = 209 920
+/// ```
+pub(crate) const ORDER1_CHAIN_RES_SMEM: usize = 8 * 2 * 8192 + 2 * (2 * 8192 + 2 * 72 * 128) + 8192 + 1024;
+
+/// Keys per segment of the resident-keys forward (`Taylor1ChainRes::SEG`): two blocks of 512.
+pub(crate) const ORDER1_CHAIN_RES_SEG: usize = 1024;
+
 /// Floats of one chain state of the single-pass causal order-1 forward on wgmma
 /// (`Taylor1ChainWg::kStateFloats`): its fold's m64n72 accumulators (9 float4 per thread) and the value
 /// sums (1 float4 per thread) of 128 threads.

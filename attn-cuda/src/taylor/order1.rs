@@ -54,6 +54,13 @@ pub(crate) fn order1_chain_wg(spec: &AttnSpec, hopper: Hopper) -> bool {
         && chain_wg_on()
 }
 
+/// Whether the wgmma single-pass causal order-1 forward keeps each block's keys resident in shared memory
+/// (`ATTN_CUDA_TAYLOR1_CHAIN_RES=1`; off by default while it is measured).
+fn chain_res_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1_CHAIN_RES").is_ok_and(|v| v.trim() == "1"))
+}
+
 /// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
 /// of `heuristics::order1_causal_seg_len`, for measuring it; anything else is ignored.
 pub(super) fn order1_causal_seg_override() -> Option<usize> {
@@ -113,6 +120,9 @@ impl Call<'_> {
     /// the denominators.
     pub(super) fn order1_chain_forward(&self, p: &mut TaylorParams) -> Result<()> {
         let s = self.spec;
+        if order1_chain_wg(s, self.hopper()) && chain_res_on() {
+            return self.order1_chain_res_forward(p);
+        }
         let d = s.head_dim();
         let (name, smem, state_floats) = if order1_chain_wg(s, self.hopper()) {
             (
@@ -146,6 +156,32 @@ impl Call<'_> {
                 name,
                 grid: (blocks.max(1), 1, 1),
                 smem,
+            },
+            p,
+        )
+    }
+
+    /// The single-pass causal order-1 forward with resident keys (`taylor_order1_chain_res.cuh`): one
+    /// launch of two blocks per 1024-key segment round and query head, their states (the segments' sums
+    /// and the first halves' parts) and flags in scratch, the flags and the ticket counter zeroed.
+    fn order1_chain_res_forward(&self, p: &mut TaylorParams) -> Result<()> {
+        let s = self.spec;
+        let seg = heuristics::ORDER1_CHAIN_RES_SEG;
+        let rounds = s.seq_k().div_ceil(seg);
+        let chains = s.batch() * s.heads_q() * rounds;
+        let state_floats = heuristics::ORDER1_CHAIN_WG_STATE_FLOATS;
+        (p.seg_len, p.n_seg) = (seg as i32, rounds as i32);
+        // SAFETY (uninitialised): a block reads a state only after its flag is raised, which the writing
+        // block does after writing every slot of it (the flags and the counter: zeroed).
+        let states = unsafe { self.stream.alloc::<f32>((2 * chains).max(1) * state_floats) }?;
+        let flags = self.stream.alloc_zeros::<i32>(2 * chains + 1)?;
+        p.st = states.device_ptr(self.stream).0;
+        p.st_max = flags.device_ptr(self.stream).0;
+        self.run(
+            Launch {
+                name: "attn_taylor_order1_chain_res_bf16_d64".to_string(),
+                grid: ((2 * chains).max(1), 1, 1),
+                smem: heuristics::ORDER1_CHAIN_RES_SMEM,
             },
             p,
         )
