@@ -181,9 +181,9 @@ extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)
     attn::taylor1_forward_chain_wg(p);
 }
 
-// The same forward with each block's 512 keys resident in shared memory (taylor_order1_chain_res.cuh):
-// bf16, D = 64, sm_90a, 256 threads, one block per SM.
-extern "C" __global__ void __launch_bounds__(2 * attn::kTaylorThreads, 1)
+// The same forward with each block's 256 keys resident in shared memory (taylor_order1_chain_res.cuh):
+// bf16, D = 64, sm_90a.
+extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)
     attn_taylor_order1_chain_res_bf16_d64(const __grid_constant__ TaylorParams p) {
     attn::taylor1_forward_chain_res(p);
 }

@@ -480,16 +480,18 @@ pub(crate) fn order1_chain_smem(d: usize) -> usize {
 pub(crate) const ORDER1_CHAIN_WG_SMEM: usize = 2 * 3 * 8192 + 4 * 72 * 128 + 8192 + 1024;
 
 /// Dynamic shared memory of the single-pass causal order-1 forward with resident keys
-/// (`Taylor1ChainRes::kBytes`, bf16, D = 64): K̂ and V of 512 keys, per warpgroup two q stages and the
-/// state as bf16 hi and lo tiles of 72 rows, the ones tile, and 1 KiB to align the sw128 tiles.
+/// (`Taylor1ChainRes::kBytes`, bf16, D = 64): K̂ and V of 256 keys, two q stages, the state as bf16 hi and
+/// lo tiles of 72 rows, the ones tile, and 1 KiB to align the sw128 tiles (two blocks per SM).
 ///
 /// ```text
-/// 8·2·8192 + 2·(2·8192 + 2·72·128) + 8192 + 1024 = 209 920
+/// 4·2·8192 + 2·8192 + 2·72·128 + 8192 + 1024 = 109 568
 /// ```
-pub(crate) const ORDER1_CHAIN_RES_SMEM: usize = 8 * 2 * 8192 + 2 * (2 * 8192 + 2 * 72 * 128) + 8192 + 1024;
+pub(crate) const ORDER1_CHAIN_RES_SMEM: usize = 4 * 2 * 8192 + 2 * 8192 + 2 * 72 * 128 + 8192 + 1024;
 
-/// Keys per segment of the resident-keys forward (`Taylor1ChainRes::SEG`): two blocks of 512.
+/// Keys per segment of the resident-keys forward (`Taylor1ChainRes::SEG`) and blocks per segment
+/// (`Taylor1ChainRes::J`, 256 keys each).
 pub(crate) const ORDER1_CHAIN_RES_SEG: usize = 1024;
+pub(crate) const ORDER1_CHAIN_RES_BLOCKS: usize = 4;
 
 /// Floats of one chain state of the single-pass causal order-1 forward on wgmma
 /// (`Taylor1ChainWg::kStateFloats`): its fold's m64n72 accumulators (9 float4 per thread) and the value

@@ -80,9 +80,7 @@ impl Kernels {
         op: Op,
     ) -> Result<()> {
         let f = self.function(launch)?;
-        // (the resident-keys chain forward runs two warpgroups per block)
-        let threads = if launch.name.starts_with("attn_taylor_order1_chain_res") { 2 * THREADS } else { THREADS };
-        let cfg = launch_config(op, &launch.name, launch.grid, threads, launch.smem)?;
+        let cfg = launch_config(op, &launch.name, launch.grid, THREADS, launch.smem)?;
         let mut builder = stream.launch_builder(&f);
         builder.arg(params);
         // SAFETY: `params` is the #[repr(C)] mirror of the kernel's only parameter; every pointer in it

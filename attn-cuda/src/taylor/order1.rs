@@ -162,8 +162,8 @@ impl Call<'_> {
     }
 
     /// The single-pass causal order-1 forward with resident keys (`taylor_order1_chain_res.cuh`): one
-    /// launch of two blocks per 1024-key segment round and query head, their states (the segments' sums
-    /// and the first halves' parts) and flags in scratch, the flags and the ticket counter zeroed.
+    /// launch of four blocks per 1024-key segment round and query head, their states (the segments' sums
+    /// and the first three blocks' parts) and flags in scratch, the flags and the ticket counter zeroed.
     fn order1_chain_res_forward(&self, p: &mut TaylorParams) -> Result<()> {
         let s = self.spec;
         let seg = heuristics::ORDER1_CHAIN_RES_SEG;
@@ -173,14 +173,15 @@ impl Call<'_> {
         (p.seg_len, p.n_seg) = (seg as i32, rounds as i32);
         // SAFETY (uninitialised): a block reads a state only after its flag is raised, which the writing
         // block does after writing every slot of it (the flags and the counter: zeroed).
-        let states = unsafe { self.stream.alloc::<f32>((2 * chains).max(1) * state_floats) }?;
-        let flags = self.stream.alloc_zeros::<i32>(2 * chains + 1)?;
+        let j = heuristics::ORDER1_CHAIN_RES_BLOCKS;
+        let states = unsafe { self.stream.alloc::<f32>((j * chains).max(1) * state_floats) }?;
+        let flags = self.stream.alloc_zeros::<i32>(j * chains + 1)?;
         p.st = states.device_ptr(self.stream).0;
         p.st_max = flags.device_ptr(self.stream).0;
         self.run(
             Launch {
                 name: "attn_taylor_order1_chain_res_bf16_d64".to_string(),
-                grid: ((2 * chains).max(1), 1, 1),
+                grid: ((j * chains).max(1), 1, 1),
                 smem: heuristics::ORDER1_CHAIN_RES_SMEM,
             },
             p,
