@@ -474,6 +474,13 @@ fn test_gpu(extra: &[String]) -> Result<()> {
              causal kernels on 128-key segments (the single-pass forward's chain gets many links)",
             taylor,
         ),
+        (
+            "ATTN_CUDA_TAYLOR1_CHAIN_RES",
+            "1",
+            "the causal order-1 forward with resident keys (bf16, D = 64 on Hopper; opt-in while it \
+             is measured)",
+            taylor,
+        ),
     ] {
         println!("xtask test-gpu: {binaries:?} again with {what} ({var}={value})");
         let mut cmd = Command::new(cargo());
@@ -604,10 +611,11 @@ done
 # order 2 at f16/bf16, D = 64 and 128, runs its quadratic form on the flash kernels at the tests'
 # lengths) and with order 2's wgmma state forward wherever it applies (bf16, D = 64; by default from
 # 4096 keys, 8192 causal; here causal with 128-key segments, so short sequences have several states;
-# the order-1 causal kernels on 128-key segments too, so the single-pass forward's chain has many links).
+# the order-1 causal kernels on 128-key segments too, so the single-pass forward's chain has many links),
+# and with the causal order-1 forward with resident keys (opt-in while it is measured).
 # Each entry: variables (comma-separated) : binaries.
 flash="gpu_softmax_like,gpu_hyperbolic"
-for entry in ATTN_CUDA_WGMMA=0:$flash ATTN_CUDA_WG_FUSED=0:$flash ATTN_CUDA_WG_FUSED=1:$flash ATTN_CUDA_WG_WS=0:$flash ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3:$flash ATTN_CUDA_WG_BWD_WS=0:$flash ATTN_CUDA_TAYLOR_DENSE=0:gpu_taylor ATTN_CUDA_TAYLOR_WG=1,ATTN_CUDA_TAYLOR_WG_SEG=128,ATTN_CUDA_TAYLOR1_SEG=128:gpu_taylor; do
+for entry in ATTN_CUDA_WGMMA=0:$flash ATTN_CUDA_WG_FUSED=0:$flash ATTN_CUDA_WG_FUSED=1:$flash ATTN_CUDA_WG_WS=0:$flash ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3:$flash ATTN_CUDA_WG_BWD_WS=0:$flash ATTN_CUDA_TAYLOR_DENSE=0:gpu_taylor ATTN_CUDA_TAYLOR_WG=1,ATTN_CUDA_TAYLOR_WG_SEG=128,ATTN_CUDA_TAYLOR1_SEG=128:gpu_taylor ATTN_CUDA_TAYLOR1_CHAIN_RES=1:gpu_taylor; do
   var="${entry%%:*}"
   for name in $(echo "${entry#*:}" | tr , ' '); do
     [ -x "$here/bin/$name" ] || continue

@@ -55,7 +55,7 @@ __device__ __forceinline__ void taylor1_forward_chain_res(const TaylorParams& tp
     using T = __nv_bfloat16;
     using L = Taylor1ChainRes;
     using Ops = Taylor1ChainWgOps;
-    constexpr int C = L::C, N = L::N, NJ = Ops::NJ, SF = L::kStateFloats, J = L::J;
+    constexpr int C = L::C, NJ = Ops::NJ, SF = L::kStateFloats, J = L::J;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -65,7 +65,7 @@ __device__ __forceinline__ void taylor1_forward_chain_res(const TaylorParams& tp
     if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
 
     const AttnParams& P = tp.base;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int per = P.batch * P.heads_q;
     const long long chains = (long long)per * tp.n_seg;
     if (tid == 0) sTicket = atomicAdd(tp.st_max + J * chains, 1);
@@ -177,7 +177,6 @@ __device__ __forceinline__ void taylor1_forward_chain_res(const TaylorParams& tp
 
     // 3. The chunks.
     Ops::publish(F, sv, sr, sC, warp, lane);
-    const int wrow = warp * 16;
     const float a0 = tp.a0, a1s = tp.a1 * P.scale;
 #pragma unroll 1
     for (int c = 0; c < n_chunks; ++c) {
@@ -187,7 +186,7 @@ __device__ __forceinline__ void taylor1_forward_chain_res(const TaylorParams& tp
         __syncthreads();      // q(c) and Sr are ready; the other stage is free
         if (c + 1 < n_chunks) issue_q(c + 1);
         unsigned char* sQ = q_stage(c);
-        const uint32_t q_addr = smem_addr(sQ), k_addr = kv_addr(c), v_addr = k_addr + L::kTile;
+        const uint32_t k_addr = kv_addr(c);
         if (l2) {
             uint4 chunk[4];
             const float rq = wg_key_inv_norm(sQ, P.eps, tid, chunk);
@@ -195,90 +194,10 @@ __device__ __forceinline__ void taylor1_forward_chain_res(const TaylorParams& tp
             __syncthreads();
         }
 
-        float S[C / 8][4], O[NJ][4];
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < L::D / 16; ++kk)
-            Wgmma<T, C>::ss(S, kmajor_desc<C>(q_addr, kk), kmajor_desc<C>(k_addr, kk), kk > 0);
-        wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < L::D / 16; ++kk)
-            Wgmma<T, N>::ss(O, kmajor_desc<C>(q_addr, kk), kmajor_desc<N>(sr, kk), kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < L::D / 16; ++kk)
-            Wgmma<T, N>::ss(O, kmajor_desc<C>(q_addr, kk), kmajor_desc<N>(sr + L::kSrTile, kk), 1);
-        wg_commit();
-        Ops::fold(F, sv, k_addr, v_addr, ones_addr);  // (the last chunk's is never read: a branch would serialise)
-
-        float c1[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) c1[r] = a1s * (l2 ? sInv[wrow + g + 8 * r] : 1.f);
-
-        uint32_t pa[C / 16][4];
-        wg_wait<2>();
-        fence_regs(S);
-#pragma unroll
-        for (int n = 0; n < C / 8; ++n)
-#pragma unroll
-            for (int rh = 0; rh < 2; ++rh) {
-                const int row = wrow + g + 8 * rh, col = 8 * n + 2 * t4;
-                const float f0 = col <= row ? fmaf(c1[rh], S[n][2 * rh], a0) : 0.f;
-                const float f1 = col + 1 <= row ? fmaf(c1[rh], S[n][2 * rh + 1], a0) : 0.f;
-                pa[n / 2][2 * (n % 2) + rh] = pack2<T>(f0, f1);
-            }
-        wg_wait<1>();
-        fence_regs(O);
-#pragma unroll
-        for (int q = 0; q < NJ; ++q) {
-            float2 cs = make_float2(q == C / 8 && t4 == 0 ? (float)i0 : 0.f, 0.f);
-            if (q < C / 8) cs = *reinterpret_cast<const float2*>(&sC[8 * q + 2 * t4]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) O[q][e] = fmaf(c1[e / 2], O[q][e], a0 * ((e & 1) ? cs.y : cs.x));
-        }
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk) Wgmma<T, N>::rs(O, pa[kk], Ops::vt_desc(v_addr, ones_addr, kk), 1);
-        wg_commit();
-
-        // The next chunk's state into the one Sr buffer once every warp's state read is done.
-        wg_wait<1>();
-        fence_regs(F);
-        fence_regs(sv);
-        __syncthreads();
-        if (c + 1 < n_chunks) Ops::publish(F, sv, sr, sC, warp, lane);
-        wg_wait<0>();
-        fence_regs(O);
-        fence_regs(pa);
-
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {
-            const int row = wrow + g + 8 * rh, i = i0 + row;
-            const float den = __shfl_sync(0xffffffffu, O[C / 8][2 * rh], lane & ~3);
-            const float inv = 1.f / den;
-#pragma unroll
-            for (int n = 0; n < C / 8; ++n)
-                *reinterpret_cast<uint32_t*>(sQ + sw128_offset<C>(row, 8 * n + 2 * t4)) =
-                    pack2<T>(O[n][2 * rh] * inv, O[n][2 * rh + 1] * inv);
-            if (t4 == 0 && i < c_hi) P.lse[si.stats_index(P, h, i)] = den;
-        }
-        __syncwarp();
-        {
-            const int r0 = wrow + lane / 8, ch = lane % 8;
-            const uint32_t ib = r0 * 128 + ((ch ^ (lane / 8)) << 4);
-            T* op = o0 + (long long)(i0 + r0) * P.o_seq + 8 * ch;
-            const long long step = 4 * P.o_seq;
-            uint4 x[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(sQ + ((ib + 512 * k) ^ ((k & 1) << 6)));
-            if (i0 + C <= c_hi) {
-#pragma unroll
-                for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(op + k * step) = x[k];
-            } else {
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    if (i0 + r0 + 4 * k < c_hi) *reinterpret_cast<uint4*>(op + k * step) = x[k];
-            }
-        }
+        Ops::forward_chunk(F, sv, sQ, k_addr, sr, sC, sInv, ones_addr, P, si, h, o0, i0, c_hi, a0, a1s, l2, [&] {
+            __syncthreads();  // every warp's state read is done: the next chunk's state into the one Sr buffer
+            if (c + 1 < n_chunks) Ops::publish(F, sv, sr, sC, warp, lane);
+        });
     }
 #endif
 }

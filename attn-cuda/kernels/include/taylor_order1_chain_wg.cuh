@@ -103,6 +103,111 @@ struct Taylor1ChainWgOps {
         }
     }
 
+    // One forward chunk of 64 queries at i0 (the products of the top, f and the causal mask, o = num / den
+    // and the den statistic): q in the sw128 tile sQ (its rows then stage o), K̂ and V at k_addr and
+    // k_addr + kTile, the state of the keys before the chunk in Sr (at sr) and sc (Σv), inv_q the q rows'
+    // inverse norms where l2. F, sv take the chunk's keys (the fold); `publish` runs once that fold has
+    // landed (the next chunk's state to its Sr), before o's epilogue.
+    template <class Publish>
+    static __device__ __forceinline__ void forward_chunk(float (&F)[NJ][4], float (&sv)[1][4], unsigned char* sQ,
+                                                         uint32_t k_addr, uint32_t sr, const float* sc,
+                                                         const float* inv_q, uint32_t ones_addr, const AttnParams& P,
+                                                         const SeqInfo& si, int h, T* o0, int i0, int c_hi, float a0,
+                                                         float a1s, bool l2, Publish publish) {
+        const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+        const uint32_t q_addr = smem_addr(sQ), v_addr = k_addr + L::kTile;
+        float S[C / 8][4], O[NJ][4];
+        const int wrow = warp * 16;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < L::D / 16; ++kk)
+            Wgmma<T, C>::ss(S, kmajor_desc<C>(q_addr, kk), kmajor_desc<C>(k_addr, kk), kk > 0);
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < L::D / 16; ++kk)
+            Wgmma<T, N>::ss(O, kmajor_desc<C>(q_addr, kk), kmajor_desc<N>(sr, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < L::D / 16; ++kk)
+            Wgmma<T, N>::ss(O, kmajor_desc<C>(q_addr, kk), kmajor_desc<N>(sr + L::kSrTile, kk), 1);
+        wg_commit();
+        fold(F, sv, k_addr, v_addr, ones_addr);  // (the last chunk's is never read: a branch would serialise)
+
+        float c1[2];  // a1·r_z of rows wrow + g, + 8: order 1's f(r_z s) = a0 + c1 s
+#pragma unroll
+        for (int r = 0; r < 2; ++r) c1[r] = a1s * (l2 ? inv_q[wrow + g + 8 * r] : 1.f);
+
+        // P = f(r_z S) for j ≤ i, rounded to bf16 as the A fragments of P·Ṽ.
+        uint32_t pa[C / 16][4];
+        wg_wait<2>();
+        fence_regs(S);
+#pragma unroll
+        for (int n = 0; n < C / 8; ++n)
+#pragma unroll
+            for (int rh = 0; rh < 2; ++rh) {
+                const int row = wrow + g + 8 * rh, col = 8 * n + 2 * t4;
+                const float f0 = col <= row ? fmaf(c1[rh], S[n][2 * rh], a0) : 0.f;
+                const float f1 = col + 1 <= row ? fmaf(c1[rh], S[n][2 * rh + 1], a0) : 0.f;
+                pa[n / 2][2 * (n % 2) + rh] = pack2<T>(f0, f1);
+            }
+        // O ← a1 r_z·(Q·Srᵀ) + a0·[Σv, i0, 0 …], then O += P·Ṽ.
+        wg_wait<1>();
+        fence_regs(O);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            float2 cs = make_float2(j == C / 8 && t4 == 0 ? (float)i0 : 0.f, 0.f);
+            if (j < C / 8) cs = *reinterpret_cast<const float2*>(&sc[8 * j + 2 * t4]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) O[j][e] = fmaf(c1[e / 2], O[j][e], a0 * ((e & 1) ? cs.y : cs.x));
+        }
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < C / 16; ++kk) Wgmma<T, N>::rs(O, pa[kk], vt_desc(v_addr, ones_addr, kk), 1);
+        wg_commit();
+
+        // The next chunk's state (this chunk's keys folded in) to the other buffer.
+        wg_wait<1>();
+        fence_regs(F);
+        fence_regs(sv);
+        publish();
+        wg_wait<0>();
+        fence_regs(O);
+        fence_regs(pa);
+
+        // o = num / den staged in this warp's q rows (their products are done), den to the statistics;
+        // then 16-byte stores of the rows.
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+            const int row = wrow + g + 8 * rh, i = i0 + row;
+            const float den = __shfl_sync(0xffffffffu, O[C / 8][2 * rh], lane & ~3);
+            const float inv = 1.f / den;
+#pragma unroll
+            for (int n = 0; n < C / 8; ++n)
+                *reinterpret_cast<uint32_t*>(sQ + sw128_offset<C>(row, 8 * n + 2 * t4)) =
+                    pack2<T>(O[n][2 * rh] * inv, O[n][2 * rh + 1] * inv);
+            if (t4 == 0 && i < c_hi) P.lse[si.stats_index(P, h, i)] = den;
+        }
+        __syncwarp();
+        {
+            // Lane: rows wrow + lane / 8 + 4k, chunk lane % 8 (row % 8 = lane / 8 + 4·(k % 2)); a whole chunk
+            // (all but a sequence's last) loads its four rows first, then stores them.
+            const int r0 = wrow + lane / 8, ch = lane % 8;
+            const uint32_t ib = r0 * 128 + ((ch ^ (lane / 8)) << 4);
+            T* op = o0 + (long long)(i0 + r0) * P.o_seq + 8 * ch;
+            const long long step = 4 * P.o_seq;
+            uint4 x[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(sQ + ((ib + 512 * k) ^ ((k & 1) << 6)));
+            if (i0 + C <= c_hi) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(op + k * step) = x[k];
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    if (i0 + r0 + 4 * k < c_hi) *reinterpret_cast<uint4*>(op + k * step) = x[k];
+            }
+        }
+    }
+
     static __device__ __forceinline__ float4* slot(float* state, int idx, int tid) {
         return reinterpret_cast<float4*>(state) + idx * kTaylorThreads + tid;
     }
@@ -138,7 +243,7 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
     using T = __nv_bfloat16;
     using L = Taylor1ChainWg;
     using Ops = Taylor1ChainWgOps;
-    constexpr int C = L::C, N = L::N, NJ = Ops::NJ;
+    constexpr int C = L::C, NJ = Ops::NJ;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -148,7 +253,7 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
     if (dynamic_smem_bytes() < (unsigned)L::kBytes) __trap();
 
     const AttnParams& P = tp.base;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     int* flags = tp.st_max;
     taylor1_chain_ticket(tp, &sTicket);
     const Taylor1ChainWork<T> w(tp, sTicket);
@@ -234,7 +339,6 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
     const uint32_t sr0 = smem_addr(base + L::kSr);
     Ops::publish(F, sv, sr0, sC[0], warp, lane);
 
-    const int wrow = warp * 16;
     const float a0 = tp.a0, a1s = tp.a1 * P.scale;
 #pragma unroll 1
     for (int c = 0; c < n_chunks; ++c) {
@@ -245,8 +349,7 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
         if (c + 1 < n_chunks) issue(c + 1);
         unsigned char* sQ = stage(st) + L::kQ;
         unsigned char* sK = stage(st) + L::kK;
-        const uint32_t q_addr = smem_addr(sQ), k_addr = smem_addr(sK), v_addr = k_addr + L::kTile;
-        const uint32_t sr = sr0 + st * 2 * L::kSrTile;
+        const uint32_t k_addr = smem_addr(sK), sr = sr0 + st * 2 * L::kSrTile;
         if (l2) {
             Ops::l2norm_rows(sK, P.eps, tid);
             uint4 chunk[4];
@@ -256,95 +359,9 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
             __syncthreads();
         }
 
-        float S[C / 8][4], O[NJ][4];
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < L::D / 16; ++kk)
-            Wgmma<T, C>::ss(S, kmajor_desc<C>(q_addr, kk), kmajor_desc<C>(k_addr, kk), kk > 0);
-        wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < L::D / 16; ++kk)
-            Wgmma<T, N>::ss(O, kmajor_desc<C>(q_addr, kk), kmajor_desc<N>(sr, kk), kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < L::D / 16; ++kk)
-            Wgmma<T, N>::ss(O, kmajor_desc<C>(q_addr, kk), kmajor_desc<N>(sr + L::kSrTile, kk), 1);
-        wg_commit();
-        Ops::fold(F, sv, k_addr, v_addr, ones_addr);  // (the last chunk's is never read: a branch would serialise)
-
-        float c1[2];  // a1·r_z of rows wrow + g, + 8: order 1's f(r_z s) = a0 + c1 s
-#pragma unroll
-        for (int r = 0; r < 2; ++r) c1[r] = a1s * (l2 ? sInv[wrow + g + 8 * r] : 1.f);
-
-        // P = f(r_z S) for j ≤ i, rounded to bf16 as the A fragments of P·Ṽ.
-        uint32_t pa[C / 16][4];
-        wg_wait<2>();
-        fence_regs(S);
-#pragma unroll
-        for (int n = 0; n < C / 8; ++n)
-#pragma unroll
-            for (int rh = 0; rh < 2; ++rh) {
-                const int row = wrow + g + 8 * rh, col = 8 * n + 2 * t4;
-                const float f0 = col <= row ? fmaf(c1[rh], S[n][2 * rh], a0) : 0.f;
-                const float f1 = col + 1 <= row ? fmaf(c1[rh], S[n][2 * rh + 1], a0) : 0.f;
-                pa[n / 2][2 * (n % 2) + rh] = pack2<T>(f0, f1);
-            }
-        // O ← a1 r_z·(Q·Srᵀ) + a0·[Σv, i0, 0 …], then O += P·Ṽ.
-        wg_wait<1>();
-        fence_regs(O);
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-            float2 cs = make_float2(j == C / 8 && t4 == 0 ? (float)i0 : 0.f, 0.f);
-            if (j < C / 8) cs = *reinterpret_cast<const float2*>(&sC[st][8 * j + 2 * t4]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) O[j][e] = fmaf(c1[e / 2], O[j][e], a0 * ((e & 1) ? cs.y : cs.x));
-        }
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk) Wgmma<T, N>::rs(O, pa[kk], Ops::vt_desc(v_addr, ones_addr, kk), 1);
-        wg_commit();
-
-        // The next chunk's state (this chunk's keys folded in) to the other buffer.
-        wg_wait<1>();
-        fence_regs(F);
-        fence_regs(sv);
-        if (c + 1 < n_chunks) Ops::publish(F, sv, sr0 + (st ^ 1) * 2 * L::kSrTile, sC[st ^ 1], warp, lane);
-        wg_wait<0>();
-        fence_regs(O);
-        fence_regs(pa);
-
-        // o = num / den staged in this warp's q rows (their products are done), den to the statistics;
-        // then 16-byte stores of the rows.
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {
-            const int row = wrow + g + 8 * rh, i = i0 + row;
-            const float den = __shfl_sync(0xffffffffu, O[C / 8][2 * rh], lane & ~3);
-            const float inv = 1.f / den;
-#pragma unroll
-            for (int n = 0; n < C / 8; ++n)
-                *reinterpret_cast<uint32_t*>(sQ + sw128_offset<C>(row, 8 * n + 2 * t4)) =
-                    pack2<T>(O[n][2 * rh] * inv, O[n][2 * rh + 1] * inv);
-            if (t4 == 0 && i < c_hi) P.lse[si.stats_index(P, h, i)] = den;
-        }
-        __syncwarp();
-        {
-            // Lane: rows wrow + lane / 8 + 4k, chunk lane % 8 (row % 8 = lane / 8 + 4·(k % 2)); a whole chunk
-            // (all but a sequence's last) loads its four rows first, then stores them.
-            const int r0 = wrow + lane / 8, ch = lane % 8;
-            const uint32_t ib = r0 * 128 + ((ch ^ (lane / 8)) << 4);
-            T* op = o0 + (long long)(i0 + r0) * P.o_seq + 8 * ch;
-            const long long step = 4 * P.o_seq;
-            uint4 x[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(sQ + ((ib + 512 * k) ^ ((k & 1) << 6)));
-            if (i0 + C <= c_hi) {
-#pragma unroll
-                for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(op + k * step) = x[k];
-            } else {
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    if (i0 + r0 + 4 * k < c_hi) *reinterpret_cast<uint4*>(op + k * step) = x[k];
-            }
-        }
+        Ops::forward_chunk(F, sv, sQ, k_addr, sr, sC[st], sInv, ones_addr, P, si, h, o0, i0, c_hi, a0, a1s, l2, [&] {
+            if (c + 1 < n_chunks) Ops::publish(F, sv, sr0 + (st ^ 1) * 2 * L::kSrTile, sC[st ^ 1], warp, lane);
+        });
     }
 #endif
 }

@@ -621,6 +621,9 @@ mod tests {
         const { assert!(ORDER1_CHAIN_SEG_LEN % ORDER1_CHUNK == 0) };
         // Its wgmma kernel: two blocks per SM, 5120 floats per state.
         const { assert!(2 * (ORDER1_CHAIN_WG_SMEM + 1024) <= 228 * 1024) };
+        const { assert!(2 * (ORDER1_CHAIN_RES_SMEM + 1024) <= 228 * 1024) };
+        assert_eq!(ORDER1_CHAIN_RES_SMEM, 109_568);
+        assert_eq!(ORDER1_CHAIN_RES_SEG, 256 * ORDER1_CHAIN_RES_BLOCKS);
         assert_eq!(ORDER1_CHAIN_WG_STATE_FLOATS, 5120);
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
