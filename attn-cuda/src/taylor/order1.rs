@@ -117,14 +117,16 @@ impl Call<'_> {
 
     /// The single-pass causal order-1 forward: one launch of fold and forward blocks per segment round
     /// (their chain states and flags in scratch, the flags and the ticket counter zeroed), writing o and
-    /// the denominators.
+    /// the denominators; where the wgmma kernel applies and `ATTN_CUDA_TAYLOR1_CHAIN_RES=1`, the
+    /// resident-keys kernel instead ([`Call::order1_chain_res_forward`]).
     pub(super) fn order1_chain_forward(&self, p: &mut TaylorParams) -> Result<()> {
         let s = self.spec;
-        if order1_chain_wg(s, self.hopper()) && chain_res_on() {
+        let wg = order1_chain_wg(s, self.hopper());
+        if wg && chain_res_on() {
             return self.order1_chain_res_forward(p);
         }
         let d = s.head_dim();
-        let (name, smem, state_floats) = if order1_chain_wg(s, self.hopper()) {
+        let (name, smem, state_floats) = if wg {
             (
                 "attn_taylor_order1_chain_wg_bf16_d64".to_string(),
                 heuristics::ORDER1_CHAIN_WG_SMEM,
