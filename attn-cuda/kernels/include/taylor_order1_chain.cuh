@@ -73,6 +73,15 @@ __device__ __forceinline__ long long taylor1_chain_index(const TaylorParams& tp,
     return ((long long)b * tp.base.heads_kv + hk) * tp.n_seg + r;
 }
 
+// A chain state's publication: `store` writes it, then the block raises flags[at] (the state visible
+// first: fence, barrier, release).
+template <class Store> __device__ __forceinline__ void taylor1_chain_publish(int* flags, long long at, Store store) {
+    store();
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) st_release_gpu(flags + at, 1);
+}
+
 // This block's ticket, the order in which it started (thread 0 takes it; every thread reads it after the
 // barrier).
 __device__ __forceinline__ void taylor1_chain_ticket(const TaylorParams& tp, int* ticket) {
@@ -126,13 +135,9 @@ template <typename T> struct Taylor1ChainWork {
           v0(static_cast<const T*>(tp.base.v) + si.v_off(tp.base, 0, role.hk)) {
         if (si.len_q != len) __trap();
     }
-    // A fold block's end: `store` writes I_round into its chain state, then the block raises flag `at`
-    // (the state visible first: fence, barrier, release).
+    // A fold block's end: `store` writes I_round into its chain state, then flag `at` is raised.
     template <class Store> __device__ __forceinline__ void release(const TaylorParams& tp, Store store) const {
-        store();
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) st_release_gpu(tp.st_max + at, 1);
+        taylor1_chain_publish(tp.st_max, at, store);
     }
 };
 

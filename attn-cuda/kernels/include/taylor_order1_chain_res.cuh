@@ -140,10 +140,7 @@ __device__ __forceinline__ void taylor1_forward_chain_res(const TaylorParams& tp
     s0v[0][0] = s0v[0][1] = s0v[0][2] = s0v[0][3] = 0.f;
     if (j + 1 < J && c_lo + L::KEYS < len) {
         const long long slot = at * (J - 1) + j;
-        Ops::store_state(F, sv, part + slot * SF, tid);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) st_release_gpu(flag_part + slot, 1);
+        taylor1_chain_publish(flag_part, slot, [&] { Ops::store_state(F, sv, part + slot * SF, tid); });
     }
     if (round > 0) {
         taylor1_chain_wait(flag_inc + at - 1);
@@ -163,10 +160,7 @@ __device__ __forceinline__ void taylor1_forward_chain_res(const TaylorParams& tp
             for (int e = 0; e < 4; ++e) I[q][e] = S0[q][e] + F[q][e];
 #pragma unroll
         for (int e = 0; e < 4; ++e) iv[0][e] = s0v[0][e] + sv[0][e];
-        Ops::store_state(I, iv, inc + at * SF, tid);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) st_release_gpu(flag_inc + at, 1);
+        taylor1_chain_publish(flag_inc, at, [&] { Ops::store_state(I, iv, inc + at * SF, tid); });
     }
 #pragma unroll
     for (int q = 0; q < NJ; ++q)

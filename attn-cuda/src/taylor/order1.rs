@@ -57,8 +57,8 @@ pub(crate) fn order1_chain_wg(spec: &AttnSpec, hopper: Hopper) -> bool {
 /// Whether the wgmma single-pass causal order-1 forward keeps each block's keys resident in shared memory
 /// (`ATTN_CUDA_TAYLOR1_CHAIN_RES=1`; off by default while it is measured).
 fn chain_res_on() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("ATTN_CUDA_TAYLOR1_CHAIN_RES").is_ok_and(|v| v.trim() == "1"))
+    static ON: OnceLock<Option<usize>> = OnceLock::new();
+    env_usize(&ON, "ATTN_CUDA_TAYLOR1_CHAIN_RES", |v| v == 1).is_some()
 }
 
 /// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
@@ -143,24 +143,39 @@ impl Call<'_> {
         let rounds = s.seq_k().div_ceil(seg);
         let chains = s.batch() * s.heads_kv() * rounds;
         (p.seg_len, p.n_seg) = (seg as i32, rounds as i32);
-        // SAFETY (uninitialised): a block reads chain state r only after flag r is raised, which its fold
-        // block does after writing every slot of it (u32 flags and the counter: zeroed).
-        let states = unsafe { self.stream.alloc::<f32>(chains.max(1) * state_floats) }?;
-        let flags = self.stream.alloc_zeros::<i32>(chains + 1)?;
-        p.st = states.device_ptr(self.stream).0;
-        p.st_max = flags.device_ptr(self.stream).0;
         let lookahead = order1_chain_lookahead_override().unwrap_or(heuristics::ORDER1_CHAIN_LOOKAHEAD);
         p.n_slabs = lookahead as i32;
         let folds = s.batch() * s.heads_kv();
         let blocks = lookahead * folds + rounds * (folds + s.batch() * s.heads_q());
-        self.run(
+        self.run_chain(
+            p,
             Launch {
                 name,
-                grid: (blocks.max(1), 1, 1),
+                grid: (blocks, 1, 1),
                 smem,
             },
-            p,
+            chains,
+            state_floats,
         )
+    }
+
+    /// One launch of a single-pass chain kernel with `slots` chain states of `state_floats` each and as
+    /// many flags in scratch (`p.st`, `p.st_max`; the flags and the ticket counter after them zeroed).
+    fn run_chain(
+        &self,
+        p: &mut TaylorParams,
+        mut launch: Launch,
+        slots: usize,
+        state_floats: usize,
+    ) -> Result<()> {
+        // SAFETY (uninitialised): a block reads a chain state only after its flag is raised, which the
+        // writing block does after writing every slot of it (the flags and the counter: zeroed).
+        let states = unsafe { self.stream.alloc::<f32>(slots.max(1) * state_floats) }?;
+        let flags = self.stream.alloc_zeros::<i32>(slots + 1)?;
+        p.st = states.device_ptr(self.stream).0;
+        p.st_max = flags.device_ptr(self.stream).0;
+        launch.grid.0 = launch.grid.0.max(1);
+        self.run(launch, p)
     }
 
     /// The single-pass causal order-1 forward with resident keys (`taylor_order1_chain_res.cuh`): one
@@ -171,23 +186,15 @@ impl Call<'_> {
         let seg = heuristics::ORDER1_CHAIN_RES_SEG;
         let rounds = s.seq_k().div_ceil(seg);
         let chains = s.batch() * s.heads_q() * rounds;
-        let state_floats = heuristics::ORDER1_CHAIN_WG_STATE_FLOATS;
         (p.seg_len, p.n_seg) = (seg as i32, rounds as i32);
-        // SAFETY (uninitialised): a block reads a state only after its flag is raised, which the writing
-        // block does after writing every slot of it (the flags and the counter: zeroed).
-        let j = heuristics::ORDER1_CHAIN_RES_BLOCKS;
-        let states = unsafe { self.stream.alloc::<f32>((j * chains).max(1) * state_floats) }?;
-        let flags = self.stream.alloc_zeros::<i32>(j * chains + 1)?;
-        p.st = states.device_ptr(self.stream).0;
-        p.st_max = flags.device_ptr(self.stream).0;
-        self.run(
-            Launch {
-                name: "attn_taylor_order1_chain_res_bf16_d64".to_string(),
-                grid: ((j * chains).max(1), 1, 1),
-                smem: heuristics::ORDER1_CHAIN_RES_SMEM,
-            },
-            p,
-        )
+        // One state and flag per block: the segments' sums (I) and the first J − 1 blocks' parts.
+        let slots = heuristics::ORDER1_CHAIN_RES_BLOCKS * chains;
+        let launch = Launch {
+            name: "attn_taylor_order1_chain_res_bf16_d64".to_string(),
+            grid: (slots, 1, 1),
+            smem: heuristics::ORDER1_CHAIN_RES_SMEM,
+        };
+        self.run_chain(p, launch, slots, heuristics::ORDER1_CHAIN_WG_STATE_FLOATS)
     }
 
     /// Which order-1 backward kernels run: `Some(false)` `taylor1_backward` (no causal mask), `Some(true)`
