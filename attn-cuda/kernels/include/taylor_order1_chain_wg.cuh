@@ -173,8 +173,16 @@ struct Taylor1ChainWgOps {
         fence_regs(O);
         fence_regs(pa);
 
-        // o = num / den staged in this warp's q rows (their products are done), den to the statistics;
-        // then 16-byte stores of the rows.
+        store_o(O, sQ, P, si, h, o0, i0, c_hi);
+    }
+
+    // o = num / den of the chunk of 64 queries at i0 (O's columns 0 … 63 over its column 64) staged in the
+    // warp's rows of the q tile sQ (their products are done), den to the statistics; then 16-byte stores of
+    // the rows (those before c_hi).
+    static __device__ __forceinline__ void store_o(const float (&O)[NJ][4], unsigned char* sQ, const AttnParams& P,
+                                                   const SeqInfo& si, int h, T* o0, int i0, int c_hi) {
+        const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+        const int wrow = warp * 16;
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
             const int row = wrow + g + 8 * rh, i = i0 + row;
