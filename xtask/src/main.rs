@@ -477,8 +477,8 @@ fn test_gpu(extra: &[String]) -> Result<()> {
         (
             "ATTN_CUDA_TAYLOR1_CHAIN_RES",
             "1",
-            "the causal order-1 forward with resident keys (bf16, D = 64 on Hopper; opt-in while it \
-             is measured)",
+            "the causal order-1 forward with resident keys wherever the wgmma chain kernel applies \
+             (bf16, D = 64 on Hopper; by default only from 16k keys where DRAM is slower than 4.4 TB/s)",
             taylor,
         ),
     ] {

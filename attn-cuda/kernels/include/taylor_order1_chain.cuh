@@ -61,10 +61,14 @@ __device__ __forceinline__ void st_release_gpu(int* p, int v) {
     asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+// The calling thread waits until *flag is set (acquire); a barrier after it passes its view on.
+__device__ __forceinline__ void taylor1_chain_poll(const int* flag) {
+    while (ld_acquire_gpu(flag) == 0) __nanosleep(64);
+}
+
 // Thread 0 waits until *flag is set (acquire), then the barrier passes its view to the block.
 __device__ __forceinline__ void taylor1_chain_wait(const int* flag) {
-    if (threadIdx.x == 0)
-        while (ld_acquire_gpu(flag) == 0) __nanosleep(64);
+    if (threadIdx.x == 0) taylor1_chain_poll(flag);
     __syncthreads();
 }
 

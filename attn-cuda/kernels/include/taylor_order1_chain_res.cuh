@@ -8,11 +8,12 @@
 // (64 KiB) in shared memory, two blocks per SM. Tickets: per round r, the blocks j = 0 of every (b, h),
 // then j = 1, …. A block
 //   1. copies its 256 keys' k and v into shared memory (zero rows past the sequence) and folds them into T_j
-//      (the l2-norm of the keys in place first);
+//      (the l2-norm of the keys in place first; the four folds chain in the accumulators, one wait);
 //   2. publishes T_j (flag `part` j) where block j + 1 of its segment has keys; takes as its start state
 //      S_j = I_{r−1} + T_0 + … + T_{j−1} (I_{r−1}: flag `inc` of round r − 1, 0 at r = 0), and block
 //      j = J − 1 publishes I_r = S_j + T_j (flag `inc`) where a later segment exists: one link per 1024
-//      keys, every sum in a fixed order, the same bits every run;
+//      keys, every sum in a fixed order, the same bits every run (every flag awaited first, then the
+//      states loaded together);
 //   3. runs its 4 chunks of 64 queries as the wgmma chain kernel's forward blocks do (the same products
 //      and epilogue), the keys from the resident tiles, q copied into two stages, one Sr buffer.
 // Every wait is on a block with a smaller ticket (running or done), so every wait ends.
@@ -127,11 +128,11 @@ __device__ __forceinline__ void taylor1_forward_chain_res(const TaylorParams& tp
             __syncthreads();
         }
         wg_fence();
-        Ops::fold(F, sv, kv_addr(c), kv_addr(c) + L::kTile, ones_addr);
-        wg_wait<0>();
-        fence_regs(F);
-        fence_regs(sv);
+        Ops::fold(F, sv, kv_addr(c), kv_addr(c) + L::kTile, ones_addr);  // (no wait: the folds chain in F)
     }
+    wg_wait<0>();
+    fence_regs(F);
+    fence_regs(sv);
 
     // 2. The start state S0 = I_{r−1} + T_0 + … + T_{j−1}; T_j published for the blocks after this one.
     float S0[NJ][4], s0v[1][4];
@@ -142,16 +143,17 @@ __device__ __forceinline__ void taylor1_forward_chain_res(const TaylorParams& tp
         const long long slot = at * (J - 1) + j;
         taylor1_chain_publish(flag_part, slot, [&] { Ops::store_state(F, sv, part + slot * SF, tid); });
     }
-    if (round > 0) {
-        taylor1_chain_wait(flag_inc + at - 1);
-        Ops::load_state(S0, s0v, inc + (at - 1) * SF, tid);
+    // Every flag first (thread 0 acquires, the barrier passes its view on), then the states' loads together:
+    // one round trip to L2 instead of one per state. The sums keep their fixed order.
+    if (tid == 0) {
+        if (round > 0) taylor1_chain_poll(flag_inc + at - 1);
+        for (int jj = 0; jj < j; ++jj) taylor1_chain_poll(flag_part + at * (J - 1) + jj);
     }
-#pragma unroll 1
-    for (int jj = 0; jj < j; ++jj) {
-        const long long slot = at * (J - 1) + jj;
-        taylor1_chain_wait(flag_part + slot);
-        Ops::load_state(S0, s0v, part + slot * SF, tid);
-    }
+    __syncthreads();
+    if (round > 0) Ops::load_state(S0, s0v, inc + (at - 1) * SF, tid);
+#pragma unroll
+    for (int jj = 0; jj < J - 1; ++jj)
+        if (jj < j) Ops::load_state(S0, s0v, part + (at * (J - 1) + jj) * SF, tid);
     if (j == J - 1 && (round + 1) * L::SEG < len) {
         float I[NJ][4], iv[1][4];
 #pragma unroll

@@ -54,11 +54,23 @@ pub(crate) fn order1_chain_wg(spec: &AttnSpec, hopper: Hopper) -> bool {
         && chain_wg_on()
 }
 
+/// `ATTN_CUDA_TAYLOR1_CHAIN_RES`: 1 the resident-keys forward wherever the wgmma chain kernel applies, 0
+/// never; unset (or anything else): [`order1_chain_res`]'s rule.
+fn chain_res_forced() -> Option<bool> {
+    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    env_usize(&FORCED, "ATTN_CUDA_TAYLOR1_CHAIN_RES", |v| v <= 1).map(|v| v == 1)
+}
+
 /// Whether the wgmma single-pass causal order-1 forward keeps each block's keys resident in shared memory
-/// (`ATTN_CUDA_TAYLOR1_CHAIN_RES=1`; off by default while it is measured).
-fn chain_res_on() -> bool {
-    static ON: OnceLock<Option<usize>> = OnceLock::new();
-    env_usize(&ON, "ATTN_CUDA_TAYLOR1_CHAIN_RES", |v| v == 1).is_some()
+/// (`taylor_order1_chain_res.cuh`, k and v read from DRAM once): `forced` where given, else sequences of
+/// `heuristics::ORDER1_CHAIN_RES_MIN_N` keys or more on a device whose peak DRAM bandwidth (bytes/s, 0:
+/// unknown) is known and below `heuristics::ORDER1_CHAIN_RES_MAX_DRAM`.
+pub(crate) fn order1_chain_res(seq_k: usize, dram_bytes_per_s: f64, forced: Option<bool>) -> bool {
+    forced.unwrap_or(
+        seq_k >= heuristics::ORDER1_CHAIN_RES_MIN_N
+            && dram_bytes_per_s > 0.0
+            && dram_bytes_per_s < heuristics::ORDER1_CHAIN_RES_MAX_DRAM,
+    )
 }
 
 /// `ATTN_CUDA_TAYLOR1_SEG=L` (a multiple of 64): the segment length of the order-1 causal sweeps in place
@@ -117,12 +129,12 @@ impl Call<'_> {
 
     /// The single-pass causal order-1 forward: one launch of fold and forward blocks per segment round
     /// (their chain states and flags in scratch, the flags and the ticket counter zeroed), writing o and
-    /// the denominators; where the wgmma kernel applies and `ATTN_CUDA_TAYLOR1_CHAIN_RES=1`, the
+    /// the denominators; where the wgmma kernel applies and [`order1_chain_res`] says so, the
     /// resident-keys kernel instead ([`Call::order1_chain_res_forward`]).
     pub(super) fn order1_chain_forward(&self, p: &mut TaylorParams) -> Result<()> {
         let s = self.spec;
         let wg = order1_chain_wg(s, self.hopper());
-        if wg && chain_res_on() {
+        if wg && order1_chain_res(s.seq_k(), self.kernels.dram_bytes_per_s, chain_res_forced()) {
             return self.order1_chain_res_forward(p);
         }
         let d = s.head_dim();
@@ -274,5 +286,19 @@ mod tests {
         assert!(!order1_chain_wg(&spec(DType::BF16, 64), Hopper::default()));
         assert!(!order1_chain_wg(&spec(DType::F16, 64), on));
         assert!(!order1_chain_wg(&spec(DType::BF16, 32), on));
+    }
+
+    /// The resident-keys forward: from 16k keys on a device with the H100's DRAM (3.35 TB/s), not on the
+    /// H200's (4.8 TB/s) nor where the bandwidth is unknown; the environment's choice wins either way.
+    #[test]
+    fn order1_chain_res_from_16k_where_dram_is_slow() {
+        let (h100, h200) = (3.35e12, 4.8e12);
+        assert!(order1_chain_res(16_384, h100, None));
+        assert!(order1_chain_res(65_536, h100, None));
+        assert!(!order1_chain_res(8_192, h100, None));
+        assert!(!order1_chain_res(65_536, h200, None));
+        assert!(!order1_chain_res(65_536, 0.0, None));
+        assert!(order1_chain_res(1_024, h200, Some(true)));
+        assert!(!order1_chain_res(65_536, h100, Some(false)));
     }
 }
