@@ -70,6 +70,28 @@ pub fn source_commit() -> String {
     git_commit(Path::new(env!("CARGO_MANIFEST_DIR")))
 }
 
+/// The attn-cuda settings of this process's environment (every `ATTN_CUDA_*` variable: kernel choices
+/// and tile experiments), as [`format_overrides`] writes them; empty when none is set.
+pub fn attn_cuda_overrides() -> String {
+    format_overrides(std::env::vars().filter(|(k, _)| k.starts_with("ATTN_CUDA_")))
+}
+
+/// `K=V` pairs sorted by name and joined by spaces, so that rows measured under different settings say
+/// so in their `params`.
+///
+/// ```
+/// use attn_bench::machine::format_overrides;
+/// let vars = [("ATTN_CUDA_TAYLOR1_CHAIN_RES", "1"), ("ATTN_CUDA_TAYLOR1_SEG", "128")];
+/// let pairs = vars.iter().rev().map(|(k, v)| (k.to_string(), v.to_string()));
+/// assert_eq!(format_overrides(pairs), "ATTN_CUDA_TAYLOR1_CHAIN_RES=1 ATTN_CUDA_TAYLOR1_SEG=128");
+/// assert_eq!(format_overrides(std::iter::empty()), "");
+/// ```
+pub fn format_overrides(vars: impl Iterator<Item = (String, String)>) -> String {
+    let mut pairs: Vec<String> = vars.map(|(k, v)| format!("{k}={}", v.trim())).collect();
+    pairs.sort();
+    pairs.join(" ")
+}
+
 /// The civil (proleptic Gregorian, UTC) date of a day count since 1970-01-01, as `YYYY-MM-DD`.
 ///
 /// ```

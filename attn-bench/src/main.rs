@@ -6,7 +6,9 @@
 use attn_bench::check::{check, family_with_options, CheckDevice, CheckOptions, FamilyOptions};
 use attn_bench::grid::{parse_families, FamilyId, GridPoint, PassKind};
 use attn_bench::impls::{cuda_bandwidth_gbs, cuda_device, ImplId};
-use attn_bench::machine::{copy_bandwidth_gbs, cpu_name, host_name, source_commit, today, BUILD_COMMIT};
+use attn_bench::machine::{
+    attn_cuda_overrides, copy_bandwidth_gbs, cpu_name, host_name, source_commit, today, BUILD_COMMIT,
+};
 use attn_bench::plan::{Filter, Plan, Preset};
 use attn_bench::run::{run, RunConfig, RunContext};
 use attn_bench::schema::BenchFile;
@@ -356,6 +358,7 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
             commit: source_commit(),
             date: today(),
             bandwidth_gbs,
+            cuda_overrides: attn_cuda_overrides(),
         };
         let cfg = RunConfig {
             plan,

@@ -49,6 +49,9 @@ pub struct RunContext {
     pub date: String,
     /// Ceiling for `bandwidth_pct`, GB/s.
     pub bandwidth_gbs: Option<f64>,
+    /// attn-cuda's settings from the environment ([`crate::machine::attn_cuda_overrides`]), appended to
+    /// the `params` of attn-cuda's rows (` env: ...`) where not empty.
+    pub cuda_overrides: String,
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -181,7 +184,12 @@ pub fn make_row(ctx: &RunContext, id: ImplId, p: &GridPoint, spec: &AttnSpec, m:
     Some(Row {
         implementation: id.label().into(),
         family: p.family.label().into(),
-        params: family_params(spec),
+        params: match id {
+            ImplId::AttnCuda if !ctx.cuda_overrides.is_empty() => {
+                format!("{} env: {}", family_params(spec), ctx.cuda_overrides)
+            }
+            _ => family_params(spec),
+        },
         dtype: p.dtype.name().into(),
         pass: p.pass.label().into(),
         batch: p.batch,

@@ -44,6 +44,7 @@ fn tiny_cpu_run_produces_rows_table_and_plots() {
         commit: "test".into(),
         date: "2026-01-01".into(),
         bandwidth_gbs: Some(10.0),
+        cuda_overrides: "ATTN_CUDA_TAYLOR1_CHAIN_RES=1".into(),
     };
     let file = run(&cfg, &ctx);
     // 2 families × 2 D × 2 N × 3 passes = 24 points; both host implementations measure every one.
@@ -53,6 +54,17 @@ fn tiny_cpu_run_produces_rows_table_and_plots() {
         .filter(|r| r.implementation != "attn-cuda")
         .count();
     assert_eq!(host_rows, 48, "skipped: {:?}", file.skipped);
+    // attn-cuda's settings from the environment mark its own rows only.
+    for r in &file.rows {
+        let marked = r.params.ends_with(" env: ATTN_CUDA_TAYLOR1_CHAIN_RES=1");
+        assert_eq!(
+            marked,
+            r.implementation == "attn-cuda",
+            "{}: {}",
+            r.implementation,
+            r.params
+        );
+    }
     // Without a GPU (CI), attn-cuda is skipped at every point with the reason, never a row.
     if let Err(reason) = attn_bench::impls::cuda_device() {
         assert!(!reason.is_empty());
@@ -123,6 +135,7 @@ fn run_cpu_ref(plan: Plan, max_seconds: Option<f64>) -> BenchFile {
         commit: "c".into(),
         date: "d".into(),
         bandwidth_gbs: None,
+        cuda_overrides: String::new(),
     };
     run(&cfg, &ctx)
 }
