@@ -13,7 +13,8 @@
 // forward is order1_fold, prefix → order1_forward (taylor_order1.cuh); a causal one (D ≤ 64) order1_fold,
 // prefix (f32 sums in place, no copies) → order1_causal, or, where every sequence has as many queries as
 // keys, the single pass order1_chain (taylor_order1_chain.cuh; bf16 at D = 64 on Hopper order1_chain_wg,
-// taylor_order1_chain_wg.cuh, or opt-in order1_chain_res with resident keys, taylor_order1_chain_res.cuh).
+// taylor_order1_chain_wg.cuh, or order1_chain_res with resident keys, taylor_order1_chain_res.cuh, from 16k
+// keys where DRAM is slower than 4.4 TB/s: attn_cuda::taylor::order1::order1_chain_res).
 // A non-causal backward is prep_grads →
 // order1_fold, prefix → order1_dq → order1_fold, prefix (reversed) → order1_dkdv (taylor_order1_bwd.cuh);
 // a causal one (D ≤ 64) the same with order1_causal_dq and order1_causal_dkdv, f32 sums in place

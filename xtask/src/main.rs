@@ -612,7 +612,8 @@ done
 # lengths) and with order 2's wgmma state forward wherever it applies (bf16, D = 64; by default from
 # 4096 keys, 8192 causal; here causal with 128-key segments, so short sequences have several states;
 # the order-1 causal kernels on 128-key segments too, so the single-pass forward's chain has many links),
-# and with the causal order-1 forward with resident keys (opt-in while it is measured).
+# and with the causal order-1 forward with resident keys wherever the wgmma chain kernel applies (by
+# default only from 16k keys where DRAM is slower than 4.4 TB/s).
 # Each entry: variables (comma-separated) : binaries.
 flash="gpu_softmax_like,gpu_hyperbolic"
 for entry in ATTN_CUDA_WGMMA=0:$flash ATTN_CUDA_WG_FUSED=0:$flash ATTN_CUDA_WG_FUSED=1:$flash ATTN_CUDA_WG_WS=0:$flash ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3:$flash ATTN_CUDA_WG_BWD_WS=0:$flash ATTN_CUDA_TAYLOR_DENSE=0:gpu_taylor ATTN_CUDA_TAYLOR_WG=1,ATTN_CUDA_TAYLOR_WG_SEG=128,ATTN_CUDA_TAYLOR1_SEG=128:gpu_taylor ATTN_CUDA_TAYLOR1_CHAIN_RES=1:gpu_taylor; do
