@@ -414,7 +414,7 @@ impl AttnProblem {
                     if widest > isize::MAX as usize {
                         return Err(too_large(
                             "strides",
-                            format!("{what} has stride {widest}, beyond isize::MAX (the kernels' strides are 64-bit)"),
+                            format!("{what} has stride {widest}, past isize::MAX (64-bit kernel strides)"),
                         ));
                     }
                 }

@@ -1,6 +1,6 @@
 //! Taylor order 2 at head dim 2 against the dense form `o_i = Σ_j f(s_ij) v_j / Σ_j f(s_ij)`, forward
-//! and backward, through the public API in f32 and f64. At D = 2 the release build of the factorised
-//! sweep once died with SIGFPE (a miscompiled loop; see the `black_box` in `taylor/sweep.rs`), so
+//! and backward, through the public API in f32 and f64. Without the `black_box` in `taylor/sweep.rs`,
+//! rustc 1.95.0 at opt-level 3 miscompiles the factorised sweep so that D = 2 dies with SIGFPE, so
 //! `cargo test --release` runs these too. N = 700 crosses many 64-key chunks; N = 10 stays in one.
 
 use attn_core::{AttnProblem, AttnSpec, Causal, DType, Element, Family, FamilySpec};
@@ -9,7 +9,8 @@ use attn_cpu_ref::{backward, backward_f64, forward, forward_f64, Inputs};
 
 /// o, dq, dk, dv of one head (B = H = 1, `[N, D]` rows) from the dense weights, in f64:
 /// `w = f(s)`, `s = scale·q·k`; `dv_j = Σ_i w_ij dO_i / den_i`;
-/// `ds_ij = f'(s_ij)·dO_i·(v_j − o_i) / den_i`; `dq_i = scale Σ_j ds_ij k_j`, `dk_j = scale Σ_i ds_ij q_i`.
+/// `ds_ij = f'(s_ij)·dO_i·(v_j − o_i) / den_i`;
+/// `dq_i = scale Σ_j ds_ij k_j`, `dk_j = scale Σ_i ds_ij q_i`.
 fn dense(spec: &AttnSpec, case: &Case) -> [Vec<f64>; 4] {
     let FamilySpec::Taylor { a, scale, .. } = *spec.family() else {
         unreachable!("a Taylor spec")
