@@ -272,9 +272,9 @@ fn eval_block(
         for a in 0..d {
             // `black_box`: rustc 1.95.0 (LLVM 22.1.2) at opt-level 3 miscompiles this loop. It versions
             // the P2 value update on `k == 1` and, in that version, divides the probe count by
-            // `1 − a` (as if `d` were 1), so at D = 2, a = 1 it executes a division by zero (SIGFPE;
-            // for D ≥ 3 the quotient is 0 and only the scalar path runs). Hiding `k`'s relation to
-            // `d − a` keeps that version out; the cost is one opaque value per pair block. A
+            // `1 − a` (no divisor in the source), so at D = 2, a = 1 it divides by zero (SIGFPE;
+            // at D ≥ 3, `1 − a` wraps to a huge divisor and the results stay right). Hiding `k`'s
+            // relation to `d − a` keeps that version out; the cost is one opaque value per pair block. A
             // standalone reproduction: tests/repro/taylor_pairs_sigfpe.rs; the release-profile
             // regression test: tests/taylor_head_dim_two.rs.
             let k = std::hint::black_box(d - a);
