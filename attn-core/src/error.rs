@@ -82,6 +82,16 @@ pub enum AttnError {
         backend: &'static str,
         what: String,
     },
+    /// A size, stride, buffer length or offset derived from the arguments overflows `usize`, exceeds
+    /// `isize::MAX` bytes, or exceeds the index width of the kernels' parameters (32-bit sizes,
+    /// sequence offsets and window bounds, 64-bit strides).
+    #[error("{op}: `{arg}` is too large for {shapes}: {reason}")]
+    TooLarge {
+        op: Op,
+        arg: &'static str,
+        shapes: String,
+        reason: String,
+    },
     /// A failure inside a backend (driver error, out of memory, ...).
     #[error("{op}: {backend} failed: {message}")]
     Backend {
@@ -97,6 +107,7 @@ impl AttnError {
             AttnError::ShapeMismatch { op, .. }
             | AttnError::InvalidArgument { op, .. }
             | AttnError::Unsupported { op, .. }
+            | AttnError::TooLarge { op, .. }
             | AttnError::Backend { op, .. } => *op,
         }
     }

@@ -19,6 +19,10 @@ use std::ops::Range;
 /// Largest head dim the spec accepts. Backends may support fewer (they say so with `Unsupported`).
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// Largest size, row count, sequence offset or window bound a spec may hold: the kernels' parameters
+/// carry them as 32-bit `int` (attn-cuda's `AttnParams`; strides and element offsets are 64-bit).
+const MAX_INDEX: usize = i32::MAX as usize;
+
 /// Order of the three outer dims of q, k, v, o.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Layout {
@@ -267,6 +271,12 @@ impl AttnProblem {
     pub fn validate(&self) -> Result<AttnSpec> {
         let op = Op::new(self.family.kind(), Pass::Spec);
         let invalid = |arg: &'static str, reason: String| AttnError::InvalidArgument { op, arg, reason };
+        let too_large = |arg: &'static str, reason: String| AttnError::TooLarge {
+            op,
+            arg,
+            shapes: self.sizes_str(),
+            reason,
+        };
         let family = resolve_family(op, &self.family, self.head_dim)?;
 
         // Sizes.
@@ -279,6 +289,12 @@ impl AttnProblem {
         ] {
             if n == 0 {
                 return Err(invalid(arg, "must be at least 1".into()));
+            }
+            if n > MAX_INDEX {
+                return Err(too_large(
+                    arg,
+                    format!("{n} exceeds {MAX_INDEX}, the kernels' 32-bit sizes"),
+                ));
             }
         }
         if self.heads_q % self.heads_kv != 0 {
@@ -297,8 +313,27 @@ impl AttnProblem {
         }
 
         // Lengths.
+        // Rows over the whole batch: the kernels index them (and the packed offsets) in 32 bits.
+        let rows = |arg: &'static str, total: Option<usize>, what: String| match total {
+            Some(t) if t <= MAX_INDEX => Ok(t),
+            _ => Err(too_large(
+                arg,
+                format!("{what} rows exceed {MAX_INDEX}, the kernels' 32-bit row index"),
+            )),
+        };
+        let dense_rows = || -> Result<(usize, usize)> {
+            let (b, nq, nk) = (self.batch, self.seq_q, self.seq_k);
+            Ok((
+                rows(
+                    "seq_q",
+                    b.checked_mul(nq),
+                    format!("batch·seq_q = {b}·{nq} query"),
+                )?,
+                rows("seq_k", b.checked_mul(nk), format!("batch·seq_k = {b}·{nk} key"))?,
+            ))
+        };
         let (total_q, total_k) = match &self.lengths {
-            SeqLengths::Dense => (self.batch * self.seq_q, self.batch * self.seq_k),
+            SeqLengths::Dense => dense_rows()?,
             SeqLengths::KeyPadding(lens) => {
                 if lens.len() != self.batch {
                     return Err(AttnError::ShapeMismatch {
@@ -314,7 +349,7 @@ impl AttnProblem {
                         format!("key_lens[{b}] = {l} exceeds seq_k = {}", self.seq_k),
                     ));
                 }
-                (self.batch * self.seq_q, self.batch * self.seq_k)
+                dense_rows()?
             }
             SeqLengths::Varlen {
                 cu_seqlens_q,
@@ -322,7 +357,10 @@ impl AttnProblem {
             } => {
                 let tq = check_cu(op, "cu_seqlens_q", cu_seqlens_q, self.batch, self.seq_q)?;
                 let tk = check_cu(op, "cu_seqlens_k", cu_seqlens_k, self.batch, self.seq_k)?;
-                (tq, tk)
+                (
+                    rows("cu_seqlens_q", Some(tq), format!("{tq} packed query"))?,
+                    rows("cu_seqlens_k", Some(tk), format!("{tk} packed key"))?,
+                )
             }
         };
         let varlen = matches!(self.lengths, SeqLengths::Varlen { .. });
@@ -340,6 +378,29 @@ impl AttnProblem {
         } else {
             (self.seq_q, self.seq_k)
         };
+        // Every buffer length, computed once and checked: no product, extent or byte count may
+        // overflow or pass isize::MAX bytes (the most a slice or an allocation can address). Each
+        // contiguous stride divides its buffer's length, so `contiguous` cannot overflow after this.
+        let (hq, hkv, d, dv) = (self.heads_q, self.heads_kv, self.head_dim, self.head_dim_v);
+        let nb = if varlen { 1 } else { self.batch };
+        let elem = self.dtype.size();
+        let buffer = |arg: &'static str, len: Option<usize>, elem: usize| match len {
+            Some(l) if l <= isize::MAX as usize / elem => Ok(l),
+            Some(l) => Err(too_large(
+                arg,
+                format!("{l} elements of {elem} bytes pass isize::MAX bytes"),
+            )),
+            None => Err(too_large(arg, "its element count overflows usize".into())),
+        };
+        let packed = |n: usize, h: usize, d: usize| nb.checked_mul(n)?.checked_mul(h)?.checked_mul(d);
+        let mut lens = Lens {
+            o: buffer("o", packed(nq, hq, dv), elem)?,
+            dq: buffer("dq", packed(nq, hq, d), elem)?,
+            dk: buffer("dk", packed(nk, hkv, d), elem)?,
+            dv: buffer("dv", packed(nk, hkv, dv), elem)?,
+            stats: buffer("stats", total_q.checked_mul(hq), 4)?,
+            ..Lens::default()
+        };
         let inputs = match self.strides {
             Some(s) => {
                 for (what, st) in [("q", s.q), ("k", s.k), ("v", s.v)] {
@@ -349,14 +410,27 @@ impl AttnProblem {
                             format!("{what} has last-dim stride {} (must be contiguous, 1)", st.dim),
                         ));
                     }
+                    let widest = st.batch.max(st.seq).max(st.head);
+                    if widest > isize::MAX as usize {
+                        return Err(too_large(
+                            "strides",
+                            format!("{what} has stride {widest}, past isize::MAX (64-bit kernel strides)"),
+                        ));
+                    }
                 }
+                lens.q = buffer("q", extent(s.q, nb, nq, hq, d), elem)?;
+                lens.k = buffer("k", extent(s.k, nb, nk, hkv, d), elem)?;
+                lens.v = buffer("v", extent(s.v, nb, nk, hkv, dv), elem)?;
                 s
             }
-            None => InputStrides {
-                q: contiguous(nq, self.heads_q, self.head_dim),
-                k: contiguous(nk, self.heads_kv, self.head_dim),
-                v: contiguous(nk, self.heads_kv, self.head_dim_v),
-            },
+            None => {
+                (lens.q, lens.k, lens.v) = (lens.dq, lens.dk, lens.dv);
+                InputStrides {
+                    q: contiguous(nq, hq, d),
+                    k: contiguous(nk, hkv, d),
+                    v: contiguous(nk, hkv, dv),
+                }
+            }
         };
 
         // Masks and bias.
@@ -393,7 +467,31 @@ impl AttnProblem {
                     got: shape_str(&[bias.batch, bias.heads, self.seq_q, self.seq_k]),
                 });
             }
+            let len = bias
+                .batch
+                .checked_mul(bias.heads)
+                .and_then(|n| n.checked_mul(self.seq_q));
+            lens.bias = buffer("bias", len.and_then(|n| n.checked_mul(self.seq_k)), elem)?;
         }
+        // A window side wider than both sequences together allows every key (see `key_range`), so it
+        // is clamped here, once: the CPU reference and the kernels then see the same window, and the
+        // kernels' 32-bit key bounds (i + diag ± window, below 2·(Nq + Nk) + 1) cannot overflow.
+        let window = match self.window {
+            None => None,
+            Some(w) => {
+                let cap = self.seq_q + self.seq_k;
+                if cap > (MAX_INDEX - 1) / 2 {
+                    return Err(too_large(
+                        "window",
+                        format!("a window needs 2·(seq_q + seq_k) + 1 ≤ {MAX_INDEX} (32-bit key bounds)"),
+                    ));
+                }
+                Some(Window {
+                    left: w.left.map(|l| l.min(cap)),
+                    right: w.right.map(|r| r.min(cap)),
+                })
+            }
+        };
 
         Ok(AttnSpec {
             family,
@@ -411,12 +509,13 @@ impl AttnProblem {
             q: inputs.q,
             k: inputs.k,
             v: inputs.v,
-            o: contiguous(nq, self.heads_q, self.head_dim_v),
-            dq: contiguous(nq, self.heads_q, self.head_dim),
-            dk: contiguous(nk, self.heads_kv, self.head_dim),
-            dv: contiguous(nk, self.heads_kv, self.head_dim_v),
+            o: contiguous(nq, hq, dv),
+            dq: contiguous(nq, hq, d),
+            dk: contiguous(nk, hkv, d),
+            dv: contiguous(nk, hkv, dv),
+            lens,
             causal: self.causal,
-            window: self.window,
+            window,
             lengths: self.lengths.clone(),
             bias: self.bias,
             deterministic: self.deterministic,
@@ -424,12 +523,22 @@ impl AttnProblem {
     }
 }
 
+impl AttnProblem {
+    /// The call's sizes for messages: `batch 2, heads 8/2, seq 128/256, head dims 64/64`.
+    fn sizes_str(&self) -> String {
+        format!(
+            "batch {}, heads {}/{}, seq {}/{}, head dims {}/{}",
+            self.batch, self.heads_q, self.heads_kv, self.seq_q, self.seq_k, self.head_dim, self.head_dim_v
+        )
+    }
+}
+
 fn check_cu(op: Op, arg: &'static str, cu: &[usize], batch: usize, max_len: usize) -> Result<usize> {
-    if cu.len() != batch + 1 {
+    if Some(cu.len()) != batch.checked_add(1) {
         return Err(AttnError::ShapeMismatch {
             op,
             what: arg.into(),
-            expected: shape_str(&[batch + 1]),
+            expected: format!("[{batch} + 1]"),
             got: shape_str(&[cu.len()]),
         });
     }
@@ -504,6 +613,20 @@ fn resolve_family(op: Op, family: &Family, head_dim: usize) -> Result<FamilySpec
                     reason: format!("coefficients {:?} must be finite", p.a),
                 });
             }
+            // Order 1: f(s) = a0 + a1·s with a0 = a1 = 0 weighs every key 0, so o = 0/0 (NaN).
+            if order == TaylorOrder::One && a0 == 0.0 && a1 == 0.0 {
+                return Err(AttnError::InvalidArgument {
+                    op,
+                    arg: "a",
+                    reason: format!(
+                        "order 1 with a0 = a1 = 0 gives every key the weight 0 (o = 0/0); got {:?}. \
+                         Keep f(s) = a0 + a1·s one sign over the scores so Σ_j f(s_ij) cannot \
+                         vanish: a0 > 0 and |a1|·max|s| < a0 (with qk_l2norm, |s| ≤ scale); \
+                         a1 may be negative",
+                        p.a
+                    ),
+                });
+            }
             // Order 2: f(s) = a0 + a1 s + a2 s² must stay > 0 so the denominator cannot vanish:
             // a2 > 0 and its minimum a0 − a1²/(4 a2) > 0.
             if order == TaylorOrder::Two && !(a2 > 0.0 && a0 - a1 * a1 / (4.0 * a2) > 0.0) {
@@ -562,6 +685,7 @@ pub struct AttnSpec {
     dq: Strides,
     dk: Strides,
     dv: Strides,
+    lens: Lens,
     causal: Causal,
     window: Option<Window>,
     lengths: SeqLengths,
@@ -569,12 +693,35 @@ pub struct AttnSpec {
     deterministic: bool,
 }
 
-/// Length a buffer needs to hold every element addressed by `s` (0 when there is none).
-fn extent(s: Strides, batch: usize, seq: usize, heads: usize, dim: usize) -> usize {
+/// Element counts of every buffer of a call, computed (checked) once by [`AttnProblem::validate`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Lens {
+    q: usize,
+    k: usize,
+    v: usize,
+    o: usize,
+    dq: usize,
+    dk: usize,
+    dv: usize,
+    stats: usize,
+    bias: usize,
+}
+
+/// Length a buffer needs to hold every element addressed by `s` (0 when there is none); `None` when
+/// it overflows `usize`.
+fn extent(s: Strides, batch: usize, seq: usize, heads: usize, dim: usize) -> Option<usize> {
     if batch == 0 || seq == 0 || heads == 0 || dim == 0 {
-        return 0;
+        return Some(0);
     }
-    1 + (batch - 1) * s.batch + (seq - 1) * s.seq + (heads - 1) * s.head + (dim - 1) * s.dim
+    let term = |n: usize, stride: usize| (n - 1).checked_mul(stride);
+    [
+        term(batch, s.batch)?,
+        term(seq, s.seq)?,
+        term(heads, s.head)?,
+        term(dim, s.dim)?,
+    ]
+    .into_iter()
+    .try_fold(1usize, usize::checked_add)
 }
 
 impl AttnSpec {
@@ -806,47 +953,35 @@ impl AttnSpec {
         })
     }
 
-    fn rows(&self, packed_total: usize, per_batch: usize) -> (usize, usize) {
-        if self.is_varlen() {
-            (1, packed_total)
-        } else {
-            (self.batch, per_batch)
-        }
-    }
     /// Buffer lengths each tensor needs.
     pub fn q_len(&self) -> usize {
-        let (b, n) = self.rows(self.total_q, self.seq_q);
-        extent(self.q, b, n, self.heads_q, self.head_dim)
+        self.lens.q
     }
     pub fn k_len(&self) -> usize {
-        let (b, n) = self.rows(self.total_k, self.seq_k);
-        extent(self.k, b, n, self.heads_kv, self.head_dim)
+        self.lens.k
     }
     pub fn v_len(&self) -> usize {
-        let (b, n) = self.rows(self.total_k, self.seq_k);
-        extent(self.v, b, n, self.heads_kv, self.head_dim_v)
+        self.lens.v
     }
     /// Length of o and dO.
     pub fn o_len(&self) -> usize {
-        self.total_q * self.heads_q * self.head_dim_v
+        self.lens.o
     }
     pub fn dq_len(&self) -> usize {
-        self.total_q * self.heads_q * self.head_dim
+        self.lens.dq
     }
     pub fn dk_len(&self) -> usize {
-        self.total_k * self.heads_kv * self.head_dim
+        self.lens.dk
     }
     pub fn dv_len(&self) -> usize {
-        self.total_k * self.heads_kv * self.head_dim_v
+        self.lens.dv
     }
     pub fn stats_len(&self) -> usize {
-        self.total_q * self.heads_q
+        self.lens.stats
     }
     /// Length of the bias (and dbias) buffer; 0 without a bias.
     pub fn bias_len(&self) -> usize {
-        self.bias
-            .map(|s| s.batch * s.heads * self.seq_q * self.seq_k)
-            .unwrap_or(0)
+        self.lens.bias
     }
 
     /// Logical shape of q for messages: `[B, Nq, Hq, D]` or `[total_q, Hq, D]`.

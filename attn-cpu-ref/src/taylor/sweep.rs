@@ -270,7 +270,14 @@ fn eval_block(
         let mut t = vec![0.0; n * d];
         let mut row0 = 0;
         for a in 0..d {
-            let k = d - a;
+            // `black_box`: rustc 1.95.0 (LLVM 22.1.2) at opt-level 3 miscompiles this loop. It versions
+            // the P2 value update on `k == 1` and, in that version, divides the probe count by
+            // `1 − a` (no divisor in the source), so at D = 2, a = 1 it divides by zero (SIGFPE;
+            // at D ≥ 3, `1 − a` wraps to a huge divisor and the results stay right). Hiding `k`'s
+            // relation to `d − a` keeps that version out; the cost is one opaque value per pair block. A
+            // standalone reproduction: tests/repro/taylor_pairs_sigfpe.rs; the release-profile
+            // regression test: tests/taylor_head_dim_two.rs.
+            let k = std::hint::black_box(d - a);
             let block = &state.p2[row0 * m..(row0 + k) * m];
             row0 += k;
             if cfg.want_value {

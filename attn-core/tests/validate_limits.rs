@@ -1,0 +1,166 @@
+//! `AttnProblem::validate` on sizes, strides and coefficients at the edge: every size, stride, extent
+//! and buffer length is checked (no wrap, no panic, in debug and release builds), windows are clamped
+//! once, and degenerate Taylor coefficients are rejected.
+
+use attn_core::{
+    AttnError, AttnProblem, Causal, DType, Family, InputStrides, Layout, Strides, TaylorParams, Window,
+};
+
+const I32_MAX: usize = i32::MAX as usize;
+
+fn softmax(b: usize, nq: usize, nk: usize, d: usize) -> AttnProblem {
+    AttnProblem::new(Family::softmax(), DType::F32, b, 1, 1, nq, nk, d)
+}
+
+/// The error must be `TooLarge` for `arg`, and its message must name the op and the sizes.
+#[track_caller]
+fn too_large(p: &AttnProblem, arg: &str) {
+    match p.validate() {
+        Err(e @ AttnError::TooLarge { arg: a, .. }) if a == arg => {
+            let msg = e.to_string();
+            assert!(
+                msg.starts_with("softmax spec: ") || msg.starts_with("taylor spec: "),
+                "{msg}"
+            );
+            assert!(msg.contains("batch ") && msg.contains("seq "), "{msg}");
+        }
+        other => panic!("expected TooLarge for `{arg}`, got {other:?}"),
+    }
+}
+
+fn with_q_strides(p: AttnProblem, q: Strides) -> AttnProblem {
+    let k = Strides::contiguous(Layout::Bnhd, p.seq_k, p.heads_kv, p.head_dim);
+    let v = Strides::contiguous(Layout::Bnhd, p.seq_k, p.heads_kv, p.head_dim_v);
+    p.with_strides(InputStrides { q, k, v })
+}
+
+#[test]
+fn strides_whose_extent_wraps_are_rejected() {
+    let q = |batch: usize| Strides {
+        batch,
+        seq: 64,
+        head: 64,
+        dim: 1,
+    };
+    // 1 + 2·2^63 + 15 wraps to 16 elements: a stride past the kernels' 64-bit strides.
+    too_large(&with_q_strides(softmax(3, 1, 1, 16), q(1 << 63)), "strides");
+    // 4·2^62 = 2^64 wraps.
+    too_large(&with_q_strides(softmax(5, 1, 1, 16), q(1 << 62)), "q");
+    // 2·2^61 + … elements fit usize but not isize::MAX bytes of f32.
+    too_large(&with_q_strides(softmax(3, 1, 1, 16), q(1 << 61)), "q");
+    // The same strides at B = 1 address 16 elements.
+    let s = with_q_strides(softmax(1, 1, 1, 16), q(1 << 61))
+        .validate()
+        .expect("valid");
+    assert_eq!(s.q_len(), 16);
+}
+
+#[test]
+fn sizes_past_the_kernels_index_width_are_rejected() {
+    too_large(&softmax(1 << 40, 1 << 30, 1, 8), "batch");
+    too_large(&softmax(1, I32_MAX + 1, 1, 8), "seq_q");
+    too_large(&softmax(1, 1, usize::MAX, 8), "seq_k");
+    let mut p = softmax(1, 1, 1, 8);
+    p.heads_q = 1 << 32;
+    too_large(&p, "heads_q");
+    // Each size fits, the rows over the batch do not.
+    too_large(&softmax(1 << 20, 1 << 20, 1, 8), "seq_q");
+    too_large(&softmax(1 << 20, 1, 1 << 20, 8), "seq_k");
+    // Rows fit, elements pass isize::MAX bytes: a [B|1, H|1, Nq, Nk] bias at Nq = Nk = 2^31 − 1.
+    too_large(&softmax(1, I32_MAX, I32_MAX, 8).with_bias(1, 1), "bias");
+    // The largest sizes that fit are accepted, and their lengths computed.
+    let s = softmax(1, I32_MAX, 1, 8).validate().expect("valid");
+    assert_eq!(s.q_len(), I32_MAX * 8);
+}
+
+#[test]
+fn packed_lengths_past_the_index_width_are_rejected_without_panicking() {
+    // batch + 1 wraps to 0 in release builds: an empty cu_seqlens used to pass the length check.
+    too_large(&softmax(usize::MAX, 1, 1, 8).with_varlen(vec![], vec![]), "batch");
+    let p = softmax(I32_MAX, 1, 1, 8).with_varlen(vec![], vec![]);
+    assert!(matches!(p.validate(), Err(AttnError::ShapeMismatch { .. })));
+    // cu_seqlens [0, 2^62]: the maximum length itself is past the index width.
+    too_large(
+        &softmax(1, 1 << 62, 1, 8).with_varlen(vec![0, 1 << 62], vec![0, 1]),
+        "seq_q",
+    );
+    // Every sequence fits, the packed total does not.
+    let cu = vec![0, I32_MAX, 2 * I32_MAX];
+    too_large(
+        &softmax(2, I32_MAX, 1, 8).with_varlen(cu, vec![0, 1, 2]),
+        "cu_seqlens_q",
+    );
+}
+
+#[test]
+fn huge_windows_are_clamped_to_no_window() {
+    let (nq, nk) = (5, 9);
+    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+        let open = softmax(1, nq, nk, 8)
+            .with_causal(causal)
+            .validate()
+            .expect("valid");
+        for w in [nq + nk, 1 << 62, 1 << 63, usize::MAX] {
+            let s = softmax(1, nq, nk, 8)
+                .with_causal(causal)
+                .with_window(Some(w), Some(w))
+                .validate()
+                .expect("valid");
+            let cap = Some(nq + nk);
+            assert_eq!(
+                s.window(),
+                Some(Window {
+                    left: cap,
+                    right: cap
+                })
+            );
+            for i in 0..nq {
+                assert_eq!(
+                    s.key_range(0, i),
+                    open.key_range(0, i),
+                    "{causal:?}, window {w}, query {i}"
+                );
+            }
+        }
+    }
+    // A narrower window is kept as given.
+    let s = softmax(1, nq, nk, 8)
+        .with_window(Some(2), None)
+        .validate()
+        .expect("valid");
+    assert_eq!(
+        s.window(),
+        Some(Window {
+            left: Some(2),
+            right: None
+        })
+    );
+    // The kernels' key bounds i + diag ± window must fit 32 bits.
+    too_large(
+        &softmax(1, 1 << 30, 1 << 30, 8).with_window(Some(1), None),
+        "window",
+    );
+}
+
+#[test]
+fn taylor_order1_with_zero_coefficients_is_rejected() {
+    let taylor = |a: [f32; 3]| {
+        let family = Family::Taylor(TaylorParams {
+            order: 1,
+            a,
+            ..TaylorParams::default()
+        });
+        AttnProblem::new(family, DType::F32, 1, 1, 1, 4, 4, 8).validate()
+    };
+    for a in [[0.0, 0.0, 0.5], [-0.0, 0.0, 0.0], [0.0, -0.0, 1.0]] {
+        match taylor(a) {
+            Err(e @ AttnError::InvalidArgument { arg: "a", .. }) => {
+                assert!(e.to_string().contains("a0 > 0"), "{e}");
+            }
+            other => panic!("{a:?}: expected InvalidArgument for `a`, got {other:?}"),
+        }
+    }
+    // A negative slope is allowed (the weight stays positive for small scores).
+    assert!(taylor([1.0, -0.5, 0.0]).is_ok());
+    assert!(taylor([0.0, 1.0, 0.0]).is_ok());
+}
