@@ -391,7 +391,8 @@ fn check_on_cuda_runs_attn_cuda_or_says_why_not() {
 #[test]
 fn cli_make_example_then_check_on_the_cpu() {
     let dir = scratch("cli-example");
-    let (example, output) = (dir.join("ex.safetensors"), dir.join("out.safetensors"));
+    // Both folders are made on the way.
+    let (example, output) = (dir.join("in/ex.safetensors"), dir.join("out/out.safetensors"));
     let text = run_ok(
         bin()
             .args(["check", "--make-example"])

@@ -479,7 +479,11 @@ pub fn cuda_ready() -> Result<(), BenchError> {
     }
 }
 
+/// Write `outs` to `path`, creating its folder if missing.
 fn write_file(path: &Path, outs: &[Out], metadata: HashMap<String, String>) -> Result<(), BenchError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
+    }
     let write_err = |reason: String| BenchError::Safetensors {
         path: path.to_path_buf(),
         reason,
