@@ -12,6 +12,13 @@
 //! (softmax-like families, `[B, Hq, Nq]` or `[Hq, total_q]`) or `den` (Taylor), and with `do` the
 //! gradients `dq`, `dk`, `dv` (and `dbias`) shaped like their inputs. The file's metadata names the
 //! implementation, family and parameters.
+//!
+//! Devices: `cpu` runs attn-cpu-ref (f64 inside, every output rounded once to the storage dtype:
+//! the reference itself). `cuda` (the `cuda` feature, a GPU, attn-cuda's kernels) runs attn-cuda's
+//! forward and, with `do`, its backward from its own `o` and statistics, writes the same tensors,
+//! and compares each with the f64 reference on the same stored inputs ([`compare`]): the largest
+//! difference beside the error of the reference rounded to the storage dtype.
+//! [`make_example`] writes an input file to start from.
 
 use crate::error::BenchError;
 use crate::grid::FamilyId;
@@ -20,16 +27,24 @@ use attn_core::{
     bf16, f16, shape_str, Aggregation, AttnError, AttnProblem, AttnSpec, Causal, DType, Element, Family,
     Layout, Op, Pass,
 };
-use attn_cpu_ref::{backward, forward, Inputs};
+use attn_cpu_ref::testing::{random_case, Case};
+use attn_cpu_ref::{backward, backward_f64, forward, forward_f64, Forward, Gradients, Inputs};
+use compare::{compare, Comparison};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+pub mod compare;
+#[cfg(feature = "cuda")]
+mod cuda;
+
 /// Where the call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckDevice {
+    /// attn-cpu-ref: the f64 reference, rounded once to the storage dtype.
     Cpu,
+    /// attn-cuda on GPU 0 (the `cuda` feature).
     Cuda,
 }
 
@@ -42,14 +57,20 @@ pub struct CheckOptions {
     /// Sliding window `(left, right)`, `None` for no window.
     pub window: Option<(Option<usize>, Option<usize>)>,
     pub device: CheckDevice,
+    /// On [`CheckDevice::Cuda`], also run the f64 reference on the CPU and compare (slow on large
+    /// inputs: turn it off there). Ignored on the CPU.
+    pub reference: bool,
 }
 
 /// What `check` wrote.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckSummary {
     pub output: PathBuf,
+    /// One line per tensor written: name, dtype, shape.
     pub tensors: Vec<String>,
     pub description: String,
+    /// The device's tensors against the f64 reference (empty on the CPU or without `reference`).
+    pub comparisons: Vec<Comparison>,
 }
 
 /// A storage element as safetensors stores it (little endian).
@@ -267,6 +288,7 @@ fn build_spec(r: &Reader<'_>, opts: &CheckOptions, dtype: DType) -> Result<AttnS
     Ok(spec)
 }
 
+/// One tensor of an output (or example) file.
 struct Out {
     name: &'static str,
     dtype: StDtype,
@@ -274,19 +296,47 @@ struct Out {
     data: Vec<u8>,
 }
 
-fn run_typed<E: Stored>(r: &Reader<'_>, spec: &AttnSpec) -> Result<Vec<Out>, BenchError> {
-    let q: Vec<E> = r.values(&r.require("q")?, "q")?;
-    let k: Vec<E> = r.values(&r.require("k")?, "k")?;
-    let v: Vec<E> = r.values(&r.require("v")?, "v")?;
-    let bias: Option<Vec<E>> = r.get("bias").map(|b| r.values(&b, "bias")).transpose()?;
-    let d_o: Option<Vec<E>> = r.get("do").map(|t| r.values(&t, "do")).transpose()?;
-    let x = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        bias: bias.as_deref(),
-    };
-    let f = forward(spec, x)?;
+/// The input tensors of a call in their storage dtype, as the file holds them.
+struct HostInputs<E> {
+    q: Vec<E>,
+    k: Vec<E>,
+    v: Vec<E>,
+    bias: Option<Vec<E>>,
+    d_o: Option<Vec<E>>,
+}
+
+impl<E: Stored> HostInputs<E> {
+    fn read(r: &Reader<'_>) -> Result<Self, BenchError> {
+        Ok(HostInputs {
+            q: r.values(&r.require("q")?, "q")?,
+            k: r.values(&r.require("k")?, "k")?,
+            v: r.values(&r.require("v")?, "v")?,
+            bias: r.get("bias").map(|b| r.values(&b, "bias")).transpose()?,
+            d_o: r.get("do").map(|t| r.values(&t, "do")).transpose()?,
+        })
+    }
+
+    fn inputs(&self) -> Inputs<'_, E> {
+        Inputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            bias: self.bias.as_deref(),
+        }
+    }
+}
+
+/// The name of the statistics tensor: `lse` for the softmax-like families, `den` for Taylor.
+fn stats_name(spec: &AttnSpec) -> &'static str {
+    if spec.family().is_softmax_like() {
+        "lse"
+    } else {
+        "den"
+    }
+}
+
+/// The output tensors of a forward (and backward) in the file's layout.
+fn outputs<E: Stored>(spec: &AttnSpec, f: &Forward<E, f32>, g: Option<&Gradients<E>>) -> Vec<Out> {
     let stats_shape = if spec.is_varlen() {
         vec![spec.heads_q(), spec.total_q()]
     } else {
@@ -300,18 +350,13 @@ fn run_typed<E: Stored>(r: &Reader<'_>, spec: &AttnSpec) -> Result<Vec<Out>, Ben
             data: E::encode(&f.o),
         },
         Out {
-            name: if spec.family().is_softmax_like() {
-                "lse"
-            } else {
-                "den"
-            },
+            name: stats_name(spec),
             dtype: StDtype::F32,
             shape: stats_shape,
             data: f32::encode(&f.stats),
         },
     ];
-    if let Some(d_o) = d_o {
-        let g = backward(spec, x, &f.o, &d_o, &f.stats)?;
+    if let Some(g) = g {
         out.push(Out {
             name: "dq",
             dtype: E::ST_DTYPE,
@@ -330,19 +375,141 @@ fn run_typed<E: Stored>(r: &Reader<'_>, spec: &AttnSpec) -> Result<Vec<Out>, Ben
             shape: spec.v_shape(),
             data: E::encode(&g.dv),
         });
-        if let (Some(db), Some(bs)) = (g.dbias, spec.bias()) {
+        if let (Some(db), Some(bs)) = (&g.dbias, spec.bias()) {
             out.push(Out {
                 name: "dbias",
                 dtype: E::ST_DTYPE,
                 shape: vec![bs.batch, bs.heads, spec.seq_q(), spec.seq_k()],
-                data: E::encode(&db),
+                data: E::encode(db),
             });
+        }
+    }
+    out
+}
+
+/// attn-cpu-ref on the file's tensors: f64 inside, outputs rounded once to the storage dtype.
+fn cpu_outputs<E: Stored>(r: &Reader<'_>, spec: &AttnSpec) -> Result<Vec<Out>, BenchError> {
+    let x = HostInputs::<E>::read(r)?;
+    let f = forward(spec, x.inputs())?;
+    let g = x
+        .d_o
+        .as_deref()
+        .map(|d_o| backward(spec, x.inputs(), &f.o, d_o, &f.stats))
+        .transpose()?;
+    Ok(outputs(spec, &f, g.as_ref()))
+}
+
+fn widen<E: Element>(x: &[E]) -> Vec<f64> {
+    x.iter().map(|e| e.to_f64()).collect()
+}
+
+/// Compare a device's forward (and backward, when the inputs have `do`) with the f64 reference
+/// on the same stored inputs ([`compare`]): `o`, the statistics, and `dq`, `dk`, `dv`, `dbias`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the device path and the tests call it
+fn reference_comparisons<E: Stored>(
+    spec: &AttnSpec,
+    x: &HostInputs<E>,
+    f: &Forward<E, f32>,
+    g: Option<&Gradients<E>>,
+) -> Result<Vec<Comparison>, BenchError> {
+    let (q, k, v) = (widen(&x.q), widen(&x.k), widen(&x.v));
+    let bias = x.bias.as_deref().map(widen);
+    let inputs = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        bias: bias.as_deref(),
+    };
+    let dtype = spec.dtype().name();
+    let round = |x: f64| E::from_f64(x).to_f64();
+    let reference = forward_f64(spec, inputs)?;
+    let stats: Vec<f64> = f.stats.iter().map(|&s| s as f64).collect();
+    let mut out = vec![
+        compare("o", &widen(&f.o), &reference.o, dtype, round),
+        compare(stats_name(spec), &stats, &reference.stats, "f32", |x| {
+            x as f32 as f64
+        }),
+    ];
+    if let (Some(g), Some(d_o)) = (g, x.d_o.as_deref()) {
+        let rg = backward_f64(spec, inputs, &reference.o, &widen(d_o), &reference.stats)?;
+        out.push(compare("dq", &widen(&g.dq), &rg.dq, dtype, round));
+        out.push(compare("dk", &widen(&g.dk), &rg.dk, dtype, round));
+        out.push(compare("dv", &widen(&g.dv), &rg.dv, dtype, round));
+        if let (Some(db), Some(rdb)) = (&g.dbias, &rg.dbias) {
+            out.push(compare("dbias", &widen(db), rdb, dtype, round));
         }
     }
     Ok(out)
 }
 
+/// The device path: attn-cuda's outputs and, unless `reference` is false, their comparison with
+/// the f64 reference.
+#[cfg(feature = "cuda")]
+fn cuda_outputs(
+    r: &Reader<'_>,
+    spec: &AttnSpec,
+    reference: bool,
+) -> Result<(Vec<Out>, Vec<Comparison>), BenchError> {
+    cuda::run(r, spec, reference)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_outputs(_: &Reader<'_>, _: &AttnSpec, _: bool) -> Result<(Vec<Out>, Vec<Comparison>), BenchError> {
+    Err(cuda_unavailable())
+}
+
+/// Why `--device cuda` cannot run in this build.
+#[cfg(not(feature = "cuda"))]
+fn cuda_unavailable() -> BenchError {
+    BenchError::Unavailable {
+        implementation: "attn-cuda",
+        reason: crate::impls::NO_CUDA_FEATURE.into(),
+    }
+}
+
+/// Whether `--device cuda` can run here: the `cuda` feature, a GPU and attn-cuda's kernels.
+pub fn cuda_ready() -> Result<(), BenchError> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::gpu_handle().map(drop)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(cuda_unavailable())
+    }
+}
+
+/// Write `outs` to `path`, creating its folder if missing.
+fn write_file(path: &Path, outs: &[Out], metadata: HashMap<String, String>) -> Result<(), BenchError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
+    }
+    let write_err = |reason: String| BenchError::Safetensors {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let views = outs
+        .iter()
+        .map(|o| {
+            TensorView::new(o.dtype, o.shape.clone(), &o.data)
+                .map(|v| (o.name, v))
+                .map_err(|e| write_err(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    safetensors::tensor::serialize_to_file(views, Some(metadata), path).map_err(|e| write_err(e.to_string()))
+}
+
+fn tensor_lines(outs: &[Out]) -> Vec<String> {
+    outs.iter()
+        .map(|o| format!("{} {:?} {}", o.name, o.dtype, shape_str(&o.shape)))
+        .collect()
+}
+
 /// Read `input`, run the call on `opts.device`, write `output`.
+///
+/// On [`CheckDevice::Cuda`] the device is checked before the file is read: a build without the
+/// `cuda` feature, a machine without a GPU or a build without attn-cuda's kernels is a
+/// [`BenchError::Unavailable`] saying which.
 pub fn check(
     input: &Path,
     output: &Path,
@@ -350,10 +517,7 @@ pub fn check(
     commit: &str,
 ) -> Result<CheckSummary, BenchError> {
     if opts.device == CheckDevice::Cuda {
-        return Err(BenchError::Unavailable {
-            implementation: "attn-cuda",
-            reason: "attn-bench is built without the `cuda` feature (attn-cuda has no launch API yet)".into(),
-        });
+        cuda_ready()?;
     }
     let bytes = std::fs::read(input).map_err(|e| BenchError::io(input, e))?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| BenchError::Safetensors {
@@ -368,40 +532,40 @@ pub fn check(
         other => return Err(r.err(format!("q is {other:?}; supported: F32, F16, BF16"))),
     };
     let spec = build_spec(&r, opts, dtype)?;
-    let outs = match dtype {
-        DType::F32 => run_typed::<f32>(&r, &spec)?,
-        DType::F16 => run_typed::<f16>(&r, &spec)?,
-        DType::BF16 => run_typed::<bf16>(&r, &spec)?,
+    let (implementation, outs, comparisons) = match opts.device {
+        CheckDevice::Cpu => {
+            let outs = match dtype {
+                DType::F32 => cpu_outputs::<f32>(&r, &spec)?,
+                DType::F16 => cpu_outputs::<f16>(&r, &spec)?,
+                DType::BF16 => cpu_outputs::<bf16>(&r, &spec)?,
+            };
+            ("attn-cpu-ref", outs, Vec::new())
+        }
+        CheckDevice::Cuda => {
+            let (outs, comparisons) = cuda_outputs(&r, &spec, opts.reference)?;
+            ("attn-cuda", outs, comparisons)
+        }
     };
-    let write_err = |reason: String| BenchError::Safetensors {
-        path: output.to_path_buf(),
-        reason,
-    };
-    let views = outs
-        .iter()
-        .map(|o| {
-            TensorView::new(o.dtype, o.shape.clone(), &o.data)
-                .map(|v| (o.name, v))
-                .map_err(|e| write_err(e.to_string()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let metadata = HashMap::from([
-        ("impl".to_string(), "attn-cpu-ref".to_string()),
+    let mut metadata = HashMap::from([
+        ("impl".to_string(), implementation.to_string()),
         ("family".to_string(), spec.family().label().to_string()),
         ("params".to_string(), family_params(&spec)),
         ("causal".to_string(), format!("{:?}", spec.causal())),
         ("commit".to_string(), commit.to_string()),
     ]);
-    safetensors::tensor::serialize_to_file(views, Some(metadata), output)
-        .map_err(|e| write_err(e.to_string()))?;
+    if !comparisons.is_empty() {
+        let diffs: Vec<String> = comparisons
+            .iter()
+            .map(|c| format!("{} {:.3e}", c.name, c.max_abs_diff))
+            .collect();
+        metadata.insert("max_abs_diff_vs_f64_reference".into(), diffs.join(", "));
+    }
+    write_file(output, &outs, metadata)?;
     Ok(CheckSummary {
         output: output.to_path_buf(),
-        tensors: outs
-            .iter()
-            .map(|o| format!("{} {:?} {}", o.name, o.dtype, shape_str(&o.shape)))
-            .collect(),
+        tensors: tensor_lines(&outs),
         description: format!(
-            "{} ({}) {} q {} k {} v {} causal {:?}",
+            "{implementation}: {} ({}) {} q {} k {} v {} causal {:?}",
             spec.family().label(),
             family_params(&spec),
             spec.dtype(),
@@ -410,7 +574,98 @@ pub fn check(
             shape_str(&spec.v_shape()),
             spec.causal()
         ),
+        comparisons,
     })
+}
+
+/// Shape of the example input: `B = 2`, `Hq = 4` over `Hk = 2` (GQA), `Nq = 100`, `Nk = 128`
+/// (unequal, and neither a multiple of 64, so masks and tile tails are exercised), `D = 64`.
+pub const EXAMPLE_SHAPE: ExampleShape = ExampleShape {
+    batch: 2,
+    heads_q: 4,
+    heads_kv: 2,
+    seq_q: 100,
+    seq_k: 128,
+    head_dim: 64,
+};
+
+/// The dimensions of [`make_example`]'s tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExampleShape {
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub head_dim: usize,
+}
+
+/// Write an input file for `check`: `q`, `k`, `v` and `do` of [`EXAMPLE_SHAPE`] in `dtype` and
+/// `layout`, uniform in (−1, 1) from a fixed seed (for an Einstein-midpoint family the values are
+/// scaled into the Klein ball, as [`random_case`] draws them). Returns the tensors written.
+///
+/// ```
+/// use attn_bench::check::make_example;
+/// use attn_core::{DType, Family, Layout};
+/// let path = std::env::temp_dir().join(format!("attn-bench-doc-{}.safetensors", std::process::id()));
+/// let tensors = make_example(&path, Family::softmax(), DType::BF16, Layout::Bnhd)?;
+/// assert_eq!(tensors[0], "q BF16 [2, 100, 4, 64]");
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), attn_bench::BenchError>(())
+/// ```
+pub fn make_example(
+    path: &Path,
+    family: Family,
+    dtype: DType,
+    layout: Layout,
+) -> Result<Vec<String>, BenchError> {
+    let s = EXAMPLE_SHAPE;
+    let spec = AttnProblem::new(
+        family, dtype, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim,
+    )
+    .with_layout(layout)
+    .validate()?;
+    let case = random_case(&spec, 0);
+    fn tensors<E: Stored>(spec: &AttnSpec, case: &Case) -> Vec<Out> {
+        let narrow = |x: &[f64]| E::encode(&x.iter().map(|&v| E::from_f64(v)).collect::<Vec<E>>());
+        vec![
+            Out {
+                name: "q",
+                dtype: E::ST_DTYPE,
+                shape: spec.q_shape(),
+                data: narrow(&case.q),
+            },
+            Out {
+                name: "k",
+                dtype: E::ST_DTYPE,
+                shape: spec.k_shape(),
+                data: narrow(&case.k),
+            },
+            Out {
+                name: "v",
+                dtype: E::ST_DTYPE,
+                shape: spec.v_shape(),
+                data: narrow(&case.v),
+            },
+            Out {
+                name: "do",
+                dtype: E::ST_DTYPE,
+                shape: spec.o_shape(),
+                data: narrow(&case.d_o),
+            },
+        ]
+    }
+    let outs = match dtype {
+        DType::F32 => tensors::<f32>(&spec, &case),
+        DType::F16 => tensors::<f16>(&spec, &case),
+        DType::BF16 => tensors::<bf16>(&spec, &case),
+    };
+    let metadata = HashMap::from([(
+        "made_by".to_string(),
+        "attn-bench check --make-example (seed 0)".to_string(),
+    )]);
+    write_file(path, &outs, metadata)?;
+    Ok(tensor_lines(&outs))
 }
 
 /// Family parameters a user can set on the command line; `None` keeps the family's default.
@@ -505,4 +760,67 @@ pub fn family_with_options(id: FamilyId, o: &FamilyOptions) -> Result<Family, Be
         reject("aggregation", o.aggregation.is_some())?;
     }
     Ok(family)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case_inputs<E: Stored>(spec: &AttnSpec) -> HostInputs<E> {
+        let case = random_case(spec, 5);
+        let narrow = |x: &[f64]| x.iter().map(|&v| E::from_f64(v)).collect::<Vec<E>>();
+        HostInputs {
+            q: narrow(&case.q),
+            k: narrow(&case.k),
+            v: narrow(&case.v),
+            bias: case.bias.as_deref().map(narrow),
+            d_o: Some(narrow(&case.d_o)),
+        }
+    }
+
+    /// attn-cpu-ref's own outputs, put where a device's go: o and the statistics differ from the
+    /// f64 reference by exactly their rounding; the gradients (computed from the rounded o and
+    /// statistics) by about as much.
+    #[test]
+    fn reference_comparisons_of_the_rounded_reference_are_its_rounding() {
+        let spec = AttnProblem::new(Family::softmax(), DType::BF16, 1, 2, 1, 6, 9, 8)
+            .with_causal(Causal::BottomRight)
+            .with_bias(1, 2)
+            .validate()
+            .expect("valid spec");
+        let x = case_inputs::<bf16>(&spec);
+        let f = forward(&spec, x.inputs()).expect("forward");
+        let d_o = x.d_o.as_deref().expect("do");
+        let g = backward(&spec, x.inputs(), &f.o, d_o, &f.stats).expect("backward");
+        let c = reference_comparisons(&spec, &x, &f, Some(&g)).expect("compares");
+        let names: Vec<&str> = c.iter().map(|c| c.name).collect();
+        assert_eq!(names, ["o", "lse", "dq", "dk", "dv", "dbias"]);
+        for c in &c {
+            assert_eq!(c.not_finite, 0, "{c}");
+            assert!(c.rounding > 0.0, "{c}");
+            assert!(
+                c.max_abs_diff <= 2.0 * c.rounding + 1e-6 * c.max_abs_reference,
+                "{c}"
+            );
+        }
+        assert_eq!(c[0].max_abs_diff, c[0].rounding);
+        assert_eq!(c[1].max_abs_diff, c[1].rounding);
+        assert_eq!((c[0].dtype, c[1].dtype), ("bf16", "f32"));
+    }
+
+    #[test]
+    fn an_unwritten_output_element_is_a_non_finite_mismatch() {
+        let spec = AttnProblem::new(Family::taylor(1), DType::F32, 1, 1, 1, 4, 4, 8)
+            .validate()
+            .expect("valid spec");
+        let mut x = case_inputs::<f32>(&spec);
+        x.d_o = None;
+        let mut f = forward(&spec, x.inputs()).expect("forward");
+        f.o[3] = f32::NAN;
+        let c = reference_comparisons(&spec, &x, &f, None).expect("compares");
+        assert_eq!(c.len(), 2, "no do: o and den only");
+        assert_eq!((c[0].name, c[0].not_finite), ("o", 1));
+        assert_eq!(c[0].max_abs_diff, f64::INFINITY);
+        assert_eq!((c[1].name, c[1].not_finite), ("den", 0));
+    }
 }
