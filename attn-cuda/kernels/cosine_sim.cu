@@ -1,4 +1,4 @@
-// Cosine-similarity attention (REFERENCE.md §2) on tensor cores: forward, dQ and dK/dV kernels for
+// Cosine-similarity attention (docs/math.md §2) on tensor cores: forward, dQ and dK/dV kernels for
 // f16 and bf16 at head dims 16, 32, 64, 96, 128, 256. The l2-norms of q and k are fused into the
 // tiles: the mma.sync kernels scale the raw products by the reciprocal norms; the Hopper kernels read
 // the normalised rows k̂ (forward) and q̂, k̂ (backward) that the row kernels of common.cu write

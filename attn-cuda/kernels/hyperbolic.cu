@@ -1,4 +1,4 @@
-// Hyperbolic attention (REFERENCE.md §4) in the Lorentz model of curvature −c: squared-Lorentz and
+// Hyperbolic attention (docs/math.md §4) in the Lorentz model of curvature −c: squared-Lorentz and
 // geodesic scores, Euclidean or Einstein-midpoint aggregation (a runtime flag: the per-key bias
 // log γ_j), forward and backward.
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_{f16,bf16}_d{32,64,96,128,256}:

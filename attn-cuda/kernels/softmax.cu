@@ -1,4 +1,4 @@
-// Softmax attention (REFERENCE.md §1) on tensor cores: forward, dQ and dK/dV kernels for
+// Softmax attention (docs/math.md §1) on tensor cores: forward, dQ and dK/dV kernels for
 // f16 and bf16 at head dims 32, 64, 96, 128, 256. Names: attn_softmax_{fwd,bwd_dq,bwd_dkdv}_{dt}_d{D}; the
 // Hopper forward and backward (wgmma, sm_90a only) at head dims 64 and 128: attn_softmax_fwd_wg_{dt}_d{D},
 // attn_softmax_bwd_{dq,dkdv}_wg_{dt}_d{D}.

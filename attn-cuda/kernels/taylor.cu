@@ -1,4 +1,4 @@
-// Taylor linear attention (REFERENCE.md §3): every kernel of the family, for f16, bf16 (tensor cores,
+// Taylor linear attention (docs/math.md §3): every kernel of the family, for f16, bf16 (tensor cores,
 // f32 sums) and f32 (CUDA cores, exact f32) at head dims 16, 32, 64, 128 (value head dim = head dim).
 // The host (attn_cuda::taylor) runs them in this order (a sweep: dense, fold, prefix, read):
 //   forward:  fold, prefix → forward (f16/bf16: the state read, the dense part

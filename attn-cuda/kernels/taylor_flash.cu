@@ -1,4 +1,4 @@
-// Taylor linear attention of order 2 on the flash skeleton (REFERENCE.md §3, the quadratic form: the
+// Taylor linear attention of order 2 on the flash skeleton (docs/math.md §3, the quadratic form: the
 // weights f(s) = a0 + a1 s + a2 s² of every pair, normalised by their row sum, no running max): where
 // the sequences are short enough that the N² products on tensor cores cost less than the factorised
 // states (attn_cuda::taylor::heuristics::dense_on_flash). The Hopper kernels only (sm_90a), f16 and
