@@ -21,8 +21,8 @@
 //   value_p = Σ_f ψ_f(z_p) S[f],   grad_p = Σ_f ∇ψ_f(z_p) (S[f]·w_p),
 // with ∇ψ = a1 e_b (linear) and a2 c_ab (z_b e_a + z_a e_b) (quad).
 #pragma once
-#include "mask.h"
-#include "mma.h"
+#include "../common/mask.h"
+#include "../common/mma.h"
 
 // Everything a Taylor kernel needs: the spec (AttnParams: tensors, strides, lengths, mask), the per-row
 // scalars and the f32 sums of one call. Mirrored field for field by attn_cuda::taylor::params::TaylorParams

@@ -18,7 +18,7 @@
 // barrier per block. Load groups: 0 = {Q, K_0}, j + 1 = {K_{j+1}, V_j} (committed in block j).
 #pragma once
 #include "flash_fwd.cuh"
-#include "wgmma.h"
+#include "../common/wgmma.h"
 
 namespace attn {
 

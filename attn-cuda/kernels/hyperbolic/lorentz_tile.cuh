@@ -10,10 +10,10 @@
 // i.e. for close points far from the origin) carries f32 rounding only, never the storage type's.
 #pragma once
 #include <type_traits>
-#include "mask.h"
-#include "mma.h"
-#include "online_softmax.h"
-#include "score.h"
+#include "../common/mask.h"
+#include "../common/mma.h"
+#include "../common/online_softmax.h"
+#include "../flash/score.h"
 
 namespace attn {
 

@@ -28,16 +28,16 @@
 //        attn_taylor2_wg_{fold,reduce,read}_bf16_d64.
 // Order 2, bf16, D = 64, no causal mask, on Hopper (taylor_wg.cuh): a forward is wg_fold → wg_reduce (with
 // several splits of the keys only) → wg_read (attn_cuda::taylor::Call::wg_forward).
-#include "include/taylor_decode.cuh"
-#include "include/taylor_dense.cuh"
-#include "include/taylor_order1.cuh"
-#include "include/taylor_order1_bwd.cuh"
-#include "include/taylor_order1_causal.cuh"
-#include "include/taylor_order1_chain.cuh"
-#include "include/taylor_order1_chain_wg.cuh"
-#include "include/taylor_rows.cuh"
-#include "include/taylor_state.cuh"
-#include "include/taylor_wg.cuh"
+#include "taylor_decode.cuh"
+#include "taylor_dense.cuh"
+#include "taylor_order1.cuh"
+#include "taylor_order1_bwd.cuh"
+#include "taylor_order1_causal.cuh"
+#include "taylor_order1_chain.cuh"
+#include "taylor_order1_chain_wg.cuh"
+#include "taylor_rows.cuh"
+#include "taylor_state.cuh"
+#include "taylor_wg.cuh"
 
 #define ATTN_TAYLOR_ROW(NAME, DT, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads)                                       \

@@ -11,7 +11,7 @@
 #include "mask.h"
 #include "mma.h"
 #include "online_softmax.h"
-#include "score.h"
+#include "../flash/score.h"
 
 namespace attn {
 

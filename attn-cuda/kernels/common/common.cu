@@ -12,10 +12,10 @@
 //   attn_dbias_reduce_{dt}:    dbias[bb, bh, i, j] = Σ over broadcast dims of dS[b, h, i, j]
 //   attn_dq_store_{f16,bf16}:  dq = dq_acc rounded to the storage type (the fused Hopper backward
 //                              reduces dQ into the f32 scratch)
-#include "include/mask.h"
-#include "include/mma.h"
-#include "include/online_softmax.h"
-#include "include/simt_f32.cuh"
+#include "mask.h"
+#include "mma.h"
+#include "online_softmax.h"
+#include "simt_f32.cuh"
 
 namespace attn {
 

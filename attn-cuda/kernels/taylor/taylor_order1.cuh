@@ -18,7 +18,7 @@
 //                    state once and streams several probe tiles, two in flight; o is staged in shared
 //                    memory and stored in 16-byte rows.
 #pragma once
-#include "loads.h"
+#include "../common/loads.h"
 #include "taylor_state.cuh"
 
 namespace attn {

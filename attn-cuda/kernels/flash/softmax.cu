@@ -2,12 +2,12 @@
 // f16 and bf16 at head dims 32, 64, 96, 128, 256. Names: attn_softmax_{fwd,bwd_dq,bwd_dkdv}_{dt}_d{D}; the
 // Hopper forward and backward (wgmma, sm_90a only) at head dims 64 and 128: attn_softmax_fwd_wg_{dt}_d{D},
 // attn_softmax_bwd_{dq,dkdv}_wg_{dt}_d{D}.
-#include "include/flash_bwd.cuh"
-#include "include/flash_bwd_wg.cuh"
-#include "include/flash_bwd_ws.cuh"
-#include "include/flash_fwd.cuh"
-#include "include/flash_fwd_wg.cuh"
-#include "include/flash_fwd_ws.cuh"
+#include "flash_bwd.cuh"
+#include "flash_bwd_wg.cuh"
+#include "flash_bwd_ws.cuh"
+#include "flash_fwd.cuh"
+#include "flash_fwd_wg.cuh"
+#include "flash_fwd_ws.cuh"
 
 #define ATTN_SOFTMAX(DT, T, D)                                                                                     \
     extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \

@@ -45,10 +45,10 @@
 // Cost per (token, head): the fold 68 · 64 · 64 · 2 = 557k FLOP, the read 168 · 16 · 64 · 2 = 344k (the
 // ideal factorisation, 4·F·M = 558k, counts each of the 2145 features once, both sides).
 #pragma once
-#include "loads.h"
-#include "online_softmax.h"
+#include "../common/loads.h"
+#include "../common/online_softmax.h"
 #include "taylor_common.cuh"
-#include "wgmma.h"
+#include "../common/wgmma.h"
 
 namespace attn {
 

@@ -18,8 +18,8 @@
 //   Backward: ∂s/∂q = σ (k0 q/q0 − k), σ = −hyp_grad·ψ with ψ = 1 (SqLorentz) or 1/√(u² − 1/c²)
 //   (Geodesic; 0 where u is clamped).
 #pragma once
-#include "online_softmax.h"
-#include "params.h"
+#include "../common/online_softmax.h"
+#include "../common/params.h"
 
 namespace attn {
 
