@@ -217,7 +217,7 @@ pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
 }
 
 /// Whether the fused backward of `spec` is the warp-specialised kernel, whose dQ scratch has its own
-/// tiled layout (`AttnParams::dq_acc_tiled`, `SeqInfo::dq_acc_index` in kernels/include/mask.h) rather
+/// tiled layout (`AttnParams::dq_acc_tiled`, `SeqInfo::dq_acc_index` in kernels/common/mask.h) rather
 /// than the dq strides.
 pub(crate) fn fused_dq_tiled(spec: &AttnSpec, hopper: Hopper) -> bool {
     fused_backward(spec, hopper) && matches!(fused_kernel_tile(spec, hopper), Some((_, true)))
@@ -249,7 +249,7 @@ fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
 /// Whether the fused backward of `spec` runs the kernel for calls whose every tile is fast: the squared
 /// Lorentz score with Euclidean aggregation on bf16 at D = 64, with [`heuristics::WS_FUSED_EVEN_TILE`]'s
 /// 128-query blocks (`attn_hyperbolic_sq_lorentz_bwd_fused_ws_even_bf16_d64`, `kEven` in
-/// kernels/include/flash_bwd_ws.cuh), where the general kernel has 64 (with the general tile's code and
+/// kernels/flash/flash_bwd_ws.cuh), where the general kernel has 64 (with the general tile's code and
 /// the midpoint the 128-query tile spills 408 + 384 bytes). Every tile is fast when nothing masks an
 /// element and every sequence's query and key counts are multiples of the tile: no causal mask, no
 /// window, no bias. The kernel traps on any other call. `hopper.even` off (`ATTN_CUDA_WG_EVEN=0`): never.
@@ -284,7 +284,7 @@ pub(crate) fn forward_forms_q0(spec: &AttnSpec, kernel: &Kernel) -> bool {
 
 /// Whether the hyperbolic warp-specialised dK/dV kernel of `spec` (fused or not) keeps a panel of q0's
 /// bf16 pieces per stage for its tensor-core row sums: bf16 at D = 64, and for the squared Lorentz
-/// score at D = 128 too, the host's mirror of `kLorentzTcRowSum` in kernels/include/flash_bwd_ws.cuh.
+/// score at D = 128 too, the host's mirror of `kLorentzTcRowSum` in kernels/flash/flash_bwd_ws.cuh.
 fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
     let squared = matches!(
         spec.family(),
@@ -299,7 +299,7 @@ fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
 /// Whether the hyperbolic scores' Hopper kernels of `spec` put q0 and k0 on the tensor cores as bf16
 /// pieces: the warp-specialised forward's panels beside Q and each K stage (q·k − q0 k0), and the
 /// warp-specialised dQ kernel's k0 panel per K stage (its row sums). The hyperbolic scores on bf16, the
-/// host's mirror of `kLorentzTcK0` in kernels/include/lorentz_tile.cuh.
+/// host's mirror of `kLorentzTcK0` in kernels/hyperbolic/lorentz_tile.cuh.
 fn k0_panels(spec: &AttnSpec, lorentz: bool) -> bool {
     lorentz && spec.dtype() == DType::BF16
 }

@@ -1,5 +1,5 @@
 //! Tile shapes, shared-memory sizes and grids: pure host functions, the mirror of
-//! `kernels/include/tiles.h` and of each kernel's shared-memory carve-up.
+//! `kernels/common/tiles.h` and of each kernel's shared-memory carve-up.
 //!
 //! The mma.sync, SIMT and row kernels run 4 warps (128 threads), with shared rows padded to `D + 8`
 //! elements; the Hopper kernels run one warpgroup (128 threads) per 64 resident rows, in the unpadded
@@ -465,7 +465,7 @@ pub(crate) fn lorentz_extra_smem(t: Tile) -> usize {
 pub(crate) const SECTION_L2_BYTES: usize = 12 << 20;
 
 /// (batch entry, head) pairs per section of a causal grid's work order (`AttnParams::section_q` for
-/// the grids of query tiles, `section_k` for those of key tiles; kernels/include/mask.h `tile_order`):
+/// the grids of query tiles, `section_k` for those of key tiles; kernels/common/mask.h `tile_order`):
 /// as many pairs as the rows their tiles stream fit in [`SECTION_L2_BYTES`] (K and V per query head
 /// for query tiles, shared by a GQA group; Q and dO of a kv head's group for key tiles), at least 1.
 /// `forced` (`ATTN_CUDA_CAUSAL_SECTIONS=N`) sets both, 1 being the launch order (pair by pair).
@@ -651,7 +651,7 @@ mod tests {
 
     /// `(D, [(field, value)])` for every `template <> struct {name}<D> { ... }` line of tiles.h.
     fn kernel_tiles(name: &str) -> Vec<(usize, Vec<(String, usize)>)> {
-        let header = include_str!("../kernels/include/tiles.h");
+        let header = include_str!("../kernels/common/tiles.h");
         let prefix = format!("template <> struct {name}<");
         header
             .lines()
@@ -728,14 +728,7 @@ mod tests {
                 assert_eq!(host(d), Some(expect), "{name}<{d}>");
             }
         }
-        let softmax = include_str!("../kernels/softmax.cu");
-        for (d, bm, bn) in WG_TILE_VARIANTS {
-            assert!(
-                softmax.contains(&format!("ATTN_SOFTMAX_WG_X({d}, {bm}, {bn}, ")),
-                "{d} {bm}x{bn}"
-            );
-        }
-        let tiles = include_str!("../kernels/include/tiles.h");
+        let tiles = include_str!("../kernels/common/tiles.h");
         assert!(tiles.contains(&format!("constexpr int kWsDkvStages = {WS_DKDV_STAGES};")));
         assert!(tiles.contains(&format!("constexpr int kWsFusedStages = {WS_FUSED_STAGES};")));
         let (ks, vs) = WS_DQ_STAGES;

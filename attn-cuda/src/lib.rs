@@ -13,7 +13,7 @@
 //! One FlashAttention-2 skeleton serves the softmax-like families: Q tiles resident in shared memory,
 //! K/V streamed with cp.async double buffering, `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate) fed
 //! by `ldmatrix`, online softmax in registers. The score function is a compile-time parameter of the
-//! skeleton (`kernels/include/score.h`): the raw `q·k` comes from the tensor cores, the hyperbolic
+//! skeleton (`kernels/flash/score.h`): the raw `q·k` comes from the tensor cores, the hyperbolic
 //! time coordinates are f32 per-row scalars (row kernels; no (D+1)-wide copy is ever stored), and
 //! the gradient through them, `∂x0/∂x = x/x0`, is applied from row sums in the epilogues.
 //!

@@ -7,7 +7,7 @@
 //! `dû_i = Σ_j f'(s_ij)(g̃_i·ṽ_j) k̂_j`, `dṽ_j = Σ_i f(s_ij) g̃_i`, `dk̂_j = Σ_i f'(s_ij)(g̃_i·ṽ_j) u_i`,
 //! then `dq = scale·J(q)ᵀ dû`, `dk = J(k)ᵀ dk̂` through the l2-norm, `dv = dṽ[..Dv]`.
 //!
-//! Each of these is one sweep (`kernels/include/taylor_common.cuh`), never an N×N or N×D² buffer:
+//! Each of these is one sweep (`kernels/taylor/taylor_common.cuh`), never an N×N or N×D² buffer:
 //! 1. the sweeps read q, k, v, dO in the storage dtype and scale them on the fly: the l2-norms of q and
 //!    k from the tiles they load, 1/den and −δ of g̃ from per-row scalars a row kernel writes (O(N));
 //! 2. the dense kernel writes each probe's sum over the at most L sources past its segment boundary
@@ -22,7 +22,7 @@
 //! The f16/bf16 forward runs 2–4 as one kernel per probe tile after the fold and the prefix (the state
 //! read and the dense part into the same mma accumulators, then o = num/den): no `[rows][M]` scratch.
 //!
-//! Order 1 with f16/bf16 and 16-byte aligned rows has its own kernels (`kernels/include/taylor_order1.cuh`;
+//! Order 1 with f16/bf16 and 16-byte aligned rows has its own kernels (`kernels/taylor/taylor_order1.cuh`;
 //! `ATTN_CUDA_TAYLOR1=0` keeps the general ones): a fold that writes the same segment sums in the same
 //! layout (every sweep: forward, dQ, dV and dK), and a forward for calls without a causal mask that reads
 //! the whole state once per block and streams its probe tiles (the order-1 forward is bound by memory).
@@ -31,13 +31,13 @@
 //! the prefix's f32 sums; no storage-type copies), folds each whole chunk of 64 keys into it as its probe
 //! tiles pass, and takes only the keys past the last folded chunk densely. Where every sequence has as many
 //! queries as keys it runs in one pass instead ([`Call::order1_chain_forward`],
-//! `kernels/include/taylor_order1_chain.cuh`): fold blocks chain the segments' inclusive sums in a fixed
+//! `kernels/taylor/taylor_order1_chain.cuh`): fold blocks chain the segments' inclusive sums in a fixed
 //! order, forward blocks carry them through their 64-query chunks. The causal order-1 backward
 //! at D ≤ 64 runs the same block structure twice (`taylor_order1_causal.cuh`): dq on the keys' sweep, dk
 //! and dv on the queries' reversed sweep (both reads of one state), writing finished gradients.
 //!
 //! Order 2's forward at bf16, D = 64 on Hopper has wgmma kernels of its own ([`wg_forward`],
-//! `kernels/include/taylor_wg.cuh`): the states as whole 64 × 64 tensor-core products (a fold, a
+//! `kernels/taylor/taylor_wg.cuh`): the states as whole 64 × 64 tensor-core products (a fold, a
 //! deterministic reduce of its splits, a read of 128 queries per block); with a causal mask where every
 //! sequence has as many queries as keys, a state per segment of keys and each block's own segment taken
 //! densely in the read. Shorter order-2 calls run the quadratic form on the flash kernels
@@ -115,7 +115,7 @@ fn unsupported(op: Op, what: String) -> AttnError {
 }
 
 /// Whether a Taylor call runs as its quadratic form on the Hopper flash kernels (`TaylorScore`,
-/// kernels/taylor_flash.cu) rather than the state kernels of this module: order 2, f16 or bf16, a head
+/// kernels/taylor/taylor_flash.cu) rather than the state kernels of this module: order 2, f16 or bf16, a head
 /// dim those kernels have, the Hopper kernels of the pass on this device, and `hopper.taylor_dense`
 /// (by default where [`heuristics::dense_faster`], unless a forward takes the wgmma state kernels,
 /// [`wg_forward`]). Both paths save the same statistic (the

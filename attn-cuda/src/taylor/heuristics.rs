@@ -1,5 +1,5 @@
 //! Sizes of the Taylor kernels: pure host functions, the mirror of `TaylorTile`, `TaylorDims`,
-//! `TaylorFoldSmem`, `TaylorReadSmem` and the dense kernel's carve-up in `kernels/include/taylor_*.cuh`.
+//! `TaylorFoldSmem`, `TaylorReadSmem` and the dense kernel's carve-up in `kernels/taylor/taylor_*.cuh`.
 
 /// Head dims with Taylor kernels (the value head dim must equal the head dim).
 pub(crate) const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
@@ -33,7 +33,7 @@ pub(crate) fn dense_faster(d: usize, causal: bool, seq_k: usize) -> bool {
     keys <= limit
 }
 
-/// The head dim (= value head dim) of the wgmma state kernels (kernels/include/taylor_wg.cuh).
+/// The head dim (= value head dim) of the wgmma state kernels (kernels/taylor/taylor_wg.cuh).
 pub(crate) const WG_HEAD_DIM: usize = 64;
 /// Fold blocks per (split, kv head, batch entry): 68 products of 64 × 64, four per block.
 pub(crate) const WG_FOLD_BLOCKS: usize = 17;
@@ -723,7 +723,7 @@ mod tests {
 
     /// `(D, C, NT)` of every `template <> struct TaylorTile<D> { ... C = .., NT = ..; };` line.
     fn kernel_tiles() -> Vec<(usize, usize, usize)> {
-        let header = include_str!("../../kernels/include/taylor_common.cuh");
+        let header = include_str!("../../kernels/taylor/taylor_common.cuh");
         header
             .lines()
             .filter_map(|line| line.strip_prefix("template <> struct TaylorTile<"))

@@ -1,4 +1,4 @@
-//! Taylor order 2's forward on the wgmma state kernels (`kernels/include/taylor_wg.cuh`): where a call
+//! Taylor order 2's forward on the wgmma state kernels (`kernels/taylor/taylor_wg.cuh`): where a call
 //! runs there ([`wg_forward`]) and the launches (fold, reduce, read; causal: a state per segment, the
 //! read's segment densely).
 
@@ -9,7 +9,7 @@ use crate::runtime::{DenseMode, Hopper};
 use attn_core::{AttnSpec, Causal, DType, FamilySpec, TaylorOrder};
 use cudarc::driver::DevicePtr;
 
-/// Whether a Taylor forward runs on the wgmma state kernels (kernels/include/taylor_wg.cuh: fold,
+/// Whether a Taylor forward runs on the wgmma state kernels (kernels/taylor/taylor_wg.cuh: fold,
 /// reduce, read): order 2, bf16, D = Dv = 64, the Hopper kernels on this device, no causal mask or a
 /// causal mask where every sequence has as many queries as keys (dense or packed with equal offsets:
 /// both alignments are then `j ≤ i`), and `hopper.taylor_wg` (by default where
@@ -42,7 +42,7 @@ pub(crate) fn wg_forward(spec: &AttnSpec, hopper: Hopper) -> bool {
     }
 }
 
-/// The wgmma state kernels (kernels/include/taylor_wg.cuh): `attn_taylor2_wg_{stem}_bf16_d64`.
+/// The wgmma state kernels (kernels/taylor/taylor_wg.cuh): `attn_taylor2_wg_{stem}_bf16_d64`.
 fn wg_kernel(stem: &str) -> String {
     format!("attn_taylor2_wg_{stem}_bf16_d64")
 }

@@ -1,4 +1,4 @@
-// Taylor linear attention of order 2 on the flash skeleton (REFERENCE.md §3, the quadratic form: the
+// Taylor linear attention of order 2 on the flash skeleton (docs/math.md §3, the quadratic form: the
 // weights f(s) = a0 + a1 s + a2 s² of every pair, normalised by their row sum, no running max): where
 // the sequences are short enough that the N² products on tensor cores cost less than the factorised
 // states (attn_cuda::taylor::heuristics::dense_on_flash). The Hopper kernels only (sm_90a), f16 and
@@ -7,11 +7,11 @@
 // statistic, which the factorised kernels save too); q̂, k̂ under qk_l2norm come from cosine-sim's row
 // kernels (common.cu), and so does the l2-norm's Jacobian.
 // Names: attn_taylor2_{fwd_wg,fwd_ws,bwd_dq_ws,bwd_dkdv_ws}_{dt}_d{64,128}.
-#include "include/flash_bwd.cuh"
-#include "include/flash_bwd_ws.cuh"
-#include "include/flash_fwd.cuh"
-#include "include/flash_fwd_wg.cuh"
-#include "include/flash_fwd_ws.cuh"
+#include "../flash/flash_bwd.cuh"
+#include "../flash/flash_bwd_ws.cuh"
+#include "../flash/flash_fwd.cuh"
+#include "../flash/flash_fwd_wg.cuh"
+#include "../flash/flash_fwd_ws.cuh"
 
 ATTN_FLASH_FWD_WG_ALL(attn_taylor2, attn::TaylorScore)
 

@@ -1,4 +1,4 @@
-// Taylor linear attention (REFERENCE.md §3): parameters, feature tiles and sweep indexing shared by
+// Taylor linear attention (docs/math.md §3): parameters, feature tiles and sweep indexing shared by
 // every Taylor kernel. The math is attn-cpu-ref/src/taylor.rs's, with the same symbols.
 //
 // Every pass is one SWEEP of sources (x_s, y_s) against probes (z_p, w_p): probe p sees the sources
@@ -21,8 +21,8 @@
 //   value_p = Σ_f ψ_f(z_p) S[f],   grad_p = Σ_f ∇ψ_f(z_p) (S[f]·w_p),
 // with ∇ψ = a1 e_b (linear) and a2 c_ab (z_b e_a + z_a e_b) (quad).
 #pragma once
-#include "mask.h"
-#include "mma.h"
+#include "../common/mask.h"
+#include "../common/mma.h"
 
 // Everything a Taylor kernel needs: the spec (AttnParams: tensors, strides, lengths, mask), the per-row
 // scalars and the f32 sums of one call. Mirrored field for field by attn_cuda::taylor::params::TaylorParams
@@ -212,7 +212,7 @@ struct TaylorRowRef {
 // (hi − 1 rather than hi keeps the probes of a causal tile on one state: query i of a top-left causal
 // sweep has hi = i + 1, so the queries [mL, mL + L) all read st[m − 1]. A causal sweep keeps its
 // last sources dense even for hi = n_s: the reversed sweeps end on the first queries, whose small
-// denominators make their factorised terms ill-conditioned — see NOTES_taylor.md.)
+// denominators make their factorised terms ill-conditioned.)
 struct TaylorSweep {
     SeqInfo si;
     int hk, group, n_s, n_p;
@@ -305,8 +305,7 @@ __device__ __align__(16) unsigned int taylor_zero_words[4];
 // *p through the read-only path where `pred`, else zero, without a branch: the load always issues (from
 // the stand-in when !pred) and a select picks the value. With a C++ `pred ? __ldg(p) : 0` ptxas put each
 // load and its conversion inside a branch and waited for the load there, so the loads of a batch ran one
-// after another (the fold's SASS at D = 64: 72 serial global-load latencies per chunk; NOTES_taylor.md,
-// "Session 7").
+// after another (the fold's SASS at D = 64: 72 serial global-load latencies per chunk).
 template <typename T> __device__ __forceinline__ T ldg_or_zero(const T* p, bool pred) {
     const T* a = pred ? p : reinterpret_cast<const T*>(taylor_zero_words);
     return __ldg(a);  // the stand-in reads as zero
@@ -315,8 +314,8 @@ template <typename T> __device__ __forceinline__ T ldg_or_zero(const T* p, bool 
 // For every element idx < N of a tile, `store(idx, v)` with v = *addr(idx) (zero where addr gives null),
 // thread tid taking idx ≡ tid (mod the block size) as a plain strided loop would, but kTaylorLoadBatch
 // of its loads at a time into registers before the stores: each batch waits for one global-load latency
-// instead of one per element (the loads were the chunk loop's critical path; NOTES_taylor.md, "H100 run
-// of 10252c0" and "Session 7"). The same elements, values and stores as the strided loop, only in a
+// instead of one per element (the loads were the chunk loop's critical path, measured on the H100 at commit
+// 10252c0). The same elements, values and stores as the strided loop, only in a
 // different order across elements. The loaders read the call's inputs, which no kernel writes, through
 // the read-only path.
 template <typename T, int N, class Addr, class Store>

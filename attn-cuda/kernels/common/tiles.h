@@ -64,7 +64,7 @@ template <> struct WgFwdTile<128> { static constexpr int BM = 128, BN = 128, MIN
 // rows and a producer warpgroup (BM·2 + 128 threads, one block per SM), BN keys per stage, two stages
 // of K and of V. D = 128: two consumers (measured on the H100: +12–28% over WgFwdTile<128>). D = 64:
 // three, as FlashAttention-3 does there (two measured 0.87–1.02× the two blocks per SM of
-// WgFwdTile<64>; three not yet measured). kernels/NOTES.md, version 8.
+// WgFwdTile<64>; three not yet measured).
 template <int D> struct WsFwdTile;
 template <> struct WsFwdTile<64> { static constexpr int BM = 192, BN = 128; };
 template <> struct WsFwdTile<128> { static constexpr int BM = 128, BN = 128; };
@@ -83,8 +83,8 @@ template <> struct WgDkvTile<64> { static constexpr int BN = 128, BM = 128; };
 template <> struct WgDkvTile<128> { static constexpr int BN = 128, BM = 64; };
 // The warp-specialised dK/dV kernel (flash_bwd_ws.cuh; host: heuristics::ws_dkdv_tile,
 // WS_DKDV_STAGES): WgDkvTile's tile (at D = 64, 128 queries per block spill 100 bytes within the
-// consumers' 240 registers and 64 spill none, yet 128 measured 5–6% faster on the H100, kernels/NOTES.md,
-// session 17), kWsDkvStages stages of Q and dO.
+// consumers' 240 registers and 64 spill none, yet 128 measured 5–6% faster on the H100),
+// kWsDkvStages stages of Q and dO.
 template <int D> struct WsDkvTile;
 template <> struct WsDkvTile<64> { static constexpr int BN = 128, BM = 128; };
 template <> struct WsDkvTile<128> { static constexpr int BN = 128, BM = 64; };

@@ -1,7 +1,7 @@
 // Order 1, causal, every sequence with as many queries as keys, bf16, D = Dv = 64, sm_90a: the single-pass
 // forward of taylor_order1_chain.cuh (the same tickets, rounds, fold blocks, flags and chain of inclusive
-// sums; read its header first) with every product of a chunk on wgmma, one warpgroup per block (NOTES_taylor.md,
-// "Session 32"). In the mma.sync kernel each warp runs ~800 dependent mma.sync and shared loads per chunk;
+// sums; read its header first) with every product of a chunk on wgmma, one warpgroup per block.
+// In the mma.sync kernel each warp runs ~800 dependent mma.sync and shared loads per chunk;
 // here a chunk is 24 asynchronous wgmma issued by the warpgroup, and the warps' own work is the
 // element-wise part (f and the mask, the scale of the state read, o = num/den, the state's bf16 split).
 //

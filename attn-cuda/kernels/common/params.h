@@ -49,7 +49,7 @@ struct AttnParams {
     float softcap;         // 0: none
     float eps;             // l2-norm epsilon
     float max_offset;      // the fixed row max when running_max == 0
-    // Hyperbolic (REFERENCE.md §4). Per-row scalars in f32 scratch, written by the row kernels of
+    // Hyperbolic (docs/math.md §4). Per-row scalars in f32 scratch, written by the row kernels of
     // hyperbolic.cu: query rows indexed like the statistics (stats_index), key rows by key_index.
     float* x0q;            // q0 = √(1/c + ‖q‖²)
     float* nq;             // ‖q‖

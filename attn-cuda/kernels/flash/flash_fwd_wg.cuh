@@ -18,7 +18,7 @@
 // barrier per block. Load groups: 0 = {Q, K_0}, j + 1 = {K_{j+1}, V_j} (committed in block j).
 #pragma once
 #include "flash_fwd.cuh"
-#include "wgmma.h"
+#include "../common/wgmma.h"
 
 namespace attn {
 
@@ -26,8 +26,7 @@ namespace attn {
 // memory; row: their indices in the sequence) into rq, valid rows only, as attn_hyp_rows forms it: the
 // squares summed in f64 and rounded once to f32. The four lanes of a quad split the row's 16-byte chunks
 // (t4, t4 + 4, …) and add their sums by two shuffles: the whole warp calls it. The wgmma forward forms
-// q0 so, from the tile it loads anyway, and the row kernel reads only the keys (kernels/NOTES.md,
-// session 30). For 16-bit inputs every square and every partial sum is exact in f64 unless the row's
+// q0 so, from the tile it loads anyway, and the row kernel reads only the keys. For 16-bit inputs every square and every partial sum is exact in f64 unless the row's
 // magnitudes span more than ~2^30, so the sum's order does not change the result.
 template <typename T, int D, int BM>
 __device__ __forceinline__ void lorentz_q0_from_tile(const AttnParams& p, const SeqInfo& si, const T* sQ,

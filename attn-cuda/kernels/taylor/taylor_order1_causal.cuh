@@ -1,5 +1,5 @@
 // Order 1, causal (f16/bf16, rows 16-byte aligned, D ≤ 64): the forward and the backward's two probe kernels,
-// all in one block structure (NOTES_taylor.md, "Session 10" and "A plan for the causal order-1 backward").
+// all in one block structure.
 // Grid (n_seg, Hkv, B): block m of a sweep takes the probes whose state index is m (TaylorSweep::state_index:
 // hi ∈ (mL, (m+1)L], and in block 0 also hi = 0), a contiguous range since hi is nondecreasing, in tiles of
 // BP. It carries the state S of the sources [0, B) in shared memory (f32), from the prefix's st[m − 1]

@@ -1,6 +1,6 @@
 // Order 1, causal, where every sequence has as many queries as keys (query i sees the keys j ≤ i in both
 // alignments), f16/bf16, rows 16-byte aligned, D ≤ 64: the whole forward in one kernel that reads q, k, v
-// from DRAM once and writes o once (NOTES_taylor.md, "Session 25"). The two-pass path (taylor1_fold and
+// from DRAM once and writes o once. The two-pass path (taylor1_fold and
 // the prefix, then taylor1_forward_causal) reads k and v twice.
 //
 // The sequences are cut into segments of L keys (and as many queries). Blocks take tickets from a counter

@@ -10,10 +10,10 @@
 // i.e. for close points far from the origin) carries f32 rounding only, never the storage type's.
 #pragma once
 #include <type_traits>
-#include "mask.h"
-#include "mma.h"
-#include "online_softmax.h"
-#include "score.h"
+#include "../common/mask.h"
+#include "../common/mma.h"
+#include "../common/online_softmax.h"
+#include "../flash/score.h"
 
 namespace attn {
 
@@ -38,7 +38,7 @@ __device__ __forceinline__ void split3(float x, float& h0, float& h1, float& h2)
 // more k16 step of S = Q Kᵀ, over panels beside Q and each K stage whose rows hold q0 and −k0 as three
 // bf16 pieces each (hi, mid, lo: 24 bits) at the columns of the six significant cross products, so the
 // product carries q0 k0 to f32's precision and the scores do no FMA and no k0 load per element
-// (kernels/NOTES.md, session 27). f16 keeps the per-element FMA: q0 may pass f16's range. So does the
+// (measured on the H100). f16 keeps the per-element FMA: q0 may pass f16's range. So does the
 // wgmma forward (flash_fwd_wg): with the panels its two blocks per SM at D = 64 measured slower. The
 // warp-specialised dQ kernel takes its row sums Σ_j w_ij k0_j over such pieces under the same condition
 // (flash_bwd_ws.cuh; host mirror of both: dispatch::k0_panels).
@@ -281,7 +281,7 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
 // The squared Lorentz score's fast dK/dV tile in two halves, as dkdv_fast_p / dkdv_fast_ds for softmax:
 // the warp-specialised kernel at D = 128 forms Pᵀ once Sᵀ is done while dPᵀ is still on the tensor cores,
 // and wᵀ while dV's product runs (lorentz_dkdv_tile forms both after both products); there it frees the
-// registers of the tensor-core row sums (kernels/NOTES.md, session 28). Per element the same operations
+// registers of the tensor-core row sums. Per element the same operations
 // as lorentz_dkdv_tile<SqLorentzScore, kMid, .., kFast = true>, so the same bits. The geodesic keeps the
 // one-piece tile: its ψ comes from Sᵀ, which Pᵀ overwrites.
 // st: Sᵀ → Pᵀ. k0, lg: the thread's keys' time coordinates and log γ_j; sQ0, sLse: the query block's

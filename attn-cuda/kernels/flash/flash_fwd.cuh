@@ -12,12 +12,12 @@
 // Hyperbolic scores read the time coordinates k0 (and the Einstein midpoint's log γ_j) of each key
 // block into shared memory with its K tile (cp.async), q0 once per row; see score.h.
 #pragma once
-#include "loads.h"
-#include "mask.h"
-#include "online_softmax.h"
+#include "../common/loads.h"
+#include "../common/mask.h"
+#include "../common/online_softmax.h"
 #include "score.h"
-#include "lorentz_tile.cuh"
-#include "tiles.h"
+#include "../hyperbolic/lorentz_tile.cuh"
+#include "../common/tiles.h"
 
 namespace attn {
 

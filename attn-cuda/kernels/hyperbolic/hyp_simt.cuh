@@ -14,8 +14,8 @@
 //   dK, dV    (warp = key j):    dk_j = Σ_{h∈group} Σ_i dS_ij σ_ij G(k_j, q_i), dv_j = Σ Σ P_ij dO_i
 //                                (+ (Σ Σ dS_ij) c γ_j² v_j for the Einstein midpoint)
 #pragma once
-#include "score.h"
-#include "simt_f32.cuh"
+#include "../flash/score.h"
+#include "../common/simt_f32.cuh"
 
 namespace attn {
 

@@ -1,4 +1,4 @@
-// Hyperbolic attention (REFERENCE.md §4) in the Lorentz model of curvature −c: squared-Lorentz and
+// Hyperbolic attention (docs/math.md §4) in the Lorentz model of curvature −c: squared-Lorentz and
 // geodesic scores, Euclidean or Einstein-midpoint aggregation (a runtime flag: the per-key bias
 // log γ_j), forward and backward.
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_{f16,bf16}_d{32,64,96,128,256}:
@@ -21,13 +21,13 @@
 //   attn_hyp_rows_k_{f16,bf16}: the key rows' scalars only, before the wgmma forward (it forms q0 itself)
 //   attn_hyp_dq_store_{f16,bf16}: dq_i = hyp_grad·(dq_acc_i − (a_i/q0_i)·q_i) after the fused backward,
 //       with_lane_row's rows (the dQ kernel's epilogue, lorentz_dq_epilogue, from the f32 sums).
-#include "include/flash_bwd.cuh"
-#include "include/flash_fwd.cuh"
-#include "include/flash_fwd_wg.cuh"
-#include "include/flash_fwd_ws.cuh"
-#include "include/flash_bwd_wg.cuh"
-#include "include/flash_bwd_ws.cuh"
-#include "include/hyp_simt.cuh"
+#include "../flash/flash_bwd.cuh"
+#include "../flash/flash_fwd.cuh"
+#include "../flash/flash_fwd_wg.cuh"
+#include "../flash/flash_fwd_ws.cuh"
+#include "../flash/flash_bwd_wg.cuh"
+#include "../flash/flash_bwd_ws.cuh"
+#include "hyp_simt.cuh"
 
 namespace attn {
 

@@ -19,12 +19,12 @@
 //   head of its GQA group and every query tile that can see its keys, so dK and dV of a kv head
 //   are summed over the group inside one block.
 #pragma once
-#include "loads.h"
-#include "mask.h"
-#include "online_softmax.h"
+#include "../common/loads.h"
+#include "../common/mask.h"
+#include "../common/online_softmax.h"
 #include "score.h"
-#include "lorentz_tile.cuh"
-#include "tiles.h"
+#include "../hyperbolic/lorentz_tile.cuh"
+#include "../common/tiles.h"
 
 namespace attn {
 

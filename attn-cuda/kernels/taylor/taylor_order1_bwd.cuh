@@ -1,6 +1,6 @@
 // Order 1 (f(s) = a0 + a1 s), f16/bf16, not causal: the backward's two probe kernels, after the prefix of
 // each sweep has written the whole sum of its sources as the storage-type copies hi and lo
-// (TaylorParams::copies = 2; NOTES_taylor.md, "Session 13"). With g_i = [rg_i dO_i, nd_i] (rg = 1/den,
+// (TaylorParams::copies = 2). With g_i = [rg_i dO_i, nd_i] (rg = 1/den,
 // nd = −δ: taylor_prep_grads) and ṽ_j = [v_j, 1]:
 //
 //   queries  S = Σ_j ṽ_j ⊗ [1, k̂_j]          (the forward sweep's state: st[n_seg − 1])

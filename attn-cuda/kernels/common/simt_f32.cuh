@@ -11,7 +11,7 @@
 #include "mask.h"
 #include "mma.h"
 #include "online_softmax.h"
-#include "score.h"
+#include "../flash/score.h"
 
 namespace attn {
 
@@ -32,7 +32,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 // chunks s, s + G, s + 2G, … of the row (E = D/G elements), one 16-byte access per chunk, the group's
 // accesses contiguous, and the same columns of the rows' f32 scratch. The per-row work (indices,
 // norms, the statistics' stores) is then shared by 32/G rows per instruction: with one row per warp
-// these kernels were bound by issue, not by bandwidth (NOTES.md, version 13). Otherwise the whole
+// these kernels were bound by issue, not by bandwidth (H100 profile). Otherwise the whole
 // warp holds one row, d = lane + 32·i for i < E = kSimtChunks (D ≤ 256), d < D, the layout of the f32
 // SIMT kernels below (load_row).
 template <int E, bool kVec, int G = 32>

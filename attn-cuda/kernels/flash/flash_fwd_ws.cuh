@@ -7,7 +7,7 @@
 // ATTN_CUDA_PERSISTENT_BLOCKS): the grid has at most one block per SM, and each block works through
 // tiles until none is left: its blockIdx.x first, then the next of a zeroed counter (one atomic per
 // tile). Not the default: correct in every test, but compute-sanitizer reports the hand-over of the
-// tile index (kernels/NOTES.md, version 11). The producer loads the next tile's Q as soon as the consumers have
+// tile index. The producer loads the next tile's Q as soon as the consumers have
 // issued their last S of the current one, so their last P·V and epilogue overlap the next tile's
 // loads, and the K/V rings run on across tiles. One block = BM·2 + 128 threads:
 //   warpgroups 0..NC−1: consumers, rows 64w..64w+63 (so every per-warp helper of the other forward
@@ -35,7 +35,7 @@
 //   wait for S_j → K_j empty; scores and online softmax of block j → its scalars' stage empty
 //   wait for P_{j−1} V_{j−1} → V_{j−1} empty; rescale O by α_j; P_j → A fragments
 // The consumer warpgroups drift apart freely. Ordering their products (FlashAttention-3's
-// ping-pong, named barriers) measured no faster on the H100 (kernels/NOTES.md, version 8).
+// ping-pong, named barriers) measured no faster on the H100.
 #pragma once
 #include "flash_fwd_wg.cuh"
 
@@ -94,7 +94,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     // slot written next (qi + 1's) was last read before the previous meeting, so every access pair is
     // ordered by a barrier that all threads sync on (compute-sanitizer's racecheck does not follow an
     // mbarrier phase or a bar.arrive from one thread group to another for plain shared accesses, and
-    // reported the one-slot versions that relied on them: kernels/NOTES.md, version 11).
+    // reported the one-slot versions that relied on them).
     __shared__ int tile_slot[2];
     __shared__ int tile_next;  // the producer's broadcast of a fetched tile index
     constexpr int kSlot = 3, kAll = kProducers + kConsumers;
@@ -112,7 +112,7 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
         }
         // The key scalars are read with plain shared loads: every consumer thread releases its own
         // (racecheck reports one release per warp against the producer's refill, as it did for the
-        // backward's stages; kernels/NOTES.md, session 28).
+        // backward's stages).
         for (int c = 0; c < kCs; ++c) mbar_init(empty_c + c, kConsumers);
     }
     __syncthreads();

@@ -4,18 +4,18 @@
 //                              values of δ the LSE in log2 units (the warp-specialised dK/dV kernel's;
 //                              1/den for Taylor on the flash skeleton)
 //   attn_inv_norm_{q,k}_{dt}:  r = 1 / max(‖x‖, eps) per row (f32, indexed by dq/dk offset / D)
-//   attn_normalise_{q,k}_{dt}: r as above, and x̂ = x·r rounded to the storage type into p.dq / p.dk
+//   attn_normalise_{q,k}_{f16,bf16}: r as above, and x̂ = x·r rounded to the storage type into p.dq / p.dk
 //                              at the dq/dk offsets (the host points them at scratch): the rows the
 //                              Hopper kernels of cosine-sim read (backend.rs)
 //   attn_l2norm_bwd_{q,k}_{dt}: dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖ where ‖x‖ > eps, else dx̂ / eps
 //                              (x̂ = x / max(‖x‖, eps)); reads dx̂ from the f32 scratch
 //   attn_dbias_reduce_{dt}:    dbias[bb, bh, i, j] = Σ over broadcast dims of dS[b, h, i, j]
-//   attn_dq_store_{dt}:        dq = dq_acc rounded to the storage type (the fused Hopper backward
+//   attn_dq_store_{f16,bf16}:  dq = dq_acc rounded to the storage type (the fused Hopper backward
 //                              reduces dQ into the f32 scratch)
-#include "include/mask.h"
-#include "include/mma.h"
-#include "include/online_softmax.h"
-#include "include/simt_f32.cuh"
+#include "mask.h"
+#include "mma.h"
+#include "online_softmax.h"
+#include "simt_f32.cuh"
 
 namespace attn {
 
@@ -129,12 +129,6 @@ __device__ __forceinline__ void dbias_reduce(const AttnParams& p) {
     extern "C" __global__ void __launch_bounds__(128) attn_inv_norm_k_##DT(const __grid_constant__ AttnParams p) {  \
         attn::inv_norm_rows<T, false, false>(p);                                                                   \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) attn_normalise_q_##DT(const __grid_constant__ AttnParams p) { \
-        attn::inv_norm_rows<T, true, true>(p);                                                                     \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) attn_normalise_k_##DT(const __grid_constant__ AttnParams p) { \
-        attn::inv_norm_rows<T, false, true>(p);                                                                    \
-    }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128)                                                              \
         attn_l2norm_bwd_q_##DT(const __grid_constant__ AttnParams p) {                                              \
         attn::l2norm_bwd_rows<T, true>(p);                                                                         \
@@ -146,6 +140,16 @@ __device__ __forceinline__ void dbias_reduce(const AttnParams& p) {
     extern "C" __global__ void __launch_bounds__(256)                                                              \
         attn_dbias_reduce_##DT(const __grid_constant__ AttnParams p) {                                              \
         attn::dbias_reduce<T>(p);                                                                                  \
+    }
+
+// Only for the Hopper kernels, which read 16-bit rows: the normalised rows of cosine-sim and dq from the
+// fused backward's f32 sums.
+#define ATTN_COMMON_HOPPER(DT, T)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) attn_normalise_q_##DT(const __grid_constant__ AttnParams p) { \
+        attn::inv_norm_rows<T, true, true>(p);                                                                     \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) attn_normalise_k_##DT(const __grid_constant__ AttnParams p) { \
+        attn::inv_norm_rows<T, false, true>(p);                                                                    \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128) attn_dq_store_##DT(const __grid_constant__ AttnParams p) {    \
         attn::dq_acc_store_rows<T, false>(p);                                                                               \
@@ -154,3 +158,5 @@ __device__ __forceinline__ void dbias_reduce(const AttnParams& p) {
 ATTN_COMMON(f32, float)
 ATTN_COMMON(f16, __half)
 ATTN_COMMON(bf16, __nv_bfloat16)
+ATTN_COMMON_HOPPER(f16, __half)
+ATTN_COMMON_HOPPER(bf16, __nv_bfloat16)

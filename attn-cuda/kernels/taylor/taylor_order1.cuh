@@ -1,6 +1,6 @@
 // Order 1 (f(s) = a0 + a1 s), f16/bf16: a fold and a non-causal forward built for the order-1 state,
 // which is small: the const feature and the D linear ones, times the M = D + 1 columns of ṽ (65 × 65 at
-// D = 64). Order 1 is bound by memory (NOTES_taylor.md, "The floor"): these kernels stream their tiles
+// D = 64). Order 1 is bound by memory: these kernels stream their tiles
 // with cp.async in 16-byte copies (the call's rows 16-byte aligned: the host checks it and otherwise runs
 // the general kernels), and nothing else goes through DRAM but q, k, v, o and the small states.
 //
@@ -18,7 +18,7 @@
 //                    state once and streams several probe tiles, two in flight; o is staged in shared
 //                    memory and stored in 16-byte rows.
 #pragma once
-#include "loads.h"
+#include "../common/loads.h"
 #include "taylor_state.cuh"
 
 namespace attn {

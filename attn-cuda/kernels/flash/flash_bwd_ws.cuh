@@ -14,15 +14,13 @@
 // copies have landed) and an empty one (each consumer thread arrives once, after the block's last
 // product, which reads Q and dO: an mbarrier arrival releases only the arriving thread's own accesses,
 // and compute-sanitizer's racecheck reported the forward's one-arrival-per-warp form, and one per
-// warpgroup after a named barrier, as hazards against the producer's refill; kernels/NOTES.md, session
-// 17). The consumer warpgroups drift apart freely: while one forms Pᵀ and dS'ᵀ, the other's products
+// warpgroup after a named barrier, as hazards against the producer's refill. The consumer warpgroups drift apart freely: while one forms Pᵀ and dS'ᵀ, the other's products
 // run. Every score: the hyperbolic scores' q0 per query is copied into sRq beside δ and the LSE (1 for
 // the others), and the delta kernel's LSE is less their score's constant; the host dispatches the
 // hyperbolic scores here with their own tile (LorentzWsDkvTile: 64 queries per block at D = 64).
 //
 // The same kernel with kDq is the fused backward of softmax, cosine-sim and the hyperbolic scores (the
-// default; ATTN_CUDA_WG_FUSED=0 turns it off; kernels/NOTES.md version 10, and sessions 26 and 29 for
-// the hyperbolic scores): per query block the consumer warps also store dS'ᵀ (stmatrix), meet at a
+// default; ATTN_CUDA_WG_FUSED=0 turns it off): per query block the consumer warps also store dS'ᵀ (stmatrix), meet at a
 // named barrier, each warpgroup forms a 64 × 64 tile of dQ = dS' K, and each warp adds its 16 × 64 f32
 // rows into p.dq_acc with one cp.reduce.async.bulk in dq_acc's tiled layout (SeqInfo::dq_acc_index).
 // The hyperbolic scores' tile at D = 64 has 64 queries: there each warpgroup forms the block's whole dQ
@@ -40,7 +38,7 @@ namespace attn {
 
 // One streamed query block of the warp-specialised dK/dV kernel: flash_bwd_dkdv_wg's loop body without
 // its copies and barrier (kept apart from it: the wgmma kernel built from this function spilled 36 bytes
-// at D = 64 and measured ~2% slower, kernels/NOTES.md, session 17). Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared ×
+// at D = 64 and measured ~2% slower on the H100). Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (shared ×
 // shared) as two groups; on fast tiles Pᵀ once Sᵀ is done (dPᵀ still runs), dV += Pᵀ dO issued, dS'ᵀ
 // once dPᵀ is done (dV still runs); other tiles form Pᵀ and dS'ᵀ together once both products are done;
 // then dK += dS'ᵀ Q issued (registers × shared, dO and Q MN-major). Returns with the dV and dK products
@@ -49,9 +47,8 @@ namespace attn {
 // The hyperbolic scores on bf16 take Σ_i w_ij q0_i (the dK epilogue's bsum) on tensor cores: q0 as three
 // bf16 pieces (hi, mid, lo: 24 bits, exact products) in columns 0..2 of a 64 × 8 MN-major panel beside each
 // Q stage, written by the producer, and one m64n8k16 product per k-step beside dK's over the very packed
-// w dK reads; lorentz_dkdv_tile then neither rounds w nor sums it per element (kernels/NOTES.md,
-// session 26; at D = 128 since session 28 for the squared Lorentz score, whose tile splits there:
-// unsplit, the accumulators took the dK/dV kernel's spill from 84 to 140 bytes, and the geodesic's
+// w dK reads; lorentz_dkdv_tile then neither rounds w nor sums it per element (at D = 128 too for the
+// squared Lorentz score, whose tile splits there: unsplit, the accumulators took the dK/dV kernel's spill from 84 to 140 bytes, and the geodesic's
 // from 240 to 312); f16 keeps the per-element sums (q0 may pass f16's range). The dQ kernel takes
 // Σ_j w_ij k0_j the same way at both head dims (lorentz_tile.cuh's kLorentzTcK0), and the fused kernel
 // in its dQ product (kTcDq).
@@ -227,7 +224,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     constexpr bool kTc = kLorentzTcRowSum<T, Score, D>;
     // kTcDq (the fused kernel with kTc): dQ's row sums a_i = Σ_j w_ij k0_j in the dQ product, as 8 more
     // columns of its B operand K: a second sw128 column block of the keys' k0 pieces (hi, mid, lo in
-    // columns 0..2, written by the producer), LBO bytes past K (kernels/NOTES.md, session 28). Its
+    // columns 0..2, written by the producer), LBO bytes past K. Its
     // chunks 1..kStages hold the stages' q0 panels (rows = the block's queries), which the unfused
     // kernel keeps in panels of their own (sQ0p): 16 KiB less, which the fused kernel at D = 128 needs.
     constexpr bool kTcDq = kDq && kTc;
@@ -368,10 +365,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
         const int h = head_of(it), i0 = row0_of(it);
         // The shared addresses of the block's operands, opaque: the descriptors of every k16 step are
         // formed from them per block (ptxas spilled the hoisted ones: 172 bytes in the fused kernel at
-        // D = 128, reloaded from L2 before every product; kernels/NOTES.md, version 10). The hyperbolic
+        // D = 128, reloaded from L2 before every product). The hyperbolic
         // scores' unfused kernel at D = 128 spills more that way (72 → 180 bytes) and forms each step's
         // descriptor in full (kFull); their fused kernel there spills less the opaque way (64 + 80
-        // bytes, against 124 + 140; kernels/NOTES.md, session 29).
+        // bytes, against 124 + 140).
         constexpr bool kFull = Score::kLorentz && D == 128 && !kDq;
         uint32_t ka = k_addr, va = v_addr, qa = q_addr + s * kTile, doa = do_addr + s * kTile;
         if constexpr (!kFull) {
@@ -523,7 +520,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     T* sV = sK + kKs * BN * D;           // [kVs][BN × D] sw128
     // kTc (the hyperbolic scores on bf16): dQ's row sums a_i = Σ_j w_ij k0_j on tensor cores, an m64n8
     // product beside dQ's over the same dS' fragments and a panel of K_j's k0 pieces per K stage (hi,
-    // mid, lo in columns 0..2; the producer writes it), instead of an FMA per element (NOTES.md, session 28).
+    // mid, lo in columns 0..2; the producer writes it), instead of an FMA per element.
     constexpr bool kTc = kLorentzTcK0<T, Score>;
     T* sK0p = sV + kVs * BN * D;                                               // kTc: [kKs][BN × 64] sw128
     float* sK0 = reinterpret_cast<float*>(sK0p + (kTc ? kKs * BN * 64 : 0));  // [kKs][BN] hyperbolic: k0
@@ -628,7 +625,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
             Wgmma<T, BN>::ss(dp[0], a_desc(do_addr, kk), b_desc(v_addr + vs * kTile, kk), kk > 0);
         wg_commit();
         // Block 0 has no dQ product. At D = 128 it commits no group for it (ptxas fills an empty group
-        // with a dummy HGMMA that ran every block: 3–8% of the kernel's stall samples in session 17's
+        // with a dummy HGMMA that ran every block: 3–8% of the kernel's stall samples in an H100
         // profile); at D = 64 the two paths spill 40 bytes, so it keeps the empty group.
         constexpr bool kNoEmptyGroup = D == 128;
         if (it > 0 || !kNoEmptyGroup) {
@@ -720,7 +717,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
 // multiples of 128: dispatch::fused_even) and whose aggregation is Euclidean, on bf16 at D = 64 with
 // 128-query blocks (NAME_bwd_fused_ws_even_bf16_d64): without the general tile's code and the midpoint
 // the 128-query tile spills 76 + 84 bytes (softmax's fused kernel: 120 + 92); with both, 408 + 384, and
-// with the midpoint alone 236 + 280 (kernels/NOTES.md, session 30).
+// with the midpoint alone 236 + 280 (ptxas, sm_90a).
 #define ATTN_FLASH_BWD_FUSED_WS_EVEN(NAME, SCORE)                                                            \
     extern "C" __global__ void __launch_bounds__(128 * 2 + 128, 1)                                           \
         NAME##_bwd_fused_ws_even_bf16_d64(const __grid_constant__ AttnParams p) {                            \

@@ -1,15 +1,15 @@
-// Cosine-similarity attention (REFERENCE.md §2) on tensor cores: forward, dQ and dK/dV kernels for
+// Cosine-similarity attention (docs/math.md §2) on tensor cores: forward, dQ and dK/dV kernels for
 // f16 and bf16 at head dims 16, 32, 64, 96, 128, 256. The l2-norms of q and k are fused into the
 // tiles: the mma.sync kernels scale the raw products by the reciprocal norms; the Hopper kernels read
 // the normalised rows k̂ (forward) and q̂, k̂ (backward) that the row kernels of common.cu write
 // (backend.rs). The l2-norm's Jacobian is applied by the row kernels of common.cu. Names: attn_cosine_sim_{fwd,bwd_dq,bwd_dkdv}_{dt}_d{D}; the Hopper forward
 // and backward (wgmma, sm_90a only) at head dims 64 and 128: attn_cosine_sim_{fwd,bwd_dq,bwd_dkdv}_wg_{dt}_d{D}.
-#include "include/flash_bwd.cuh"
-#include "include/flash_bwd_wg.cuh"
-#include "include/flash_bwd_ws.cuh"
-#include "include/flash_fwd.cuh"
-#include "include/flash_fwd_wg.cuh"
-#include "include/flash_fwd_ws.cuh"
+#include "flash_bwd.cuh"
+#include "flash_bwd_wg.cuh"
+#include "flash_bwd_ws.cuh"
+#include "flash_fwd.cuh"
+#include "flash_fwd_wg.cuh"
+#include "flash_fwd_ws.cuh"
 
 #define ATTN_COSINE(DT, T, D)                                                                                      \
     extern "C" __global__ void __launch_bounds__(attn::kThreads)                                                   \

@@ -5,7 +5,7 @@
 //
 // Both kernels take one barrier per streamed block, at its top (its tiles have landed, and every warp
 // is done with the previous block's products), and issue the next block's cp.async right after their
-// first products, so the copies' address work runs under the tensor cores (NOTES.md, version 7).
+// first products, so the copies' address work runs under the tensor cores (measured on the H100).
 //
 // dQ: one block = BM / 64 warpgroups = one (batch b, query head h, query tile of BM rows); Q and dO
 // stay in shared memory, K and V blocks of BN keys stream. Per key block j:
@@ -182,7 +182,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     // dQ product waits for the whole dS'ᵀ tile (a barrier) and its atomics follow it at once:
     // deferring them under the next block's Sᵀ and dPᵀ (three Q/dO buffers, two dS'ᵀ tiles) was
     // slower on the H100 (more registers live across the products), and at D = 64 (each warpgroup
-    // all of D over its own keys) the fused kernel was no faster than the two kernels (NOTES.md).
+    // all of D over its own keys) the fused kernel was no faster than the two kernels (H100).
     // Hyperbolic scores: dQ's row sum a_i = Σ_j w_ij k0_j is reduced the same way into p.dq_rowsum
     // (from the stored dS'ᵀ tile, while the dQ product runs), and the row kernel attn_hyp_dq_store
     // finishes dq_i = hyp_grad·(Σ_j w_ij k_j − (a_i/q0_i)·q_i).

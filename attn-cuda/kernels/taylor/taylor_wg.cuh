@@ -1,5 +1,5 @@
 // Taylor order 2 on Hopper tensor cores (wgmma, sm_90a), D = Dv = 64, bf16: the factorised forward of
-// REFERENCE.md §3 as products of whole 64 × 64 tiles, without a causal mask or with one where every
+// docs/math.md §3 as products of whole 64 × 64 tiles, without a causal mask or with one where every
 // sequence has as many queries as keys (query i sits on key i; see "Causal" below). With u_i = scale·q̂_i and
 // k̂_j (taylor_common.cuh's symbols) and f(s) = a0 + a1 s + a2 s²,
 //   num_i = a0 Σ_j v_j + a1 Σ_b u_ib S1[b] + a2 Σ_a u_ia Σ_b u_ib S2[a][b]
@@ -45,10 +45,10 @@
 // Cost per (token, head): the fold 68 · 64 · 64 · 2 = 557k FLOP, the read 168 · 16 · 64 · 2 = 344k (the
 // ideal factorisation, 4·F·M = 558k, counts each of the 2145 features once, both sides).
 #pragma once
-#include "loads.h"
-#include "online_softmax.h"
+#include "../common/loads.h"
+#include "../common/online_softmax.h"
 #include "taylor_common.cuh"
-#include "wgmma.h"
+#include "../common/wgmma.h"
 
 namespace attn {
 

@@ -7,7 +7,7 @@
 //              reciprocal norms rq, rk of the raw rows (fused: no normalised copy is ever written).
 //              With l2norm_qk = false the norms are 1. The row max is the fixed offset `scale`
 //              unless a bias or l2norm_qk = false makes the scores unbounded (host sets running_max).
-//   Hyperbolic (REFERENCE.md §4), from the raw product q·k and the time coordinates q0, k0 (per-row
+//   Hyperbolic (docs/math.md §4), from the raw product q·k and the time coordinates q0, k0 (per-row
 //   f32 scalars of the row kernels; the lifted (D+1)-vectors are never stored):
 //     SqLorentz: s = −β d²_L = 2β/c + 2β (q·k − q0 k0)
 //     Geodesic:  s = −(β/√c) arccosh(z), z = c u with u = q0 k0 − q·k clamped at u ≥ (1 + ACOSH_EPS)/c,
@@ -18,8 +18,8 @@
 //   Backward: ∂s/∂q = σ (k0 q/q0 − k), σ = −hyp_grad·ψ with ψ = 1 (SqLorentz) or 1/√(u² − 1/c²)
 //   (Geodesic; 0 where u is clamped).
 #pragma once
-#include "online_softmax.h"
-#include "params.h"
+#include "../common/online_softmax.h"
+#include "../common/params.h"
 
 namespace attn {
 
@@ -58,7 +58,7 @@ struct GeodesicScore {
     static constexpr bool kPoly = false;
 };
 
-// Taylor order 2 on the flash skeleton (the quadratic form, REFERENCE.md §3): weight f(s) = a0 + a1 s +
+// Taylor order 2 on the flash skeleton (the quadratic form, docs/math.md §3): weight f(s) = a0 + a1 s +
 // a2 s² of s = scale·q·k (q̂·k̂ under qk_l2norm, as cosine-sim's norms), normalised by den = Σ_j f(s_ij);
 // no running max and no exponential. The forward saves den itself (the Taylor statistic); the backward
 // reads 1/den where the other scores read LSE, so P = f(s)/den and dS = f'(s)/den ∘ (dP − δ).
