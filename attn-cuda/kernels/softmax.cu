@@ -35,19 +35,6 @@ ATTN_SOFTMAX_DTYPES(256)
 
 ATTN_FLASH_FWD_WG_ALL(attn_softmax, attn::SoftmaxScore)
 
-// Tile experiments of the Hopper forward (bf16 softmax only), chosen by ATTN_CUDA_WG_TILE=BMxBN for A/B
-// timings: attn_softmax_fwd_wg{BM}x{BN}_bf16_d{D} (attn_cuda::heuristics::WG_TILE_VARIANTS).
-#define ATTN_SOFTMAX_WG_X(D, BM, BN, MINB)                                                                         \
-    extern "C" __global__ void __launch_bounds__(BM * 2, MINB)                                                     \
-        attn_softmax_fwd_wg##BM##x##BN##_bf16_d##D(const __grid_constant__ AttnParams p) {                          \
-        attn::flash_fwd_wg<__nv_bfloat16, D, attn::SoftmaxScore, BM, BN>(p);                                      \
-    }
-
-ATTN_SOFTMAX_WG_X(64, 64, 128, 2)
-ATTN_SOFTMAX_WG_X(64, 128, 128, 1)
-ATTN_SOFTMAX_WG_X(64, 64, 64, 3)
-ATTN_SOFTMAX_WG_X(128, 64, 64, 2)
-
 // The Hopper backward (wgmma, sm_90a only): attn_softmax_bwd_{dq,dkdv}_wg_{dt}_d{64,128} (deterministic), and
 // attn_softmax_bwd_fused_wg_{dt}_d128 (dK, dV and dQ by f32 reductions in one kernel).
 ATTN_FLASH_BWD_WG_ALL(attn_softmax, attn::SoftmaxScore)

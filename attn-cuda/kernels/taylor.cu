@@ -13,8 +13,7 @@
 // forward is order1_fold, prefix → order1_forward (taylor_order1.cuh); a causal one (D ≤ 64) order1_fold,
 // prefix (f32 sums in place, no copies) → order1_causal, or, where every sequence has as many queries as
 // keys, the single pass order1_chain (taylor_order1_chain.cuh; bf16 at D = 64 on Hopper order1_chain_wg,
-// taylor_order1_chain_wg.cuh, or order1_chain_res with resident keys, taylor_order1_chain_res.cuh, from 16k
-// keys where DRAM is slower than 4.4 TB/s: attn_cuda::taylor::order1::order1_chain_res).
+// taylor_order1_chain_wg.cuh).
 // A non-causal backward is prep_grads →
 // order1_fold, prefix → order1_dq → order1_fold, prefix (reversed) → order1_dkdv (taylor_order1_bwd.cuh);
 // a causal one (D ≤ 64) the same with order1_causal_dq and order1_causal_dkdv, f32 sums in place
@@ -26,7 +25,7 @@
 //        attn_taylor_order1_{fold,forward,dq,dkdv}_{f16,bf16}_d{D},
 //        attn_taylor_order1_causal{,_dq,_dkdv}_{f16,bf16}_d{16,32,64},
 //        attn_taylor_order1_chain_{f16,bf16}_d{16,32,64}, attn_taylor_order1_chain_wg_bf16_d64,
-//        attn_taylor_order1_chain_res_bf16_d64, attn_taylor2_wg_{fold,reduce,read}_bf16_d64.
+//        attn_taylor2_wg_{fold,reduce,read}_bf16_d64.
 // Order 2, bf16, D = 64, no causal mask, on Hopper (taylor_wg.cuh): a forward is wg_fold → wg_reduce (with
 // several splits of the keys only) → wg_read (attn_cuda::taylor::Call::wg_forward).
 #include "include/taylor_decode.cuh"
@@ -36,7 +35,6 @@
 #include "include/taylor_order1_causal.cuh"
 #include "include/taylor_order1_chain.cuh"
 #include "include/taylor_order1_chain_wg.cuh"
-#include "include/taylor_order1_chain_res.cuh"
 #include "include/taylor_rows.cuh"
 #include "include/taylor_state.cuh"
 #include "include/taylor_wg.cuh"
@@ -181,13 +179,6 @@ ATTN_TAYLOR_ORDER1_CAUSAL(64)
 extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)
     attn_taylor_order1_chain_wg_bf16_d64(const __grid_constant__ TaylorParams p) {
     attn::taylor1_forward_chain_wg(p);
-}
-
-// The same forward with each block's 256 keys resident in shared memory (taylor_order1_chain_res.cuh):
-// bf16, D = 64, sm_90a.
-extern "C" __global__ void __launch_bounds__(attn::kTaylorThreads, 2)
-    attn_taylor_order1_chain_res_bf16_d64(const __grid_constant__ TaylorParams p) {
-    attn::taylor1_forward_chain_res(p);
 }
 
 // Order 2 on Hopper tensor cores (taylor_wg.cuh; causal: Nq = Nk, per-segment states): bf16, D = 64, sm_90a (the bodies

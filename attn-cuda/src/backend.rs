@@ -17,6 +17,7 @@
 //!
 //! Inputs may be strided views (the spec's strides, last dim contiguous): nothing is copied.
 
+use crate::config::KernelConfig;
 use crate::dispatch::{self, RowKernel, Stage};
 use crate::error::{CudaAttnError, Result};
 use crate::heuristics;
@@ -38,10 +39,12 @@ impl DeviceElem for f32 {}
 impl DeviceElem for half::f16 {}
 impl DeviceElem for half::bf16 {}
 
-/// The CUDA backend: launches on one stream (the caller's, e.g. candle's).
+/// The CUDA backend: launches on one stream (the caller's, e.g. candle's), choosing kernels under
+/// one [`KernelConfig`].
 #[derive(Clone, Debug)]
 pub struct CudaAttn {
     stream: Arc<CudaStream>,
+    config: KernelConfig,
 }
 
 /// Forward buffers as views (a view may start at an element offset: `slice.slice(start..)`).
@@ -292,13 +295,29 @@ impl CudaAttn {
         Ok(Self::with_stream(ctx.default_stream()))
     }
 
-    /// The backend on a caller's stream (candle's, for instance). Kernels load on first use.
+    /// The backend on a caller's stream (candle's, for instance), under [`KernelConfig::from_env`].
+    /// Kernels load on first use.
     pub fn with_stream(stream: Arc<CudaStream>) -> Self {
-        CudaAttn { stream }
+        CudaAttn {
+            stream,
+            config: KernelConfig::from_env(),
+        }
+    }
+
+    /// The backend on `stream` under `config` (A/B timings, tests of every kernel variant). A field
+    /// out of its range is a [`CudaAttnError::Config`] error.
+    pub fn with_config(stream: Arc<CudaStream>, config: KernelConfig) -> Result<Self> {
+        config.check()?;
+        Ok(CudaAttn { stream, config })
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The kernel configuration of this backend.
+    pub fn config(&self) -> &KernelConfig {
+        &self.config
     }
 
     /// Forward on views (any element offset, strides from the spec).
@@ -372,7 +391,6 @@ impl CudaAttn {
                 spec.seq_q(),
                 spec.seq_k(),
                 spec.group(),
-                kernels.sections,
             );
             // At most every (batch entry, head) pair, so section × tiles stays within the grid's i32 count.
             let pairs = spec.batch() * spec.heads_q();
@@ -415,7 +433,7 @@ impl CudaAttn {
             return false;
         };
         let ours = self.stream.context().cu_ctx();
-        crate::taylor::dense_on_flash(spec, pass, kernels.hopper)
+        crate::taylor::dense_on_flash(spec, pass, kernels.hopper(&self.config))
             && check_strides(spec, op).is_ok()
             && rows
                 .iter()
@@ -459,7 +477,7 @@ impl CudaAttn {
         let (lse, _gl) = c.output(if taylor { "stats" } else { "lse" }, a.lse, spec.stats_len())?;
         (p.q, p.k, p.v, p.o, p.lse) = (q, k, v, o, lse);
         p.bias = bias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
-        let kernel = dispatch::flash_kernel(spec, Stage::Forward, kernels.hopper)?;
+        let kernel = dispatch::flash_kernel(spec, Stage::Forward, kernels.hopper(&self.config))?;
         let keys_only = dispatch::forward_forms_q0(spec, &kernel);
         let scratch = self.hyperbolic_rows(spec, &kernels, &mut p, op, keys_only)?;
         // The Hopper forward reads cosine-sim's 1/‖q‖ and k̂ from the row kernels (the mma.sync one
@@ -470,8 +488,7 @@ impl CudaAttn {
             None
         };
         let mut p = norms.as_ref().map_or(p, |n| n.hat(self, &p));
-        // The warp-specialised forward's tiles, and when persistent its tile counter, zeroed in stream
-        // order before the launch.
+        // The warp-specialised forward's query tiles per (batch entry, head).
         if kernel.tiles_q > 0 {
             p.tiles_q = i32::try_from(kernel.tiles_q * spec.heads_q() * spec.batch())
                 .map(|_| kernel.tiles_q as i32)
@@ -482,15 +499,8 @@ impl CudaAttn {
                     ),
                 })?;
         }
-        let counter = if kernel.persistent {
-            let counter = self.stream.alloc_zeros::<i32>(1)?;
-            p.tile_counter = counter.device_ptr(&self.stream).0;
-            Some(counter)
-        } else {
-            None
-        };
         kernels.launch(&self.stream, &kernel, &p, op)?;
-        drop((scratch, norms, counter));
+        drop((scratch, norms));
         Ok(())
     }
 
@@ -639,12 +649,12 @@ impl CudaAttn {
         let delta = unsafe { s.alloc::<f32>((2 * spec.stats_len()).max(1)) }?;
         p.delta = delta.device_ptr(s).0;
         let norms = l2norm_qk(spec);
-        let fused = dispatch::fused_backward(spec, kernels.hopper);
+        let fused = dispatch::fused_backward(spec, kernels.hopper(&self.config));
         let mut scratch = Vec::new();
         if fused {
             // Zeroed: the fused kernel adds every key block's dQ into it. The warp-specialised one
             // in its tiled layout: every (head, query row) × head dim, the statistics order.
-            let tiled = dispatch::fused_dq_tiled(spec, kernels.hopper);
+            let tiled = dispatch::fused_dq_tiled(spec, kernels.hopper(&self.config));
             p.dq_acc_tiled = i32::from(tiled);
             let len = if tiled {
                 spec.stats_len() * spec.head_dim()
@@ -660,11 +670,11 @@ impl CudaAttn {
             scratch.push(dq_acc);
         }
         let flash = if fused {
-            vec![dispatch::flash_kernel(spec, Stage::BwdFused, kernels.hopper)?]
+            vec![dispatch::flash_kernel(spec, Stage::BwdFused, kernels.hopper(&self.config))?]
         } else {
             vec![
-                dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper)?,
-                dispatch::flash_kernel(spec, Stage::BwdDkdv, kernels.hopper)?,
+                dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper(&self.config))?,
+                dispatch::flash_kernel(spec, Stage::BwdDkdv, kernels.hopper(&self.config))?,
             ]
         };
         // Cosine-sim: the Hopper kernels read q̂ and k̂ (NormScratch::hat); the mma.sync ones scale by

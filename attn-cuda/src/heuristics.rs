@@ -404,11 +404,6 @@ pub(crate) fn wg_fused_smem(t: Tile, d: usize, elem: usize) -> usize {
     wg_dkdv_smem(t, d, elem) + t.bn * t.bm * elem + t.bn * 4
 }
 
-/// Tile experiments of the Hopper forward, `(D, bm, bn)`: bf16 softmax kernels
-/// `attn_softmax_fwd_wg{bm}x{bn}_bf16_d{D}`, chosen with `ATTN_CUDA_WG_TILE=BMxBN` for A/B timings.
-pub(crate) const WG_TILE_VARIANTS: [(usize, usize, usize); 4] =
-    [(64, 64, 128), (64, 128, 128), (64, 64, 64), (128, 64, 64)];
-
 /// Threads of a Hopper forward block: one warpgroup (128 threads) per 64 query rows.
 pub(crate) fn wg_threads(t: Tile) -> u32 {
     (t.bm * 2) as u32
@@ -468,7 +463,6 @@ pub(crate) const SECTION_L2_BYTES: usize = 12 << 20;
 /// the grids of query tiles, `section_k` for those of key tiles; kernels/include/mask.h `tile_order`):
 /// as many pairs as the rows their tiles stream fit in [`SECTION_L2_BYTES`] (K and V per query head
 /// for query tiles, shared by a GQA group; Q and dO of a kv head's group for key tiles), at least 1.
-/// `forced` (`ATTN_CUDA_CAUSAL_SECTIONS=N`) sets both, 1 being the launch order (pair by pair).
 /// Without a causal mask the order is the launch's whatever these say.
 ///
 /// ```text
@@ -479,11 +473,7 @@ pub(crate) fn causal_sections(
     seq_q: usize,
     seq_k: usize,
     group: usize,
-    forced: Option<usize>,
 ) -> (usize, usize) {
-    if let Some(n) = forced {
-        return (n.max(1), n.max(1));
-    }
     // Two 16-bit rows (K and V, or Q and dO) of head_dim per position.
     let row_pair = 4 * head_dim;
     let per_query_head = (row_pair * seq_k).div_ceil(group.max(1));
@@ -518,16 +508,14 @@ mod tests {
     #[test]
     fn causal_sections_fill_the_l2_share_and_never_drop_below_one() {
         // K and V of 16384 keys: 4 MiB per head at D = 64, 8 MiB at D = 128.
-        assert_eq!(causal_sections(64, 16384, 16384, 1, None), (3, 3));
-        assert_eq!(causal_sections(64, 4096, 4096, 1, None), (12, 12));
+        assert_eq!(causal_sections(64, 16384, 16384, 1), (3, 3));
+        assert_eq!(causal_sections(64, 4096, 4096, 1), (12, 12));
         // Rows of one head filling the share: pair by pair.
-        assert_eq!(causal_sections(128, 16384, 16384, 1, None), (1, 1));
-        assert_eq!(causal_sections(128, 131072, 131072, 1, None), (1, 1));
+        assert_eq!(causal_sections(128, 16384, 16384, 1), (1, 1));
+        assert_eq!(causal_sections(128, 131072, 131072, 1), (1, 1));
         // A GQA group shares K and V (query tiles) and streams every head's Q and dO (key tiles).
-        assert_eq!(causal_sections(128, 16384, 16384, 4, None), (6, 1));
-        assert_eq!(causal_sections(64, 4096, 1024, 1, None), (48, 12));
-        assert_eq!(causal_sections(64, 16, 16, 1, Some(0)), (1, 1));
-        assert_eq!(causal_sections(64, 16, 16, 1, Some(5)), (5, 5));
+        assert_eq!(causal_sections(128, 16384, 16384, 4), (6, 1));
+        assert_eq!(causal_sections(64, 4096, 1024, 1), (48, 12));
     }
 
     #[test]
@@ -596,11 +584,6 @@ mod tests {
             assert_eq!(kv.da, d, "no column split");
         }
         assert!(wg_dq_tile(96).is_none() && wg_dkdv_tile(256).is_none());
-        for (d, bm, bn) in WG_TILE_VARIANTS {
-            let t = Tile { bm, bn, da: d };
-            assert!(wg_fwd_smem(t, d, 2) <= 227 * 1024, "{t:?}");
-            assert_eq!((bm % 64, bn % 64), (0, 0), "{t:?}");
-        }
     }
 
     #[test]
@@ -727,13 +710,6 @@ mod tests {
                 };
                 assert_eq!(host(d), Some(expect), "{name}<{d}>");
             }
-        }
-        let softmax = include_str!("../kernels/softmax.cu");
-        for (d, bm, bn) in WG_TILE_VARIANTS {
-            assert!(
-                softmax.contains(&format!("ATTN_SOFTMAX_WG_X({d}, {bm}, {bn}, ")),
-                "{d} {bm}x{bn}"
-            );
         }
         let tiles = include_str!("../kernels/include/tiles.h");
         assert!(tiles.contains(&format!("constexpr int kWsDkvStages = {WS_DKDV_STAGES};")));

@@ -1,4 +1,4 @@
-//! Taylor linear attention on the GPU (REFERENCE.md §3): forward, backward and recurrent decode.
+//! Taylor linear attention on the GPU (docs/math.md §3): forward, backward and recurrent decode.
 //!
 //! Per (batch entry, query head), with `u_i = scale·q̂_i`, `k̂_j` (l2-normalised when `qk_l2norm`),
 //! `ṽ_j = [v_j, 1]` and `f(s) = a0 + a1 s + a2 s²`: `[num_i, den_i] = Σ_{j<hi(i)} f(u_i·k̂_j) ṽ_j`,
@@ -22,8 +22,8 @@
 //! The f16/bf16 forward runs 2–4 as one kernel per probe tile after the fold and the prefix (the state
 //! read and the dense part into the same mma accumulators, then o = num/den): no `[rows][M]` scratch.
 //!
-//! Order 1 with f16/bf16 and 16-byte aligned rows has its own kernels (`kernels/include/taylor_order1.cuh`;
-//! `ATTN_CUDA_TAYLOR1=0` keeps the general ones): a fold that writes the same segment sums in the same
+//! Order 1 with f16/bf16 and 16-byte aligned rows has its own kernels (`kernels/include/taylor_order1.cuh`):
+//! a fold that writes the same segment sums in the same
 //! layout (every sweep: forward, dQ, dV and dK), and a forward for calls without a causal mask that reads
 //! the whole state once per block and streams its probe tiles (the order-1 forward is bound by memory).
 //! A causal order-1 forward at D ≤ 64 runs one block per segment (longer segments than the general path,
@@ -67,13 +67,13 @@ pub(crate) use wg::wg_forward;
 use crate::backend::{CudaAttn, DeviceElem};
 use crate::dispatch::{self, dtype_tag, BACKEND};
 use crate::error::Result;
-use crate::runtime::{DenseMode, Hopper};
+use crate::config::{KernelConfig, Route};
+use crate::runtime::Hopper;
 use attn_core::{
     AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, Op, Pass, SeqLengths, Strides, TaylorOrder,
 };
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use launch::{Kernels, Launch};
-use order1::order1_causal_seg_override;
 use params::TaylorParams;
 use std::cell::OnceCell;
 use std::sync::Arc;
@@ -131,7 +131,7 @@ pub(crate) fn dense_on_flash(spec: &AttnSpec, pass: Pass, hopper: Hopper) -> boo
     let d = spec.head_dim();
     let kernels = match pass {
         Pass::Forward => hopper.on,
-        Pass::Backward => hopper.on && hopper.bwd && hopper.bwd_ws,
+        Pass::Backward => hopper.on && hopper.bwd_ws,
         Pass::Spec | Pass::Decode => false,
     };
     if !kernels
@@ -142,9 +142,9 @@ pub(crate) fn dense_on_flash(spec: &AttnSpec, pass: Pass, hopper: Hopper) -> boo
         return false;
     }
     match hopper.taylor_dense {
-        DenseMode::Off => false,
-        DenseMode::Everywhere => true,
-        DenseMode::Measured => {
+        Route::Off => false,
+        Route::Everywhere => true,
+        Route::Measured => {
             !(pass == Pass::Forward && wg_forward(spec, hopper))
                 && heuristics::dense_faster(d, spec.causal() != Causal::None, spec.seq_k())
         }
@@ -291,7 +291,9 @@ struct Call<'s> {
     stream: &'s Arc<CudaStream>,
     kernels: Arc<Kernels>,
     op: Op,
-    /// The Hopper kernels' settings on this context, looked up once per call ([`Call::hopper`]).
+    /// The backend's kernel configuration.
+    config: KernelConfig,
+    /// The Hopper kernels' routing on this context, looked up once per call ([`Call::hopper`]).
     hopper: OnceCell<Hopper>,
 }
 
@@ -325,6 +327,7 @@ impl<'s> Call<'s> {
             stream,
             kernels,
             op,
+            config: *attn.config(),
             hopper: OnceCell::new(),
         })
     }
@@ -334,7 +337,7 @@ impl<'s> Call<'s> {
     fn hopper(&self) -> Hopper {
         *self.hopper.get_or_init(|| {
             crate::runtime::kernels_for(self.stream.context(), self.op)
-                .map(|k| k.hopper)
+                .map(|k| k.hopper(&self.config))
                 .unwrap_or_default()
         })
     }
@@ -419,7 +422,8 @@ impl<'s> Call<'s> {
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
         let causal = s.causal() != Causal::None;
         let seg = if causal_blocks {
-            order1_causal_seg_override()
+            self.config
+                .taylor_causal_segment
                 .unwrap_or_else(|| heuristics::order1_causal_seg_len(d, max_sources, heads))
         } else {
             heuristics::seg_len(d, order, max_sources, heads, s.dtype().size(), causal).ok_or_else(missing)?

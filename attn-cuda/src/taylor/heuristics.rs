@@ -479,33 +479,6 @@ pub(crate) fn order1_chain_smem(d: usize) -> usize {
 /// ```
 pub(crate) const ORDER1_CHAIN_WG_SMEM: usize = 2 * 3 * 8192 + 4 * 72 * 128 + 8192 + 1024;
 
-/// Dynamic shared memory of the single-pass causal order-1 forward with resident keys
-/// (`Taylor1ChainRes::kBytes`, bf16, D = 64): K̂ and V of 256 keys, two q stages, the state as bf16 hi and
-/// lo tiles of 72 rows, the ones tile, and 1 KiB to align the sw128 tiles (two blocks per SM).
-///
-/// ```text
-/// 4·2·8192 + 2·8192 + 2·72·128 + 8192 + 1024 = 109 568
-/// ```
-pub(crate) const ORDER1_CHAIN_RES_SMEM: usize = 4 * 2 * 8192 + 2 * 8192 + 2 * 72 * 128 + 8192 + 1024;
-
-/// Keys per segment of the resident-keys forward (`Taylor1ChainRes::SEG`) and blocks per segment
-/// (`Taylor1ChainRes::J`, 256 keys each).
-pub(crate) const ORDER1_CHAIN_RES_SEG: usize = 1024;
-pub(crate) const ORDER1_CHAIN_RES_BLOCKS: usize = 4;
-
-/// Where the causal order-1 forward keeps its keys resident (`crate::taylor::order1::order1_chain_res`):
-/// sequences of at least ORDER1_CHAIN_RES_MIN_N keys on a device whose peak DRAM bandwidth is below
-/// ORDER1_CHAIN_RES_MAX_DRAM bytes/s. On the H200 (4.8 TB/s, 132 SMs) the wgmma chain kernel is faster
-/// (NOTES_taylor.md "Session 34": 120 against 121 µs at 16k, 406 against 438 at 65536): its DRAM
-/// traffic, 1.5× the resident kernel's (397 against 309 MB at 16k; 1.65 against 1.25 GB at 65536),
-/// still fits under its time there. With the same SMs and 70% of that bandwidth (the H100's 3.35 TB/s)
-/// the traffic sets its time (≥ 132 µs at 16k at the H100's 3.0 TB/s copy) while the resident kernel's
-/// fits under its own (~121 µs): a projection, not an H100 measurement. Below 16k the resident kernel
-/// is slower on the H200 (0.132 against 0.115 ms at 4096, run 40), where the wgmma chain kernel's
-/// traffic is small either way.
-pub(crate) const ORDER1_CHAIN_RES_MIN_N: usize = 16_384;
-pub(crate) const ORDER1_CHAIN_RES_MAX_DRAM: f64 = 4.4e12;
-
 /// Floats of one chain state of the single-pass causal order-1 forward on wgmma
 /// (`Taylor1ChainWg::kStateFloats`): its fold's m64n72 accumulators (9 float4 per thread) and the value
 /// sums (1 float4 per thread) of 128 threads.
@@ -634,9 +607,6 @@ mod tests {
         const { assert!(ORDER1_CHAIN_SEG_LEN % ORDER1_CHUNK == 0) };
         // Its wgmma kernel: two blocks per SM, 5120 floats per state.
         const { assert!(2 * (ORDER1_CHAIN_WG_SMEM + 1024) <= 228 * 1024) };
-        const { assert!(2 * (ORDER1_CHAIN_RES_SMEM + 1024) <= 228 * 1024) };
-        assert_eq!(ORDER1_CHAIN_RES_SMEM, 109_568);
-        assert_eq!(ORDER1_CHAIN_RES_SEG, 256 * ORDER1_CHAIN_RES_BLOCKS);
         assert_eq!(ORDER1_CHAIN_WG_STATE_FLOATS, 5120);
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));

@@ -34,22 +34,6 @@ pub(crate) struct Kernels {
     module: Arc<CudaModule>,
     functions: FunctionCache,
     pub sms: usize,
-    /// The device's peak DRAM bandwidth in bytes/s (memory clock × bus width, double data rate); 0 where
-    /// the driver does not report it.
-    pub dram_bytes_per_s: f64,
-}
-
-/// Peak DRAM bandwidth of `ctx`'s device: 2 transfers per memory clock (kHz) over the bus width (bits);
-/// 0 where either attribute is missing.
-fn peak_dram_bytes_per_s(ctx: &CudaContext) -> f64 {
-    let attr = |a| ctx.attribute(a).ok().filter(|&v| v > 0).map(f64::from);
-    match (
-        attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
-        attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH),
-    ) {
-        (Some(khz), Some(bits)) => 2.0 * khz * 1e3 * bits / 8.0,
-        _ => 0.0,
-    }
 }
 
 type Cache = Mutex<Vec<(usize, Arc<Kernels>)>>;
@@ -76,7 +60,6 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
         module: ctx.load_module(Ptx::from_binary(bytes.to_vec()))?,
         functions: FunctionCache::default(),
         sms: usize::try_from(sms).unwrap_or(1).max(1),
-        dram_bytes_per_s: peak_dram_bytes_per_s(ctx),
     });
     entries.push((key, kernels.clone()));
     Ok(kernels)
