@@ -386,12 +386,8 @@ impl CudaAttn {
         let mut params = AttnParams::from_spec(spec);
         // The work order's sections matter under a causal mask only (mask.h::tile_order; 0 elsewhere).
         if spec.causal() != Causal::None {
-            let (section_q, section_k) = heuristics::causal_sections(
-                spec.head_dim(),
-                spec.seq_q(),
-                spec.seq_k(),
-                spec.group(),
-            );
+            let (section_q, section_k) =
+                heuristics::causal_sections(spec.head_dim(), spec.seq_q(), spec.seq_k(), spec.group());
             // At most every (batch entry, head) pair, so section × tiles stays within the grid's i32 count.
             let pairs = spec.batch() * spec.heads_q();
             params.section_q = i32::try_from(section_q.min(pairs)).unwrap_or(i32::MAX);
@@ -670,7 +666,11 @@ impl CudaAttn {
             scratch.push(dq_acc);
         }
         let flash = if fused {
-            vec![dispatch::flash_kernel(spec, Stage::BwdFused, kernels.hopper(&self.config))?]
+            vec![dispatch::flash_kernel(
+                spec,
+                Stage::BwdFused,
+                kernels.hopper(&self.config),
+            )?]
         } else {
             vec![
                 dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper(&self.config))?,

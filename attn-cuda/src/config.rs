@@ -128,17 +128,14 @@ mod tests {
         for r in [d.fused_backward, d.ws_forward, d.taylor_dense, d.taylor_wg] {
             assert_eq!(r, Route::Measured);
         }
-        assert_eq!(
-            KernelConfig::portable(),
-            KernelConfig {
-                hopper: false,
-                ..d
-            }
-        );
+        assert_eq!(KernelConfig::portable(), KernelConfig { hopper: false, ..d });
         assert_eq!(KernelConfig::from_portable_var(None), d);
         assert_eq!(KernelConfig::from_portable_var(Some("0")), d);
         assert_eq!(KernelConfig::from_portable_var(Some("yes")), d);
-        assert_eq!(KernelConfig::from_portable_var(Some(" 1\n")), KernelConfig::portable());
+        assert_eq!(
+            KernelConfig::from_portable_var(Some(" 1\n")),
+            KernelConfig::portable()
+        );
     }
 
     #[test]

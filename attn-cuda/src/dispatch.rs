@@ -17,8 +17,8 @@
 //! midpoint) is a runtime flag of the same kernels. Hyperbolic kernels also need the per-row scalars
 //! of `attn_hyp_rows_{dt}` (time coordinates, norms, log γ) before any of them runs.
 
-use crate::heuristics::{self, Tile};
 use crate::config::Route;
+use crate::heuristics::{self, Tile};
 use crate::runtime::Hopper;
 use attn_core::{
     Aggregation, AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, HypScore, Pass, TaylorOrder,

@@ -468,12 +468,7 @@ pub(crate) const SECTION_L2_BYTES: usize = 12 << 20;
 /// ```text
 /// D = 64, 16384 keys, no GQA: K and V are 4 MiB per head → 3 heads per section; D = 128 → 1
 /// ```
-pub(crate) fn causal_sections(
-    head_dim: usize,
-    seq_q: usize,
-    seq_k: usize,
-    group: usize,
-) -> (usize, usize) {
+pub(crate) fn causal_sections(head_dim: usize, seq_q: usize, seq_k: usize, group: usize) -> (usize, usize) {
     // Two 16-bit rows (K and V, or Q and dO) of head_dim per position.
     let row_pair = 4 * head_dim;
     let per_query_head = (row_pair * seq_k).div_ceil(group.max(1));

@@ -263,7 +263,10 @@ mod tests {
         }
         let h = Hopper::new((9, 0), &default);
         assert!(h.bwd_ws);
-        assert_eq!((h.fused, h.ws, h.taylor_dense, h.taylor_wg), (Route::Measured, Route::Measured, Route::Measured, Route::Measured));
+        assert_eq!(
+            (h.fused, h.ws, h.taylor_dense, h.taylor_wg),
+            (Route::Measured, Route::Measured, Route::Measured, Route::Measured)
+        );
         let a_b = KernelConfig {
             fused_backward: Route::Off,
             ws_forward: Route::Everywhere,

@@ -65,9 +65,9 @@ pub use decode::{DecodeShape, TaylorDecodeState};
 pub(crate) use wg::wg_forward;
 
 use crate::backend::{CudaAttn, DeviceElem};
+use crate::config::{KernelConfig, Route};
 use crate::dispatch::{self, dtype_tag, BACKEND};
 use crate::error::Result;
-use crate::config::{KernelConfig, Route};
 use crate::runtime::Hopper;
 use attn_core::{
     AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, Op, Pass, SeqLengths, Strides, TaylorOrder,

@@ -4,8 +4,8 @@
 
 use super::launch::Launch;
 use super::{heuristics, query_on_key, Call, TaylorParams};
-use crate::error::Result;
 use crate::config::Route;
+use crate::error::Result;
 use crate::runtime::Hopper;
 use attn_core::{AttnSpec, Causal, DType, FamilySpec, TaylorOrder};
 use cudarc::driver::DevicePtr;
