@@ -182,19 +182,18 @@ pub(crate) fn ws_fwd_tile(d: usize) -> Option<Tile> {
     Some(Tile { bm, bn: 128, da: d })
 }
 
-/// Whether the warp-specialised forward replaces the wgmma one by default (runtime::WsMode::Measured):
-/// where it measured faster on the H100 (kernels/NOTES.md, version 11, runs s19d and s19j: bf16,
-/// N = 4k and 16k, causal and not, against the wgmma forward in the same call). At D = 128 for every
-/// call (softmax 1.20–1.27×, cosine-sim 1.08–1.31×, squared Lorentz 1.11–1.14×, geodesic
-/// 1.23–1.29×). At D = 64 for the geodesic (as before), and without a causal mask or sliding window
-/// (`banded`) for cosine-sim at every length (4k 1.01×, 16k 1.12×, run s19j) and the other scores
+/// Whether the warp-specialised forward replaces the wgmma one under `Route::Measured`
+/// (`KernelConfig::ws_forward`): where it measured faster on the H100 (2026-11-24: bf16, N = 4k and
+/// 16k, causal and not, against the wgmma forward in the same call). At D = 128 for every call
+/// (softmax 1.20–1.27×, cosine-sim 1.08–1.31×, squared Lorentz 1.11–1.14×, geodesic 1.23–1.29×). At
+/// D = 64 for the geodesic, and without a causal mask or sliding window
+/// (`banded`) for cosine-sim at every length (4k 1.01×, 16k 1.12×) and the other scores
 /// from `seq_k` ≥ 8192 (softmax 4k 0.94×, 16k 1.04×; squared Lorentz 0.96× and 1.05×; 8192 is an
 /// interpolation). Causal at D = 64 the wgmma kernel stays ahead (4k: ws 0.72× for softmax, 0.88× for
 /// cosine-sim). The squared Lorentz score on bf16 (`k0_panels`: its q0·k0 on the tensor cores, which
 /// only the warp-specialised kernel does) takes it at D = 64 without a mask at every length (4k:
-/// 1.06× the wgmma kernel of main, 1.11× the wgmma kernel with the panels) and causal from 16384
-/// keys (16k: 1.05×; 4k: 0.89×, so the wgmma kernel keeps 4k and 8k; kernels/NOTES.md, session 27,
-/// run s27b).
+/// 1.06× the wgmma kernel, 1.11× the wgmma kernel with the panels) and causal from 16384
+/// keys (16k: 1.05×; 4k: 0.89×, so the wgmma kernel keeps 4k and 8k; H100, 2026-11-27).
 pub(crate) fn ws_fwd_measured_faster(
     d: usize,
     geodesic: bool,
@@ -456,7 +455,7 @@ pub(crate) fn lorentz_extra_smem(t: Tile) -> usize {
 
 /// The L2 share one section of a causal grid may stream (bytes), a quarter of the H100's 50 MB (two
 /// partitions of 25): 24 MiB made D = 128 at 16k keys (3 heads of 8 MiB) 3–4% slower than head by
-/// head, while 2–6 MiB per head (D = 64 at 16k, 4k keys) gained 1–3% (kernels/NOTES.md, version 12).
+/// head, while 2–6 MiB per head (D = 64 at 16k, 4k keys) gained 1–3% (H200, 2026-11-26).
 pub(crate) const SECTION_L2_BYTES: usize = 12 << 20;
 
 /// (batch entry, head) pairs per section of a causal grid's work order (`AttnParams::section_q` for

@@ -342,7 +342,7 @@ const ORDERS: [Family; 2] = [
 ];
 
 /// Order 1 without the l2-norm and with other coefficients: the order-1 kernels' path where the keys
-/// need no scaling (f16/bf16 with 16-byte aligned rows; NOTES_taylor.md, "Session 8").
+/// need no scaling (f16/bf16 with 16-byte aligned rows).
 const ORDER1_PLAIN: Family = Family::Taylor(TaylorParams {
     order: 1,
     a: [0.6, 1.1, 0.0],

@@ -23,7 +23,7 @@ const STATE_BUDGET: usize = 8 << 30;
 /// beats the factorised state kernels (N·F·D, F = 2376 features at D = 64, 8.6k at D = 128): for keys
 /// per query (half the keys under a causal mask) up to 32768 at D = 64 and 131072 at D = 128. H100,
 /// bf16, 16k tokens × 2048 / D heads, forward and forward+backward in the same call
-/// (kernels/NOTES_taylor.md, session 20, run s20b): at D = 64 the flash kernels win at 32768 keys
+/// (2026-11-24): at D = 64 the flash kernels win at 32768 keys
 /// (forward 22.3 ms against 25.0, forward+backward 75 against 95) and lose at 65536 (86 against 49);
 /// causal they win at 65536 (46.1 against 47.9, 154 against 193); at D = 128 they win at 65536 (62.7
 /// ms against the state kernels' ≥ 178), 131072 is extrapolated (∝ N² against ∝ N).
@@ -58,9 +58,9 @@ pub(crate) const WG_READ_SMEM: usize = 5 * 8 * 16 * 64 * 2 + 128 * 72 * 2 + WG_V
 
 /// Whether the wgmma state forward beats the quadratic form on the flash kernels (bf16, D = 64): from
 /// 4096 keys per query without a causal mask. H100, 16k tokens × 32 heads, forward (kernels/NOTES_taylor.md,
-/// session 23, run s23c): 1.24 ms against 1.63 at 4096, 1.07 against 3.06 at 8192; at 2048 the flash
+/// 2026-11-27): 1.24 ms against 1.63 at 4096, 1.07 against 3.06 at 8192; at 2048 the flash
 /// kernels win (0.89 against 1.69: the state costs the same at every N, the quadratic form ∝ N).
-/// Causal (Nq = Nk): from 8192 keys. H100, same shape, forward (NOTES_taylor.md, session 24, run s24c):
+/// Causal (Nq = Nk): from 8192 keys. H100, same shape, forward (2026-11-27):
 /// 1.16 ms against the flash kernels' 1.45 at 8192, 1.35 against 2.81 at 16384, 5.55 against 41.3 at
 /// 65536; at 4096 about level (0.76 with one 4096-key segment, 0.78 on the flash kernels).
 pub(crate) fn wg_state_faster(seq_k: usize, causal: bool) -> bool {
@@ -76,7 +76,8 @@ pub(crate) fn wg_causal_states(seq_k: usize, seg: usize) -> usize {
 /// Keys per segment of the causal wgmma forward (a multiple of the read's 128 queries): the fold
 /// writes one state per segment boundary and stops its sums at the last one, the read takes the keys of
 /// its own segment densely (half a segment per query on average). Longer segments trade the fold's work
-/// and its stops for dense work; run s24c (ms at L = 1024 / 2048 / 4096): 8192 keys 1.20 / 1.16 / 1.19,
+/// and its stops for dense work; H100, forward, 16k tokens × 32 heads (ms at L = 1024 / 2048 / 4096,
+/// 2026-11-27): 8192 keys 1.20 / 1.16 / 1.19,
 /// 16384 1.35 / 1.42 / 1.52, 32768 2.89 / 2.90 / 3.26, 65536 5.55 / 5.89 / 6.57.
 ///
 /// ```text
@@ -492,7 +493,8 @@ pub(crate) const ORDER1_CHAIN_LOOKAHEAD: usize = 2;
 
 /// Segment length of the single-pass causal order-1 forward: a forward block runs its segment's chunks
 /// one after another (each carries the state to the next), a fold block sums the segment for the chain.
-/// 1024 keys at every length (measured against 512 and 2048, NOTES_taylor session 25): one state of
+/// 1024 keys at every length (512 was slower at every N, 16k: 0.339 ms against 0.281; 2048 no faster;
+/// H100, bf16, D = 64, 2026-11-27): one state of
 /// [`order1_chain_state_floats`] per 1024 keys and kv head.
 pub(crate) const ORDER1_CHAIN_SEG_LEN: usize = 1024;
 
