@@ -30,13 +30,13 @@
 //! whose dense part grows with them): the block carries its segment's state in shared memory (f32, from
 //! the prefix's f32 sums; no storage-type copies), folds each whole chunk of 64 keys into it as its probe
 //! tiles pass, and takes only the keys past the last folded chunk densely. Where every sequence has as many
-//! queries as keys it runs in one pass instead ([`Call::order1_chain_forward`],
+//! queries as keys it runs in one pass instead (`Call::order1_chain_forward`,
 //! `kernels/include/taylor_order1_chain.cuh`): fold blocks chain the segments' inclusive sums in a fixed
 //! order, forward blocks carry them through their 64-query chunks. The causal order-1 backward
 //! at D ≤ 64 runs the same block structure twice (`taylor_order1_causal.cuh`): dq on the keys' sweep, dk
 //! and dv on the queries' reversed sweep (both reads of one state), writing finished gradients.
 //!
-//! Order 2's forward at bf16, D = 64 on Hopper has wgmma kernels of its own ([`wg_forward`],
+//! Order 2's forward at bf16, D = 64 on Hopper has wgmma kernels of its own ([`route::wg_forward`],
 //! `kernels/include/taylor_wg.cuh`): the states as whole 64 × 64 tensor-core products (a fold, a
 //! deterministic reduce of its splits, a read of 128 queries per block); with a causal mask where every
 //! sequence has as many queries as keys, a state per segment of keys and each block's own segment taken
@@ -49,6 +49,9 @@
 //! bf16 on tensor cores with f32 sums, f32 on CUDA cores (the state reads' dot products, the dense part's
 //! scores and the backward's ĝ·v and δ in f64).
 //!
+//! Which of these kernels a call runs is decided in one place, `route` (pure functions of the spec, the
+//! Hopper routing and the rows' alignment, unit-tested on the CPU); the launches follow it.
+//!
 //! Recurrent decode ([`TaylorDecodeState`]): `CudaAttn::taylor_prefill` and
 //! `CudaAttn::taylor_decode_step`.
 
@@ -59,22 +62,24 @@ mod heuristics;
 mod launch;
 mod order1;
 mod params;
+mod route;
 mod wg;
 
 pub use decode::{DecodeShape, TaylorDecodeState};
-pub(crate) use wg::wg_forward;
+pub(crate) use route::dense_on_flash;
+#[cfg(test)]
+pub(crate) use route::wg_forward;
 
 use crate::backend::{CudaAttn, DeviceElem};
-use crate::config::{KernelConfig, Route};
-use crate::dispatch::{self, dtype_tag, BACKEND};
+use crate::config::KernelConfig;
+use crate::dispatch::{dtype_tag, BACKEND};
 use crate::error::Result;
 use crate::runtime::Hopper;
-use attn_core::{
-    AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, Op, Pass, SeqLengths, Strides, TaylorOrder,
-};
+use attn_core::{AttnError, AttnSpec, Causal, FamilySpec, Op, Pass, SeqLengths};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use launch::{Kernels, Launch};
 use params::TaylorParams;
+use route::Rows;
 use std::cell::OnceCell;
 use std::sync::Arc;
 
@@ -111,43 +116,6 @@ fn unsupported(op: Op, what: String) -> AttnError {
         op,
         backend: BACKEND,
         what,
-    }
-}
-
-/// Whether a Taylor call runs as its quadratic form on the Hopper flash kernels (`TaylorScore`,
-/// kernels/taylor_flash.cu) rather than the state kernels of this module: order 2, f16 or bf16, a head
-/// dim those kernels have, the Hopper kernels of the pass on this device, and `hopper.taylor_dense`
-/// (by default where [`heuristics::dense_faster`], unless a forward takes the wgmma state kernels,
-/// [`wg_forward`]). Both paths save the same statistic (the
-/// denominators), so a forward on one and a backward on the other agree.
-pub(crate) fn dense_on_flash(spec: &AttnSpec, pass: Pass, hopper: Hopper) -> bool {
-    let FamilySpec::Taylor {
-        order: TaylorOrder::Two,
-        ..
-    } = *spec.family()
-    else {
-        return false;
-    };
-    let d = spec.head_dim();
-    let kernels = match pass {
-        Pass::Forward => hopper.on,
-        Pass::Backward => hopper.on && hopper.bwd_ws,
-        Pass::Spec | Pass::Decode => false,
-    };
-    if !kernels
-        || spec.dtype() == DType::F32
-        || spec.head_dim_v() != d
-        || !dispatch::head_dims(FamilyKind::Taylor).contains(&d)
-    {
-        return false;
-    }
-    match hopper.taylor_dense {
-        Route::Off => false,
-        Route::Everywhere => true,
-        Route::Measured => {
-            !(pass == Pass::Forward && wg_forward(spec, hopper))
-                && heuristics::dense_faster(d, spec.causal() != Causal::None, spec.seq_k())
-        }
     }
 }
 
@@ -295,26 +263,6 @@ struct Call<'s> {
     config: KernelConfig,
     /// The Hopper kernels' routing on this context, looked up once per call ([`Call::hopper`]).
     hopper: OnceCell<Hopper>,
-}
-
-/// A tensor whose every row starts 16 bytes aligned (base address and strides), as the order-1 kernels'
-/// 16-byte copies need; `ptr` 0 (no tensor) qualifies.
-fn rows_aligned(ptr: u64, s: Strides) -> bool {
-    ptr % 16 == 0 && s.batch % 8 == 0 && s.seq % 8 == 0 && s.head % 8 == 0
-}
-
-/// Whether every sequence of a call has as many queries as keys (no key padding), so that query i sits on
-/// key i and both causal alignments are `j ≤ i`: the shape of the causal forwards of the wgmma state kernels
-/// ([`wg_forward`]) and of the single-pass order-1 kernel ([`Call::order1_chain`]).
-fn query_on_key(spec: &AttnSpec) -> bool {
-    match spec.lengths() {
-        SeqLengths::Dense => spec.seq_q() == spec.seq_k(),
-        SeqLengths::KeyPadding(_) => false,
-        SeqLengths::Varlen {
-            cu_seqlens_q,
-            cu_seqlens_k,
-        } => cu_seqlens_q == cu_seqlens_k,
-    }
 }
 
 impl<'s> Call<'s> {
@@ -470,7 +418,7 @@ impl<'s> Call<'s> {
         };
         let slabs = heuristics::fold_slabs(d, p.order as u8).ok_or_else(missing)?;
         p.n_slabs = slabs as i32;
-        let fold = if self.order1_fold(p, p.reverse != 0) {
+        let fold = if route::order1_fold(s, Rows::of(s, &p.base), p.reverse != 0) {
             Launch {
                 name: format!("attn_taylor_order1_fold_{dt}_d{d}"),
                 grid: (
@@ -564,15 +512,16 @@ impl<'s> Call<'s> {
     }
 
     /// The forward sweep of f16/bf16 in one probe kernel (state read, dense part, o = num/den, den),
-    /// after the states: writes o and the statistics directly.
-    fn forward_tiles(&self, p: &mut TaylorParams) -> Result<()> {
+    /// after the states: writes o and the statistics directly. `path`: one of [`route::forward`]'s
+    /// tile paths.
+    fn forward_tiles(&self, p: &mut TaylorParams, path: route::Forward) -> Result<()> {
         let s = self.spec;
         let d = s.head_dim();
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
-        if self.order1_chain(p) {
-            return self.order1_chain_forward(p);
+        if let route::Forward::Order1Chain { wg } = path {
+            return self.order1_chain_forward(p, wg);
         }
-        let causal_blocks = self.order1_causal(p);
+        let causal_blocks = path == route::Forward::Order1Causal;
         let (max_probes, entries) = self.geometry(p, false, causal_blocks)?;
         if causal_blocks {
             let _states = self.states(p, entries, 0)?;
@@ -586,7 +535,7 @@ impl<'s> Call<'s> {
             );
         }
         let _states = self.states(p, entries, 1)?;
-        if self.order1_forward(p) {
+        if path == route::Forward::Order1Tiles {
             let heads = s.batch() * s.heads_kv();
             return self.run(
                 Launch {
@@ -637,15 +586,11 @@ fn forward_impl<T: DeviceElem>(call: &Call<'_>, p: &mut TaylorParams, b: Forward
     (p.base.q, p.base.k, p.base.v, p.base.o, p.base.lse) = (q, k, v, o, stats);
 
     if spec.dtype().size() == 2 {
-        // The wgmma state kernels copy 16-byte row chunks (cp.async) and store o in pairs.
-        let rows = rows_aligned(q, spec.q_strides())
-            && rows_aligned(k, spec.k_strides())
-            && rows_aligned(v, spec.v_strides())
-            && rows_aligned(o, spec.o_strides());
-        if rows && wg_forward(spec, call.hopper()) {
-            return call.wg_forward(p);
+        match route::forward(spec, call.hopper(), Rows::of(spec, &p.base)) {
+            route::Forward::WgState => return call.wg_forward(p),
+            route::Forward::Sweep => {}
+            path => return call.forward_tiles(p, path),
         }
-        return call.forward_tiles(p);
     }
     let rows_q = spec.total_q() * spec.heads_q();
     let (_acc, acc) = call.scratch(rows_q * heuristics::width(spec.head_dim()))?;
@@ -690,7 +635,10 @@ pub(crate) fn backward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Backw
     let (_nd, nd) = call.scratch(rows_q)?;
     (p.rg, p.nd) = (rg, nd);
     // The order-1 kernels' reversed sweep holds ĝ rounded to the storage type: its −δ from the same ĝ.
-    let order1 = call.order1_backward(&p);
+    let order1 = match route::backward(spec, Rows::of(spec, &p.base)) {
+        route::Backward::Order1 { causal } => Some(causal),
+        route::Backward::Sweeps => None,
+    };
     let _nd_rev = if order1.is_some() {
         let (buf, ptr) = call.scratch(rows_q)?;
         p.nd_rev = ptr;

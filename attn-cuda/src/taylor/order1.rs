@@ -1,69 +1,20 @@
-//! Taylor order 1's own kernels (`taylor_order1.cuh`, `taylor_order1_bwd.cuh`, `taylor_order1_causal.cuh`):
-//! where a call takes them, and the backward's launches.
+//! Taylor order 1's own kernels (`taylor_order1.cuh`, `taylor_order1_bwd.cuh`, `taylor_order1_causal.cuh`,
+//! `taylor_order1_chain*.cuh`): the single-pass causal forward's and the backward's launches (where a
+//! call takes them: `route`).
 
 use super::launch::Launch;
-use super::{heuristics, query_on_key, rows_aligned, Call, TaylorParams};
+use super::{heuristics, Call, TaylorParams};
 use crate::dispatch::dtype_tag;
 use crate::error::Result;
-use crate::runtime::Hopper;
-use attn_core::{AttnSpec, Causal, DType};
 use cudarc::driver::DevicePtr;
 
-/// Whether the single-pass causal order-1 forward ([`Call::order1_chain`]) runs on its wgmma kernel
-/// (`taylor_order1_chain_wg.cuh`): bf16, D = Dv = 64, the Hopper kernels on this device.
-pub(crate) fn order1_chain_wg(spec: &AttnSpec, hopper: Hopper) -> bool {
-    spec.dtype() == DType::BF16
-        && spec.head_dim() == heuristics::WG_HEAD_DIM
-        && spec.head_dim_v() == heuristics::WG_HEAD_DIM
-        && hopper.on
-}
-
 impl Call<'_> {
-    /// The order-1 fold for a sweep (`reverse`: its sources are q and dO, else k and v): order 1,
-    /// f16/bf16, the sources' rows 16-byte aligned.
-    pub(super) fn order1_fold(&self, p: &TaylorParams, reverse: bool) -> bool {
-        let s = self.spec;
-        let sources = if reverse {
-            rows_aligned(p.base.q, s.q_strides()) && rows_aligned(p.base.d_o, s.o_strides())
-        } else {
-            rows_aligned(p.base.k, s.k_strides()) && rows_aligned(p.base.v, s.v_strides())
-        };
-        p.order == 1 && s.dtype().size() == 2 && sources
-    }
-
-    /// The order-1 forward tile: the order-1 fold of the forward sweep, no causal mask, q and o rows
-    /// 16-byte aligned.
-    pub(super) fn order1_forward(&self, p: &TaylorParams) -> bool {
-        let s = self.spec;
-        self.order1_fold(p, false)
-            && s.causal() == Causal::None
-            && rows_aligned(p.base.q, s.q_strides())
-            && rows_aligned(p.base.o, s.o_strides())
-    }
-
-    /// The order-1 causal forward tile: the order-1 fold of the forward sweep, a causal mask, D ≤ 64, q
-    /// and o rows 16-byte aligned.
-    pub(super) fn order1_causal(&self, p: &TaylorParams) -> bool {
-        let s = self.spec;
-        self.order1_fold(p, false)
-            && s.causal() != Causal::None
-            && s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM
-            && rows_aligned(p.base.q, s.q_strides())
-            && rows_aligned(p.base.o, s.o_strides())
-    }
-
-    /// The single-pass causal order-1 forward (`taylor_order1_chain.cuh`): the causal order-1 forward tile
-    /// where every sequence has as many queries as keys (query i sits on key i in both alignments).
-    pub(super) fn order1_chain(&self, p: &TaylorParams) -> bool {
-        self.order1_causal(p) && query_on_key(self.spec)
-    }
-
     /// The single-pass causal order-1 forward: one launch of fold and forward blocks per segment round
     /// (their chain states and flags in scratch, the flags and the ticket counter zeroed), writing o and
     /// the denominators.
-    pub(super) fn order1_chain_forward(&self, p: &mut TaylorParams) -> Result<()> {
+    /// `wg`: its wgmma kernel (`route::order1_chain_wg`).
+    pub(super) fn order1_chain_forward(&self, p: &mut TaylorParams, wg: bool) -> Result<()> {
         let s = self.spec;
-        let wg = order1_chain_wg(s, self.hopper());
         let d = s.head_dim();
         let (name, smem, state_floats) = if wg {
             (
@@ -120,21 +71,6 @@ impl Call<'_> {
         self.run(launch, p)
     }
 
-    /// Which order-1 backward kernels run: `Some(false)` `taylor1_backward` (no causal mask), `Some(true)`
-    /// `taylor1_dq_causal` and `taylor1_dkdv_causal` (a causal mask, D ≤ 64), `None` the general ones.
-    /// Both need the order-1 folds of both sweeps and dq, dk, dv rows 16-byte aligned.
-    pub(super) fn order1_backward(&self, p: &TaylorParams) -> Option<bool> {
-        let s = self.spec;
-        let causal = s.causal() != Causal::None;
-        let on = self.order1_fold(p, false)
-            && self.order1_fold(p, true)
-            && (!causal || s.head_dim() <= heuristics::ORDER1_CAUSAL_MAX_DIM)
-            && rows_aligned(p.base.dq, s.dq_strides())
-            && rows_aligned(p.base.dk, s.dk_strides())
-            && rows_aligned(p.base.dv, s.dv_strides());
-        on.then_some(causal)
-    }
-
     /// The order-1 backward after prep_grads, per sweep (dq; then dk and dv from the reversed one, both
     /// reads of one state): its states, then one probe kernel that writes finished gradients, with no f32
     /// scratch rows and no finalize. Not causal: the whole sum of each sweep's sources (copies hi and lo),
@@ -172,30 +108,5 @@ impl Call<'_> {
             self.run(launch, p)?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use attn_core::{AttnProblem, Family};
-
-    /// The wgmma chain kernel takes bf16 at D = 64 on Hopper only; everything else stays on the mma.sync one.
-    #[test]
-    fn order1_chain_wg_routes_bf16_d64_on_hopper_only() {
-        let spec = |dtype, d| {
-            AttnProblem::new(Family::taylor(1), dtype, 1, 4, 2, 2048, 2048, d)
-                .with_causal(Causal::TopLeft)
-                .validate()
-                .expect("valid problem")
-        };
-        let on = Hopper {
-            on: true,
-            ..Hopper::default()
-        };
-        assert!(order1_chain_wg(&spec(DType::BF16, 64), on));
-        assert!(!order1_chain_wg(&spec(DType::BF16, 64), Hopper::default()));
-        assert!(!order1_chain_wg(&spec(DType::F16, 64), on));
-        assert!(!order1_chain_wg(&spec(DType::BF16, 32), on));
     }
 }
