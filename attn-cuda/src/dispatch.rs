@@ -63,6 +63,8 @@ pub(crate) enum Module {
     Common,
     Hyperbolic,
     TaylorFlash,
+    /// Taylor's state kernels (`crate::taylor`).
+    Taylor,
 }
 
 impl Module {
@@ -74,6 +76,7 @@ impl Module {
             Module::Common => "common",
             Module::Hyperbolic => "hyperbolic",
             Module::TaylorFlash => "taylor_flash",
+            Module::Taylor => "taylor",
         }
     }
 }

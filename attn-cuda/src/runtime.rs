@@ -1,15 +1,16 @@
-//! Modules and launches. The fatbins embedded by build.rs are loaded once per CUDA context and
-//! shared by every `CudaAttn` on that context; functions are looked up once and configured for
-//! their dynamic shared memory. The only `unsafe` launches of the crate are here.
+//! Modules and launches of every kernel family. Each fatbin embedded by build.rs is loaded once per
+//! CUDA context, on the first launch of one of its kernels, and shared by every `CudaAttn` on that
+//! context; functions are looked up once and configured for their dynamic shared memory. The only
+//! `unsafe` launches of the crate are here.
 
 use crate::config::{KernelConfig, Route};
 use crate::dispatch::{Kernel, Module};
 use crate::error::{CudaAttnError, Result};
 use crate::params::AttnParams;
 use attn_core::Op;
-use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -24,15 +25,20 @@ pub(crate) fn kernels_built() -> bool {
     embedded::FATBINS.is_some()
 }
 
-/// The loaded modules of one context, the functions looked up so far, and the device's compute
-/// capability. Nothing here depends on a backend's [`KernelConfig`]: two backends with different
-/// configurations share one context's modules and functions, and each derives its [`Hopper`] routing
-/// per call ([`Kernels::hopper`]).
+/// The kernels of one context: its modules, each loaded from the fatbins embedded by build.rs on its
+/// first launch, the functions looked up so far, and the device's compute capability and SM count.
+/// Nothing here depends on a backend's [`KernelConfig`]: two backends with different configurations
+/// share one context's modules and functions, and each derives its [`Hopper`] routing per call
+/// ([`Kernels::hopper`]).
 pub(crate) struct Kernels {
-    modules: HashMap<Module, Arc<CudaModule>>,
+    ctx: Arc<CudaContext>,
+    fatbins: &'static [(&'static str, &'static [u8])],
+    modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
     functions: FunctionCache,
     /// The device's compute capability (major, minor).
     cc: (i32, i32),
+    /// The device's SM count (at least 1), for the grids of kernels that loop over their work.
+    pub sms: usize,
 }
 
 /// The Hopper (sm_90a, wgmma) kernels a call may take: `on` where the device is compute capability
@@ -66,9 +72,9 @@ impl Hopper {
     }
 }
 
-/// Functions looked up so far: name → (function, dynamic shared memory it is configured for).
+/// Functions looked up so far: (module, name) → (function, dynamic shared memory it is configured for).
 #[derive(Default)]
-pub(crate) struct FunctionCache(Mutex<HashMap<String, (CudaFunction, usize)>>);
+pub(crate) struct FunctionCache(Mutex<HashMap<(Module, String), (CudaFunction, usize)>>);
 
 impl FunctionCache {
     /// `name` from `module`, opted in to at least `smem` bytes of dynamic shared memory.
@@ -78,10 +84,11 @@ impl FunctionCache {
     /// gradient read at D = 32 asked for exactly 49 152 bytes beside its static probe table and got
     /// `CUDA_ERROR_INVALID_VALUE` on the H100). Every function with dynamic shared memory is therefore
     /// opted in to what it uses.
-    pub(crate) fn get(&self, module: &Arc<CudaModule>, name: &str, smem: usize) -> Result<CudaFunction> {
+    fn get(&self, key: Module, module: &Arc<CudaModule>, name: &str, smem: usize) -> Result<CudaFunction> {
         // A poisoned lock only means another thread panicked mid-lookup; entries are whole.
         let mut functions = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((f, configured)) = functions.get(name) {
+        let entry = (key, name.to_string());
+        if let Some((f, configured)) = functions.get(&entry) {
             if *configured >= smem {
                 return Ok(f.clone());
             }
@@ -96,7 +103,7 @@ impl FunctionCache {
                 bytes,
             )?;
         }
-        functions.insert(name.to_string(), (f.clone(), smem));
+        functions.insert(entry, (f.clone(), smem));
         Ok(f)
     }
 }
@@ -172,7 +179,7 @@ fn cache() -> &'static Cache {
     CACHE.get_or_init(|| Mutex::new(Vec::new()))
 }
 
-/// The kernels of `ctx`, loading the modules on first use.
+/// The kernels of `ctx` (each module loads on its first launch).
 pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>> {
     let Some(fatbins) = embedded::FATBINS else {
         return Err(CudaAttnError::KernelsNotBuilt { op });
@@ -184,27 +191,15 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
     if let Some((_, k)) = entries.iter().find(|(c, _)| *c == key) {
         return Ok(k.clone());
     }
-    let mut modules = HashMap::new();
-    for module in [
-        Module::Softmax,
-        Module::CosineSim,
-        Module::SimtF32,
-        Module::Common,
-        Module::Hyperbolic,
-        Module::TaylorFlash,
-    ] {
-        let bytes = fatbins
-            .iter()
-            .find(|(name, _)| *name == module.file())
-            .map(|(_, b)| *b)
-            .ok_or(CudaAttnError::KernelsNotBuilt { op })?;
-        modules.insert(module, ctx.load_module(Ptx::from_binary(bytes.to_vec()))?);
-    }
     let cc = ctx.compute_capability()?;
+    let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     let kernels = Arc::new(Kernels {
-        modules,
+        ctx: ctx.clone(),
+        fatbins,
+        modules: Mutex::new(HashMap::new()),
         functions: FunctionCache::default(),
         cc,
+        sms: usize::try_from(sms).unwrap_or(1).max(1),
     });
     entries.push((key, kernels.clone()));
     Ok(kernels)
@@ -216,12 +211,22 @@ impl Kernels {
         Hopper::new(self.cc, config)
     }
 
-    fn function(&self, kernel: &Kernel, op: Op) -> Result<CudaFunction> {
-        let module = self
-            .modules
-            .get(&kernel.module)
+    /// `module`, loaded on its first use.
+    fn module(&self, module: Module, op: Op) -> Result<Arc<CudaModule>> {
+        // A poisoned lock only means another thread panicked mid-load; entries are whole.
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = modules.get(&module) {
+            return Ok(m.clone());
+        }
+        let bytes = self
+            .fatbins
+            .iter()
+            .find(|(name, _)| *name == module.file())
+            .map(|(_, b)| *b)
             .ok_or(CudaAttnError::KernelsNotBuilt { op })?;
-        self.functions.get(module, &kernel.name, kernel.smem)
+        let loaded = self.ctx.load_module(Ptx::from_binary(bytes.to_vec()))?;
+        modules.insert(module, loaded.clone());
+        Ok(loaded)
     }
 
     /// Launch `kernel` with `params` on `stream`. The caller guarantees that every pointer in
@@ -234,18 +239,57 @@ impl Kernels {
         params: &AttnParams,
         op: Op,
     ) -> Result<()> {
-        let f = self.function(kernel, op)?;
-        let cfg = launch_config(op, &kernel.name, kernel.grid, kernel.threads, kernel.smem)?;
+        let launch = Launch {
+            module: kernel.module,
+            name: &kernel.name,
+            grid: kernel.grid,
+            threads: kernel.threads,
+            smem: kernel.smem,
+        };
+        // SAFETY: `params` is the #[repr(C)] mirror of the flash kernels' only parameter
+        // (`AttnParams`, kernels/include/params.h); the backend checked every buffer it points at
+        // against the spec, and grid and shared memory match the kernel's tile configuration
+        // (dispatch + heuristics mirror tiles.h).
+        unsafe { self.launch_params(stream, &launch, params, op) }
+    }
+
+    /// Launch `launch` with `params` (the kernel's only parameter) on `stream`, then
+    /// [`after_launch`].
+    ///
+    /// # Safety
+    /// `P` is the `#[repr(C)]` mirror of the kernel's parameter struct; every pointer in `params`
+    /// addresses a live device buffer of the length the kernel reads or writes, and those buffers
+    /// outlive the enqueued launch (the caller holds them and their stream guards until every launch
+    /// of the call is enqueued; cudarc frees in stream order); grid and shared memory match the
+    /// kernel's layout (a kernel given less shared memory than its layout traps).
+    pub(crate) unsafe fn launch_params<P: DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        launch: &Launch<'_>,
+        params: &P,
+        op: Op,
+    ) -> Result<()> {
+        let module = self.module(launch.module, op)?;
+        let f = self
+            .functions
+            .get(launch.module, &module, launch.name, launch.smem)?;
+        let cfg = launch_config(op, launch.name, launch.grid, launch.threads, launch.smem)?;
         let mut builder = stream.launch_builder(&f);
         builder.arg(params);
-        // SAFETY: `params` is the #[repr(C)] mirror of the kernel's only parameter; every pointer
-        // in it was taken from a buffer whose length the backend checked against the spec, and
-        // those buffers outlive this call (the guards that recorded their use are held by the
-        // caller until after the launch is enqueued). Grid and shared memory match the kernel's
-        // tile configuration (dispatch + heuristics mirror tiles.h).
-        unsafe { builder.launch(cfg) }.map_err(|source| launch_error(op, &kernel.name, &cfg, source))?;
-        after_launch(stream, op, &kernel.name, &cfg)
+        // SAFETY: the caller's contract (above).
+        unsafe { builder.launch(cfg) }.map_err(|source| launch_error(op, launch.name, &cfg, source))?;
+        after_launch(stream, op, launch.name, &cfg)
     }
+}
+
+/// One launch of a kernel: its module, name, grid `(x, heads, batch)`, threads per block and dynamic
+/// shared memory.
+pub(crate) struct Launch<'a> {
+    pub module: Module,
+    pub name: &'a str,
+    pub grid: (usize, usize, usize),
+    pub threads: u32,
+    pub smem: usize,
 }
 
 #[cfg(test)]

@@ -75,12 +75,12 @@ use crate::config::KernelConfig;
 use crate::dispatch::{dtype_tag, BACKEND};
 use crate::error::Result;
 use crate::runtime::Hopper;
+use crate::runtime::Kernels;
 use attn_core::{AttnError, AttnSpec, Causal, FamilySpec, Op, Pass, SeqLengths};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
-use launch::{Kernels, Launch};
+use launch::Launch;
 use params::TaylorParams;
 use route::Rows;
-use std::cell::OnceCell;
 use std::sync::Arc;
 
 type In<'a, T> = &'a dyn DevicePtr<T>;
@@ -261,33 +261,25 @@ struct Call<'s> {
     op: Op,
     /// The backend's kernel configuration.
     config: KernelConfig,
-    /// The Hopper kernels' routing on this context, looked up once per call ([`Call::hopper`]).
-    hopper: OnceCell<Hopper>,
 }
 
 impl<'s> Call<'s> {
     fn new(attn: &'s CudaAttn, spec: &'s AttnSpec, pass: Pass) -> Result<Self> {
         let stream = attn.stream();
         let op = spec.op(pass);
-        let kernels = launch::kernels_for(stream.context(), op)?;
+        let kernels = crate::runtime::kernels_for(stream.context(), op)?;
         Ok(Call {
             spec,
             stream,
             kernels,
             op,
             config: *attn.config(),
-            hopper: OnceCell::new(),
         })
     }
 
-    /// Whether (and how) this context runs the Hopper (wgmma) kernels: `Hopper::default()` (off) where
-    /// the runtime has none.
+    /// The Hopper kernels' routing of this call (the device and the backend's configuration).
     fn hopper(&self) -> Hopper {
-        *self.hopper.get_or_init(|| {
-            crate::runtime::kernels_for(self.stream.context(), self.op)
-                .map(|k| k.hopper(&self.config))
-                .unwrap_or_default()
-        })
+        self.kernels.hopper(&self.config)
     }
 
     fn checker(&self, pass: Pass) -> Checker<'s> {
@@ -331,7 +323,7 @@ impl<'s> Call<'s> {
     }
 
     fn run(&self, launch: Launch, p: &TaylorParams) -> Result<()> {
-        self.kernels.launch(self.stream, &launch, p, self.op)
+        launch::launch(&self.kernels, self.stream, &launch, p, self.op)
     }
 
     /// A row kernel over the queries (query heads) or the key rows (kv heads).
