@@ -23,21 +23,14 @@ use crate::error::{CudaAttnError, Result};
 use crate::heuristics;
 use crate::params::AttnParams;
 use crate::runtime::{self, Kernels};
+use crate::taylor::TaylorDecodeState;
+use crate::views::{BackwardViews, DeviceElem, ForwardViews};
 use attn_core::{
     Aggregation, AttnBackend, AttnError, AttnSpec, BackwardIo, Causal, DType, Element, FamilyKind,
     FamilySpec, ForwardIo, Op, Pass, SeqLengths,
 };
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
-    SyncOnDrop, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use std::sync::Arc;
-
-/// A storage element the kernels read and write: f32, f16 or bf16.
-pub trait DeviceElem: Element + DeviceRepr + ValidAsZeroBits + Unpin {}
-impl DeviceElem for f32 {}
-impl DeviceElem for half::f16 {}
-impl DeviceElem for half::bf16 {}
 
 /// The CUDA backend: launches on one stream (the caller's, e.g. candle's), choosing kernels under
 /// one [`KernelConfig`].
@@ -45,31 +38,6 @@ impl DeviceElem for half::bf16 {}
 pub struct CudaAttn {
     stream: Arc<CudaStream>,
     config: KernelConfig,
-}
-
-/// Forward buffers as views (a view may start at an element offset: `slice.slice(start..)`).
-pub struct ForwardViews<'a, T> {
-    pub q: CudaView<'a, T>,
-    pub k: CudaView<'a, T>,
-    pub v: CudaView<'a, T>,
-    pub bias: Option<CudaView<'a, T>>,
-    pub o: CudaViewMut<'a, T>,
-    pub lse: CudaViewMut<'a, f32>,
-}
-
-/// Backward buffers as views.
-pub struct BackwardViews<'a, T> {
-    pub q: CudaView<'a, T>,
-    pub k: CudaView<'a, T>,
-    pub v: CudaView<'a, T>,
-    pub bias: Option<CudaView<'a, T>>,
-    pub o: CudaView<'a, T>,
-    pub d_o: CudaView<'a, T>,
-    pub lse: CudaView<'a, f32>,
-    pub dq: CudaViewMut<'a, T>,
-    pub dk: CudaViewMut<'a, T>,
-    pub dv: CudaViewMut<'a, T>,
-    pub dbias: Option<CudaViewMut<'a, T>>,
 }
 
 type In<'a, T> = &'a dyn DevicePtr<T>;
@@ -320,6 +288,43 @@ impl CudaAttn {
         &self.config
     }
 
+    fn decode(&self) -> crate::taylor::Decode<'_> {
+        crate::taylor::Decode {
+            stream: &self.stream,
+            config: self.config,
+        }
+    }
+
+    /// A Taylor decode state with no token folded yet, for the family and shapes of `spec` (a Taylor
+    /// spec).
+    pub fn taylor_decode_empty(&self, spec: &AttnSpec) -> Result<TaylorDecodeState> {
+        self.decode().empty(spec)
+    }
+
+    /// Taylor prefill: the forward of a prompt (any Taylor spec: causal or not, key padding, packed
+    /// varlen), writing `o` and the denominators into `io`, and the decode state over each batch
+    /// entry's valid keys.
+    pub fn taylor_prefill<T: DeviceElem>(
+        &self,
+        spec: &AttnSpec,
+        io: ForwardViews<'_, T>,
+    ) -> Result<TaylorDecodeState> {
+        self.decode().prefill(spec, io)
+    }
+
+    /// A Taylor decode step: append the tokens `io` holds (described by `spec`: a dense batch of `t`
+    /// new tokens per entry, `seq_q = seq_k = t`, causal) to `state`, and write their o and
+    /// denominators into `io`. New token `i` sees every key folded before the call and the new keys
+    /// `0..=i`.
+    pub fn taylor_decode_step<T: DeviceElem>(
+        &self,
+        state: &mut TaylorDecodeState,
+        spec: &AttnSpec,
+        io: ForwardViews<'_, T>,
+    ) -> Result<()> {
+        self.decode().step(state, spec, io)
+    }
+
     /// Forward on views (any element offset, strides from the spec).
     pub fn forward_views<T: DeviceElem>(&self, spec: &AttnSpec, io: ForwardViews<'_, T>) -> Result<()> {
         let ForwardViews {
@@ -460,7 +465,7 @@ impl CudaAttn {
                 o: a.o,
                 stats: a.lse,
             };
-            return crate::taylor::forward(self, spec, t);
+            return crate::taylor::forward(&self.stream, self.config, spec, t);
         }
         let bias = bias_pair(spec, op, a.bias, "bias")?;
         let (kernels, mut p, _lengths) = self.prepare(spec, pass)?;
@@ -611,7 +616,7 @@ impl CudaAttn {
                 dv: a.dv,
                 dbias: a.dbias,
             };
-            return crate::taylor::backward(self, spec, t);
+            return crate::taylor::backward(&self.stream, self.config, spec, t);
         }
         let bias = bias_pair(spec, op, a.bias, "bias")?;
         let dbias = bias_pair(spec, op, a.dbias, "dbias")?;

@@ -117,6 +117,37 @@ impl KernelConfig {
     }
 }
 
+/// The Hopper (sm_90a, wgmma) kernels a call may take: `on` where the device is compute capability
+/// 9.0 (the only one that runs sm_90a code) and [`KernelConfig::hopper`]; the other fields are the
+/// configuration's routing of the Hopper variants ([`KernelConfig`] documents each). `Default`: off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Hopper {
+    pub on: bool,
+    /// [`KernelConfig::fused_backward`].
+    pub fused: Route,
+    /// [`KernelConfig::ws_forward`].
+    pub ws: Route,
+    /// [`KernelConfig::ws_backward`].
+    pub bwd_ws: bool,
+    /// [`KernelConfig::taylor_dense`].
+    pub taylor_dense: Route,
+    /// [`KernelConfig::taylor_wg`].
+    pub taylor_wg: Route,
+}
+
+impl Hopper {
+    pub(crate) fn new(cc: (i32, i32), config: &KernelConfig) -> Self {
+        Hopper {
+            on: cc == (9, 0) && config.hopper,
+            fused: config.fused_backward,
+            ws: config.ws_forward,
+            bwd_ws: config.ws_backward,
+            taylor_dense: config.taylor_dense,
+            taylor_wg: config.taylor_wg,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +182,32 @@ mod tests {
             let e = seg(Some(bad)).check().expect_err("rejected");
             assert!(e.to_string().contains("taylor_causal_segment"), "{e}");
         }
+    }
+
+    #[test]
+    fn hopper_kernels_only_on_compute_capability_9_0_and_not_when_turned_off() {
+        let default = KernelConfig::default();
+        assert!(Hopper::new((9, 0), &default).on);
+        assert!(!Hopper::new((9, 0), &KernelConfig::portable()).on);
+        for cc in [(8, 0), (8, 9), (10, 0), (12, 0)] {
+            assert!(!Hopper::new(cc, &default).on, "{cc:?}");
+        }
+        let h = Hopper::new((9, 0), &default);
+        assert!(h.bwd_ws);
+        assert_eq!(
+            (h.fused, h.ws, h.taylor_dense, h.taylor_wg),
+            (Route::Measured, Route::Measured, Route::Measured, Route::Measured)
+        );
+        let a_b = KernelConfig {
+            fused_backward: Route::Off,
+            ws_forward: Route::Everywhere,
+            ws_backward: false,
+            taylor_dense: Route::Off,
+            taylor_wg: Route::Everywhere,
+            ..default
+        };
+        let h = Hopper::new((9, 0), &a_b);
+        assert_eq!((h.fused, h.ws, h.bwd_ws), (Route::Off, Route::Everywhere, false));
+        assert_eq!((h.taylor_dense, h.taylor_wg), (Route::Off, Route::Everywhere));
     }
 }

@@ -17,9 +17,8 @@
 //! midpoint) is a runtime flag of the same kernels. Hyperbolic kernels also need the per-row scalars
 //! of `attn_hyp_rows_{dt}` (time coordinates, norms, log γ) before any of them runs.
 
-use crate::config::Route;
+use crate::config::{Hopper, Route};
 use crate::heuristics::{self, Tile};
-use crate::runtime::Hopper;
 use attn_core::{
     Aggregation, AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, HypScore, Pass, TaylorOrder,
 };
@@ -305,7 +304,7 @@ fn k0_panels(spec: &AttnSpec, lorentz: bool) -> bool {
 }
 
 /// The flash kernel of one stage. Assumes [`check_supported`] passed. `hopper`: whether the device runs
-/// the Hopper kernels and their routing (runtime::Kernels::hopper); forward and backward then use them
+/// the Hopper kernels and their routing (`runtime::Kernels::hopper`); forward and backward then use them
 /// at the head dims they cover, f16 and bf16.
 pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Result<Kernel, AttnError> {
     let pass = stage.pass();

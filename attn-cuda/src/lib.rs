@@ -43,9 +43,11 @@ mod heuristics;
 mod params;
 mod runtime;
 mod taylor;
+mod views;
 
-pub use backend::{kernels_built, BackwardViews, CudaAttn, DeviceElem, ForwardViews};
+pub use backend::{kernels_built, CudaAttn};
 pub use config::{KernelConfig, Route};
 pub use cudarc;
 pub use error::{CudaAttnError, Result};
 pub use taylor::{DecodeShape, TaylorDecodeState};
+pub use views::{BackwardViews, DeviceElem, ForwardViews};

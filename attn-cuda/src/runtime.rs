@@ -3,7 +3,7 @@
 //! context; functions are looked up once and configured for their dynamic shared memory. The only
 //! `unsafe` launches of the crate are here.
 
-use crate::config::{KernelConfig, Route};
+use crate::config::{Hopper, KernelConfig};
 use crate::dispatch::{Kernel, Module};
 use crate::error::{CudaAttnError, Result};
 use crate::params::AttnParams;
@@ -39,37 +39,6 @@ pub(crate) struct Kernels {
     cc: (i32, i32),
     /// The device's SM count (at least 1), for the grids of kernels that loop over their work.
     pub sms: usize,
-}
-
-/// The Hopper (sm_90a, wgmma) kernels a call may take: `on` where the device is compute capability
-/// 9.0 (the only one that runs sm_90a code) and [`KernelConfig::hopper`]; the other fields are the
-/// configuration's routing of the Hopper variants ([`KernelConfig`] documents each). `Default`: off.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Hopper {
-    pub on: bool,
-    /// [`KernelConfig::fused_backward`].
-    pub fused: Route,
-    /// [`KernelConfig::ws_forward`].
-    pub ws: Route,
-    /// [`KernelConfig::ws_backward`].
-    pub bwd_ws: bool,
-    /// [`KernelConfig::taylor_dense`].
-    pub taylor_dense: Route,
-    /// [`KernelConfig::taylor_wg`].
-    pub taylor_wg: Route,
-}
-
-impl Hopper {
-    pub(crate) fn new(cc: (i32, i32), config: &KernelConfig) -> Self {
-        Hopper {
-            on: cc == (9, 0) && config.hopper,
-            fused: config.fused_backward,
-            ws: config.ws_forward,
-            bwd_ws: config.ws_backward,
-            taylor_dense: config.taylor_dense,
-            taylor_wg: config.taylor_wg,
-        }
-    }
 }
 
 /// Functions looked up so far: (module, name) → (function, dynamic shared memory it is configured for).
@@ -290,37 +259,4 @@ pub(crate) struct Launch<'a> {
     pub grid: (usize, usize, usize),
     pub threads: u32,
     pub smem: usize,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Hopper;
-    use crate::config::{KernelConfig, Route};
-
-    #[test]
-    fn hopper_kernels_only_on_compute_capability_9_0_and_not_when_turned_off() {
-        let default = KernelConfig::default();
-        assert!(Hopper::new((9, 0), &default).on);
-        assert!(!Hopper::new((9, 0), &KernelConfig::portable()).on);
-        for cc in [(8, 0), (8, 9), (10, 0), (12, 0)] {
-            assert!(!Hopper::new(cc, &default).on, "{cc:?}");
-        }
-        let h = Hopper::new((9, 0), &default);
-        assert!(h.bwd_ws);
-        assert_eq!(
-            (h.fused, h.ws, h.taylor_dense, h.taylor_wg),
-            (Route::Measured, Route::Measured, Route::Measured, Route::Measured)
-        );
-        let a_b = KernelConfig {
-            fused_backward: Route::Off,
-            ws_forward: Route::Everywhere,
-            ws_backward: false,
-            taylor_dense: Route::Off,
-            taylor_wg: Route::Everywhere,
-            ..default
-        };
-        let h = Hopper::new((9, 0), &a_b);
-        assert_eq!((h.fused, h.ws, h.bwd_ws), (Route::Off, Route::Everywhere, false));
-        assert_eq!((h.taylor_dense, h.taylor_wg), (Route::Off, Route::Everywhere));
-    }
 }

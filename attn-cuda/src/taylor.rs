@@ -65,17 +65,17 @@ mod params;
 mod route;
 mod wg;
 
+pub(crate) use decode::Decode;
 pub use decode::{DecodeShape, TaylorDecodeState};
 pub(crate) use route::dense_on_flash;
 #[cfg(test)]
 pub(crate) use route::wg_forward;
 
-use crate::backend::{CudaAttn, DeviceElem};
-use crate::config::KernelConfig;
+use crate::config::{Hopper, KernelConfig};
 use crate::dispatch::{dtype_tag, BACKEND};
 use crate::error::Result;
-use crate::runtime::Hopper;
 use crate::runtime::Kernels;
+use crate::views::DeviceElem;
 use attn_core::{AttnError, AttnSpec, Causal, FamilySpec, Op, Pass, SeqLengths};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use launch::Launch;
@@ -264,8 +264,12 @@ struct Call<'s> {
 }
 
 impl<'s> Call<'s> {
-    fn new(attn: &'s CudaAttn, spec: &'s AttnSpec, pass: Pass) -> Result<Self> {
-        let stream = attn.stream();
+    fn new(
+        stream: &'s Arc<CudaStream>,
+        config: KernelConfig,
+        spec: &'s AttnSpec,
+        pass: Pass,
+    ) -> Result<Self> {
         let op = spec.op(pass);
         let kernels = crate::runtime::kernels_for(stream.context(), op)?;
         Ok(Call {
@@ -273,7 +277,7 @@ impl<'s> Call<'s> {
             stream,
             kernels,
             op,
-            config: *attn.config(),
+            config,
         })
     }
 
@@ -592,21 +596,31 @@ fn forward_impl<T: DeviceElem>(call: &Call<'_>, p: &mut TaylorParams, b: Forward
 }
 
 /// Forward of a Taylor spec (called by the backend for `FamilySpec::Taylor`).
-pub(crate) fn forward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Forward<'_, T>) -> Result<()> {
+pub(crate) fn forward<T: DeviceElem>(
+    stream: &Arc<CudaStream>,
+    config: KernelConfig,
+    spec: &AttnSpec,
+    b: Forward<'_, T>,
+) -> Result<()> {
     check::<T>(spec, Pass::Forward)?;
-    let call = Call::new(attn, spec, Pass::Forward)?;
+    let call = Call::new(stream, config, spec, Pass::Forward)?;
     let (mut p, _lengths) = call.params()?;
     forward_impl(&call, &mut p, b)?;
     Ok(())
 }
 
 /// Backward of a Taylor spec (called by the backend for `FamilySpec::Taylor`).
-pub(crate) fn backward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Backward<'_, T>) -> Result<()> {
+pub(crate) fn backward<T: DeviceElem>(
+    stream: &Arc<CudaStream>,
+    config: KernelConfig,
+    spec: &AttnSpec,
+    b: Backward<'_, T>,
+) -> Result<()> {
     let pass = Pass::Backward;
     check::<T>(spec, pass)?;
     no_bias(spec, pass, "bias", b.bias.is_some())?;
     no_bias(spec, pass, "dbias", b.dbias.is_some())?;
-    let call = Call::new(attn, spec, pass)?;
+    let call = Call::new(stream, config, spec, pass)?;
     let (mut p, _lengths) = call.params()?;
     let c = call.checker(pass);
     let (q, _gq) = c.input("q", b.q, spec.q_len())?;

@@ -3,10 +3,9 @@
 //! launches (`taylor.rs`, `order1.rs`, `wg.rs`) follow what these return.
 
 use super::heuristics;
-use crate::config::Route;
+use crate::config::{Hopper, Route};
 use crate::dispatch;
 use crate::params::AttnParams;
-use crate::runtime::Hopper;
 use attn_core::{AttnSpec, Causal, DType, FamilyKind, FamilySpec, Pass, SeqLengths, Strides, TaylorOrder};
 
 /// Which tensors of a call have every row 16 bytes aligned (base address and strides), as the order-1
