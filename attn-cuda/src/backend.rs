@@ -17,6 +17,7 @@
 //!
 //! Inputs may be strided views (the spec's strides, last dim contiguous): nothing is copied.
 
+use crate::check::Checker;
 use crate::config::KernelConfig;
 use crate::dispatch::{self, RowKernel, Stage};
 use crate::error::{CudaAttnError, Result};
@@ -29,7 +30,7 @@ use attn_core::{
     Aggregation, AttnBackend, AttnError, AttnSpec, BackwardIo, Causal, DType, Element, FamilyKind,
     FamilySpec, ForwardIo, Op, Pass, SeqLengths,
 };
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
 /// The CUDA backend: launches on one stream (the caller's, e.g. candle's), choosing kernels under
@@ -64,100 +65,6 @@ struct BwdArgs<'a, T> {
     dk: Out<'a, T>,
     dv: Out<'a, T>,
     dbias: Option<Out<'a, T>>,
-}
-
-/// Per-call checks on device buffers, and the guards that order their use on our stream.
-struct Checker<'s> {
-    spec: &'s AttnSpec,
-    op: Op,
-    pass: Pass,
-    stream: &'s CudaStream,
-    /// Inputs must be 16-byte aligned for cp.async (tensor-core path).
-    tensor_cores: bool,
-}
-
-impl<'s> Checker<'s> {
-    fn device<T>(&self, what: &str, buf: &dyn DevicePtr<T>) -> Result<()> {
-        let ours = self.stream.context().cu_ctx();
-        if buf.stream().context().cu_ctx() != ours {
-            return Err(AttnError::InvalidArgument {
-                op: self.op,
-                arg: "device",
-                reason: format!(
-                    "`{what}` lives on CUDA device {} but the call runs on device {}",
-                    buf.stream().context().ordinal(),
-                    self.stream.context().ordinal()
-                ),
-            }
-            .into());
-        }
-        Ok(())
-    }
-
-    fn aligned(&self, what: &str, ptr: u64, align: u64) -> Result<()> {
-        if ptr % align != 0 {
-            return Err(AttnError::Unsupported {
-                op: self.op,
-                backend: dispatch::BACKEND,
-                what: format!("`{what}` at device address {ptr:#x}, not {align}-byte aligned"),
-            }
-            .into());
-        }
-        Ok(())
-    }
-
-    /// A read buffer: length, device, alignment; returns its address and the ordering guard.
-    fn input<'a, T>(
-        &self,
-        what: &str,
-        buf: &'a dyn DevicePtr<T>,
-        need: usize,
-    ) -> Result<(u64, SyncOnDrop<'a>)>
-    where
-        's: 'a,
-    {
-        self.spec.check_len(self.pass, what, buf.len(), need)?;
-        self.device(what, buf)?;
-        let (ptr, guard) = buf.device_ptr(self.stream);
-        let align = if self.tensor_cores && matches!(what, "q" | "k" | "v" | "o" | "d_o") {
-            16
-        } else {
-            std::mem::size_of::<T>() as u64
-        };
-        self.aligned(what, ptr, align)?;
-        Ok((ptr, guard))
-    }
-
-    /// A written buffer.
-    fn output<'a, T>(
-        &self,
-        what: &str,
-        buf: &'a mut dyn DevicePtrMut<T>,
-        need: usize,
-    ) -> Result<(u64, SyncOnDrop<'a>)>
-    where
-        's: 'a,
-    {
-        self.spec.check_len(self.pass, what, buf.len(), need)?;
-        let ours = self.stream.context().cu_ctx();
-        if buf.stream().context().cu_ctx() != ours {
-            return Err(AttnError::InvalidArgument {
-                op: self.op,
-                arg: "device",
-                reason: format!("`{what}` lives on another CUDA device than the call's stream"),
-            }
-            .into());
-        }
-        let (ptr, guard) = buf.device_ptr_mut(self.stream);
-        // Paired 2-element stores for f16/bf16 rows.
-        let align = if self.tensor_cores {
-            4
-        } else {
-            std::mem::size_of::<T>() as u64
-        };
-        self.aligned(what, ptr, align)?;
-        Ok((ptr, guard))
-    }
 }
 
 fn bias_pair<X>(spec: &AttnSpec, op: Op, buf: Option<X>, what: &str) -> Result<Option<X>> {

@@ -36,6 +36,7 @@
 //! `ATTN_CUDA_PORTABLE=1` ([`KernelConfig::portable`] for backends built by `new` / `with_stream`).
 
 mod backend;
+mod check;
 mod config;
 mod dispatch;
 mod error;

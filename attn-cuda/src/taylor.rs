@@ -71,13 +71,14 @@ pub(crate) use route::dense_on_flash;
 #[cfg(test)]
 pub(crate) use route::wg_forward;
 
+use crate::check::Checker;
 use crate::config::{Hopper, KernelConfig};
 use crate::dispatch::{dtype_tag, BACKEND};
 use crate::error::Result;
 use crate::runtime::Kernels;
 use crate::views::DeviceElem;
 use attn_core::{AttnError, AttnSpec, Causal, FamilySpec, Op, Pass, SeqLengths};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use launch::Launch;
 use params::TaylorParams;
 use route::Rows;
@@ -170,65 +171,6 @@ fn check<T: DeviceElem>(spec: &AttnSpec, pass: Pass) -> Result<()> {
     Ok(())
 }
 
-/// Length, device and alignment checks of a call's buffers; their addresses and stream guards.
-struct Checker<'s> {
-    spec: &'s AttnSpec,
-    pass: Pass,
-    stream: &'s Arc<CudaStream>,
-}
-
-impl<'s> Checker<'s> {
-    fn same_device(&self, what: &str, stream: &CudaStream) -> Result<()> {
-        if stream.context().cu_ctx() != self.stream.context().cu_ctx() {
-            return Err(AttnError::InvalidArgument {
-                op: self.spec.op(self.pass),
-                arg: "device",
-                reason: format!(
-                    "`{what}` lives on CUDA device {} but the call runs on device {}",
-                    stream.context().ordinal(),
-                    self.stream.context().ordinal()
-                ),
-            }
-            .into());
-        }
-        Ok(())
-    }
-
-    fn aligned<T>(&self, what: &str, ptr: u64) -> Result<()> {
-        let align = std::mem::size_of::<T>() as u64;
-        if ptr % align != 0 {
-            return Err(unsupported(
-                self.spec.op(self.pass),
-                format!("`{what}` at device address {ptr:#x}, not {align}-byte aligned"),
-            )
-            .into());
-        }
-        Ok(())
-    }
-
-    fn input<'a, T>(&self, what: &str, buf: In<'a, T>, need: usize) -> Result<(u64, SyncOnDrop<'a>)>
-    where
-        's: 'a,
-    {
-        self.spec.check_len(self.pass, what, buf.len(), need)?;
-        self.same_device(what, buf.stream())?;
-        let (ptr, guard) = buf.device_ptr(self.stream);
-        self.aligned::<T>(what, ptr)?;
-        Ok((ptr, guard))
-    }
-
-    fn output<'a, T>(&self, what: &str, buf: Out<'a, T>, need: usize) -> Result<(u64, SyncOnDrop<'a>)>
-    where
-        's: 'a,
-    {
-        self.spec.check_len(self.pass, what, buf.len(), need)?;
-        self.same_device(what, buf.stream())?;
-        let (ptr, guard) = buf.device_ptr_mut(self.stream);
-        self.aligned::<T>(what, ptr)?;
-        Ok((ptr, guard))
-    }
-}
-
 /// A bias buffer with a Taylor spec (which never has one) is a shape error.
 fn no_bias(spec: &AttnSpec, pass: Pass, what: &str, present: bool) -> Result<()> {
     if present {
@@ -286,11 +228,15 @@ impl<'s> Call<'s> {
         self.kernels.hopper(&self.config)
     }
 
+    /// The buffer checks of the call's `pass`: element alignment only (the routing takes the rows'
+    /// alignment into account, `route::Rows`).
     fn checker(&self, pass: Pass) -> Checker<'s> {
         Checker {
             spec: self.spec,
+            op: self.spec.op(pass),
             pass,
             stream: self.stream,
+            tensor_cores: false,
         }
     }
 
