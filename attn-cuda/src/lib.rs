@@ -3,7 +3,7 @@
 //! Fused attention kernels for NVIDIA GPUs, built with nvcc (sm_90a and sm_80 SASS, compute_80 PTX)
 //! and launched through cudarc on the caller's stream.
 //!
-//! Families: softmax (REFERENCE.md §1: `s = scale·q·k`, optional softcap, `+ bias`,
+//! Families: softmax (docs/math.md §1: `s = scale·q·k`, optional softcap, `+ bias`,
 //! `o = softmax(s)·v`, LSE saved in f32), cosine-sim (§2: `s = scale·q̂·k̂` with the l2-norms fused
 //! into the tiles and the fixed offset `−scale` instead of a running max) and hyperbolic (§4, Lorentz
 //! model of curvature `−c`, `x0 = √(1/c + ‖x‖²)`): squared Lorentz `s = −β d²_L = 2β/c + 2β(q·k − q0 k0)`
@@ -29,16 +29,26 @@
 //! Without nvcc at build time the crate still builds and every call returns
 //! [`CudaAttnError::KernelsNotBuilt`]; without a GPU [`CudaAttn::new`] returns
 //! [`CudaAttnError::NoGpu`].
+//!
+//! Kernel variants: [`KernelConfig`] (its default is the tuned routing; docs/configuration.md), given
+//! to [`CudaAttn::with_config`]. The environment is read for two switches only:
+//! `ATTN_CUDA_CHECK_LAUNCHES=1` (every launch waits for its kernel and names it in an error) and
+//! `ATTN_CUDA_PORTABLE=1` ([`KernelConfig::portable`] for backends built by `new` / `with_stream`).
 
 mod backend;
+mod check;
+mod config;
 mod dispatch;
 mod error;
 mod heuristics;
 mod params;
 mod runtime;
 mod taylor;
+mod views;
 
-pub use backend::{kernels_built, BackwardViews, CudaAttn, DeviceElem, ForwardViews};
+pub use backend::{kernels_built, CudaAttn};
+pub use config::{KernelConfig, Route};
 pub use cudarc;
 pub use error::{CudaAttnError, Result};
 pub use taylor::{DecodeShape, TaylorDecodeState};
+pub use views::{BackwardViews, DeviceElem, ForwardViews};
