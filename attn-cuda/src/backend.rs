@@ -119,10 +119,10 @@ fn check_strides(spec: &AttnSpec, op: Op) -> Result<()> {
 
 /// Cosine-sim with l2-normalised q and k (its kernels scale by the reciprocal norms), and Taylor's
 /// quadratic form with `qk_l2norm` (the same scores, the same row kernels).
-fn l2norm_qk(spec: &AttnSpec) -> bool {
+fn qk_l2norm(spec: &AttnSpec) -> bool {
     matches!(
         spec.family(),
-        FamilySpec::CosineSim { l2norm_qk: true, .. } | FamilySpec::Taylor { qk_l2norm: true, .. }
+        FamilySpec::CosineSim { qk_l2norm: true, .. } | FamilySpec::Taylor { qk_l2norm: true, .. }
     )
 }
 
@@ -390,7 +390,7 @@ impl CudaAttn {
         let scratch = self.hyperbolic_rows(spec, &kernels, &mut p, op, keys_only)?;
         // The Hopper forward reads cosine-sim's 1/‖q‖ and k̂ from the row kernels (the mma.sync one
         // computes the norms in its tiles).
-        let norms = if kernel.hopper && l2norm_qk(spec) {
+        let norms = if kernel.hopper && qk_l2norm(spec) {
             Some(self.norm_rows::<T>(spec, &kernels, &mut p, op, (false, true))?)
         } else {
             None
@@ -556,7 +556,7 @@ impl CudaAttn {
         // warp-specialised dK/dV kernel copies).
         let delta = unsafe { s.alloc::<f32>((2 * spec.stats_len()).max(1)) }?;
         p.delta = delta.device_ptr(s).0;
-        let norms = l2norm_qk(spec);
+        let norms = qk_l2norm(spec);
         let fused = dispatch::fused_backward(spec, kernels.hopper(&self.config));
         let mut scratch = Vec::new();
         if fused {

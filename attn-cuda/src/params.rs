@@ -180,17 +180,17 @@ impl AttnParams {
             }
             FamilySpec::CosineSim {
                 scale,
-                l2norm_qk,
+                qk_l2norm,
                 eps,
             } => {
                 p.scale = scale;
                 p.eps = eps;
-                p.l2norm = i32::from(l2norm_qk);
+                p.l2norm = i32::from(qk_l2norm);
                 // f16 has 5 exponent bits: with the fixed offset, a row whose best score sits well
                 // below `scale` has every P under f16's normal range (6e-5) before P·V, and loses
                 // its digits; the running max keeps each row's largest P at 1. bf16 shares f32's
                 // exponent range and keeps the fixed offset.
-                let bounded = l2norm_qk
+                let bounded = qk_l2norm
                     && spec.bias().is_none()
                     && scale <= FIXED_MAX_SCALE_LIMIT
                     && spec.dtype() != attn_core::DType::F16;
@@ -307,7 +307,7 @@ mod tests {
         );
         assert_eq!(p(Family::cosine_sim(), true).running_max, 1);
         let unnormalised = Family::CosineSim(attn_core::CosineParams {
-            l2norm_qk: false,
+            qk_l2norm: false,
             ..Default::default()
         });
         assert_eq!(p(unnormalised, false).running_max, 1);

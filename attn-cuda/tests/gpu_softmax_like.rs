@@ -61,7 +61,7 @@ fn softmax_sharp() -> Family {
 fn cosine_unnormalised() -> Family {
     Family::CosineSim(CosineParams {
         scale: 0.5,
-        l2norm_qk: false,
+        qk_l2norm: false,
         ..CosineParams::default()
     })
 }

@@ -675,7 +675,7 @@ pub struct FamilyOptions {
     pub softcap: Option<f32>,
     /// Taylor `[a0, a1]` or `[a0, a1, a2]`.
     pub a: Option<Vec<f32>>,
-    /// Cosine-sim `l2norm_qk`, Taylor `qk_l2norm`.
+    /// `qk_l2norm` of cosine-sim and Taylor.
     pub l2norm: Option<bool>,
     pub eps: Option<f32>,
     pub curvature: Option<f32>,
@@ -716,7 +716,7 @@ pub fn family_with_options(id: FamilyId, o: &FamilyOptions) -> Result<Family, Be
         }
         Family::CosineSim(p) => {
             p.scale = o.scale.unwrap_or(p.scale);
-            p.l2norm_qk = o.l2norm.unwrap_or(p.l2norm_qk);
+            p.qk_l2norm = o.l2norm.unwrap_or(p.qk_l2norm);
             p.eps = o.eps.unwrap_or(p.eps);
             reject("softcap", o.softcap.is_some())?;
             reject("a", o.a.is_some())?;

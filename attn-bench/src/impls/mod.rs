@@ -193,10 +193,10 @@ pub fn family_params(spec: &AttnSpec) -> String {
         },
         FamilySpec::CosineSim {
             scale,
-            l2norm_qk,
+            qk_l2norm,
             eps,
         } => {
-            format!("scale={scale} l2norm={l2norm_qk} eps={eps:e}")
+            format!("scale={scale} l2norm={qk_l2norm} eps={eps:e}")
         }
         FamilySpec::Taylor {
             order,

@@ -5,8 +5,8 @@
 //   Softmax:   s = scale·q·k, optionally softcap·tanh(s/softcap), + bias
 //   CosineSim: s = scale·q̂·k̂ (+ bias), q̂ = q/max(‖q‖, eps); computed as scale·(q·k)·rq·rk with the
 //              reciprocal norms rq, rk of the raw rows (fused: no normalised copy is ever written).
-//              With l2norm_qk = false the norms are 1. The row max is the fixed offset `scale`
-//              unless a bias or l2norm_qk = false makes the scores unbounded (host sets running_max).
+//              With qk_l2norm = false the norms are 1. The row max is the fixed offset `scale`
+//              unless a bias or qk_l2norm = false makes the scores unbounded (host sets running_max).
 //   Hyperbolic (docs/math.md §4), from the raw product q·k and the time coordinates q0, k0 (per-row
 //   f32 scalars of the row kernels; the lifted (D+1)-vectors are never stored):
 //     SqLorentz: s = −β d²_L = 2β/c + 2β (q·k − q0 k0)

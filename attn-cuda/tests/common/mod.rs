@@ -426,9 +426,9 @@ pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Ou
         FamilySpec::Softmax { scale, softcap } => (scale, softcap, None),
         FamilySpec::CosineSim {
             scale,
-            l2norm_qk,
+            qk_l2norm,
             eps,
-        } => (scale, None, l2norm_qk.then_some(eps)),
+        } => (scale, None, qk_l2norm.then_some(eps)),
         ref other => panic!("no naive baseline for {other:?}"),
     };
     // Prepared rows: x̂ = x / max(‖x‖, eps) rounded to T (cosine-sim), else x; and ‖x‖.
