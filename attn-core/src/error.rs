@@ -112,9 +112,13 @@ pub enum AttnError {
     /// sequence offsets and window bounds, 64-bit strides).
     #[error("{op}: `{arg}` is too large for {shapes}: {reason}")]
     TooLarge {
+        /// The operation that was asked for.
         op: Op,
+        /// The argument whose value (or whose product with the others) is too large.
         arg: &'static str,
+        /// The call's sizes: batch, heads, sequence lengths and head dims.
         shapes: String,
+        /// Which limit it exceeds.
         reason: String,
     },
     /// A failure inside a backend (driver error, out of memory, ...).
