@@ -57,7 +57,7 @@ pub(crate) const WG_FOLD_SMEM: usize = 6 * 64 * 64 * 2 + 4 * 72 * 2 + 64 * 4 + 1
 pub(crate) const WG_READ_SMEM: usize = 5 * 8 * 16 * 64 * 2 + 128 * 72 * 2 + WG_VEC * 4 + 64 * 4 + 1024;
 
 /// Whether the wgmma state forward beats the quadratic form on the flash kernels (bf16, D = 64): from
-/// 4096 keys per query without a causal mask. H100, 16k tokens × 32 heads, forward (kernels/NOTES_taylor.md,
+/// 4096 keys per query without a causal mask. H100, 16k tokens × 32 heads, forward (docs/kernels/taylor-order2.md,
 /// 2026-11-27): 1.24 ms against 1.63 at 4096, 1.07 against 3.06 at 8192; at 2048 the flash
 /// kernels win (0.89 against 1.69: the state costs the same at every N, the quadratic form ∝ N).
 /// Causal (Nq = Nk): from 8192 keys. H100, same shape, forward (2026-11-27):
