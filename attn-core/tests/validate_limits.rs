@@ -19,7 +19,7 @@ fn too_large(p: &AttnProblem, arg: &str) {
         Err(e @ AttnError::TooLarge { arg: a, .. }) if a == arg => {
             let msg = e.to_string();
             assert!(
-                msg.starts_with("softmax spec: ") || msg.starts_with("taylor spec: "),
+                msg.starts_with("softmax attention: ") || msg.starts_with("taylor attention: "),
                 "{msg}"
             );
             assert!(msg.contains("batch ") && msg.contains("seq "), "{msg}");
