@@ -53,7 +53,7 @@ impl Call<'_> {
     }
 
     /// One launch of a single-pass chain kernel with `slots` chain states of `state_floats` each and as
-    /// many flags in scratch (`st`, `chain_flags`; the flags and the ticket counter after them zeroed).
+    /// many flags in scratch (`st`, `chain_flags()`; the flags and the ticket counter after them zeroed).
     fn run_chain(
         &self,
         p: &mut TaylorParams,

@@ -7,8 +7,9 @@ use cudarc::driver::DeviceRepr;
 
 /// Device pointers are plain addresses (`u64`, 0 = none), filled by the launcher from checked buffers.
 ///
-/// Three slots mean different things in different kernels; in C they are anonymous unions with one name
-/// per meaning. Here each is a private field written through one setter per meaning (`set_st` or
+/// Three slots mean different things in different kernels; in C the kernels read the other meanings
+/// through accessors named after them (`decode_partials()`, `chain_flags()`, `decode_blocks()`,
+/// `lookahead()`). Here each is a private field written through one setter per meaning (`set_st` or
 /// `set_decode_partials`, `set_st_max` or `set_chain_flags`, `set_slabs`, `set_decode_blocks` or
 /// `set_lookahead`), so a launch site names what it passes and the layout stays that of one field.
 #[repr(C)]
@@ -27,10 +28,9 @@ pub(crate) struct TaylorParams {
     pub acc_kv: u64,
     pub acc_k: u64,
     pub state: u64,
-    /// `union { float* st; float* decode_partials; }`: see [`Self::set_st`] and
-    /// [`Self::set_decode_partials`].
+    /// `st`, also read as `decode_partials()`: see [`Self::set_st`] and [`Self::set_decode_partials`].
     st: u64,
-    /// `union { int* st_max; int* chain_flags; }`: see [`Self::set_st_max`] and [`Self::set_chain_flags`].
+    /// `st_max`, also read as `chain_flags()`: see [`Self::set_st_max`] and [`Self::set_chain_flags`].
     st_max: u64,
     /// f16/bf16 state sweep: the states in the storage type, `[B][Hkv][n_seg][copies][M][f_pad]`.
     pub st_t: u64,
@@ -44,7 +44,7 @@ pub(crate) struct TaylorParams {
     pub order: i32,
     /// Sweep roles: 0 keys → queries (forward, dQ), 1 queries → keys reversed (dV, dK).
     pub reverse: i32,
-    /// `union { int n_slabs; int decode_blocks; int lookahead; }`: see [`Self::set_slabs`],
+    /// `n_slabs`, also read as `decode_blocks()` and `lookahead()`: see [`Self::set_slabs`],
     /// [`Self::set_decode_blocks`] and [`Self::set_lookahead`].
     n_slabs: i32,
     /// Sources per segment `L`.
@@ -102,7 +102,7 @@ impl TaylorParams {
     }
 
     /// Decode step: the per-feature-block partials of `[num, den]`, `[decode_blocks][rows][M]` (C:
-    /// `decode_partials`, the slot of `st`).
+    /// `decode_partials()`, the slot of `st`).
     pub(crate) fn set_decode_partials(&mut self, ptr: u64) {
         self.st = ptr;
     }
@@ -113,7 +113,7 @@ impl TaylorParams {
     }
 
     /// The single-pass causal order-1 forward: its chain flags, then its ticket counter, zeroed (C:
-    /// `chain_flags`, the slot of `st_max`).
+    /// `chain_flags()`, the slot of `st_max`).
     pub(crate) fn set_chain_flags(&mut self, ptr: u64) {
         self.st_max = ptr;
     }
@@ -123,13 +123,13 @@ impl TaylorParams {
         self.n_slabs = slabs;
     }
 
-    /// Decode step: the feature blocks, how many partials the reduce sums (C: `decode_blocks`, the slot
-    /// of `n_slabs`).
+    /// Decode step: the feature blocks, how many partials the reduce sums (C: `decode_blocks()`, the
+    /// slot of `n_slabs`).
     pub(crate) fn set_decode_blocks(&mut self, blocks: i32) {
         self.n_slabs = blocks;
     }
 
-    /// The single-pass causal order-1 forward: how many rounds its fold blocks run ahead (C: `lookahead`,
+    /// The single-pass causal order-1 forward: how many rounds its fold blocks run ahead (C: `lookahead()`,
     /// the slot of `n_slabs`).
     pub(crate) fn set_lookahead(&mut self, rounds: i32) {
         self.n_slabs = rounds;
