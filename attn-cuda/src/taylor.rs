@@ -345,8 +345,8 @@ impl<'s> Call<'s> {
         // (batch entry, kv head), which are the only states the prefix and the reads touch.
         let st = unsafe { self.stream.alloc::<f32>(entries) }?;
         let st_max = self.stream.alloc_zeros::<i32>(n_states)?;
-        p.st = st.device_ptr(self.stream).0;
-        p.st_max = st_max.device_ptr(self.stream).0;
+        p.set_st(st.device_ptr(self.stream).0);
+        p.set_st_max(st_max.device_ptr(self.stream).0);
         p.copies = copies as i32;
         let st_t = if elem == 2 && copies > 0 {
             // SAFETY (uninitialised): the prefix writes every entry of every copy of st[k], k < n_seg(b),
@@ -359,7 +359,7 @@ impl<'s> Call<'s> {
             None
         };
         let slabs = heuristics::fold_slabs(d, p.order as u8).ok_or_else(missing)?;
-        p.n_slabs = slabs as i32;
+        p.set_slabs(slabs as i32);
         let fold = if route::order1_fold(s, Rows::of(s, &p.base), p.reverse != 0) {
             Launch {
                 name: format!("attn_taylor_order1_fold_{dt}_d{d}"),

@@ -46,18 +46,18 @@ struct TaylorParams {
     // The state sweep: per (batch entry, kv head) n_seg states Sᵀ [M][f_pad] (segment sums, then, f32,
     // their inclusive prefix in place), per segment the bits of its largest |sum| (a non-negative float
     // as an int), and for f16/bf16 the prefix's storage-type copies (hi, and lo for a gradient read).
-    // Decode: st holds the per-feature-block partials of a step.
-    float* st;      // [B][Hkv][n_seg][M][f_pad]
-    int* st_max;    // [B][Hkv][n_seg]: the largest |segment sum| (f16/bf16); the single-pass order-1 forward
-                    // (taylor_order1_chain.cuh): its flags, then its ticket counter
+    // Three slots mean something else in other kernels, which read them through the accessors below
+    // (decode_partials, chain_flags, decode_blocks, lookahead), one name per meaning.
+    float* st;      // [B][Hkv][n_seg][M][f_pad]; the single-pass order-1 forward (taylor_order1_chain.cuh):
+                    // its chain states [B][Hkv][R][kStateFloats]
+    int* st_max;    // [B][Hkv][n_seg]: the largest |segment sum| (f16/bf16)
     void* st_t;     // f16/bf16: the states in the storage type, [B][Hkv][n_seg][copies][M][f_pad]
     float* st_vec;  // order 2 on wgmma (taylor_wg.cuh): the read's f32 vector part [B][Hkv][132] (causal:
                     // [B][Hkv][n_seg][132], one per state)
     float a0, a1, a2;
     int order;      // 1 or 2
     int reverse;    // sweep roles: 0 keys → queries (forward, dQ); 1 queries → keys, reversed (dV, dK)
-    int n_slabs;    // fold: feature slabs per (batch entry, kv head); decode: feature blocks; the single-pass
-                    // order-1 forward: how many rounds its fold blocks run ahead
+    int n_slabs;    // fold: feature slabs per (batch entry, kv head)
     int seg_len;    // L: sources per segment (a multiple of the chunk C)
     int n_seg;      // segments of the longest (batch entry, kv head): the st stride
     int f_pad;      // features per state row: 8 · taylor_tiles rounded up to kTaylorStepTiles
@@ -65,6 +65,18 @@ struct TaylorParams {
     int copies;     // f16/bf16 state copies: 1 (hi) or 2 (hi, lo: a sweep with a gradient read)
     int rev_raw;    // order-1 reversed sweeps without qk_l2norm: x = q_raw (not scale·q), scale applied by the
                     // reads, so that f there is the forward's f to f32 rounding (it matters where den → 0)
+
+    // The other meanings of st, st_max and n_slabs. Accessors rather than anonymous unions: a union in
+    // the struct changes how nvcc schedules the parameter loads of every kernel (different SASS with
+    // CUDA 13.0), member functions change nothing.
+    // Decode step: [decode_blocks][rows][M], each feature block's partial [num, den] (slot: st).
+    __device__ __forceinline__ float* decode_partials() const { return st; }
+    // The single-pass order-1 forward: its flags [B][Hkv][R], then its ticket counter (slot: st_max).
+    __device__ __forceinline__ int* chain_flags() const { return st_max; }
+    // Decode step: feature blocks, the count of the partials (slot: n_slabs).
+    __device__ __forceinline__ int decode_blocks() const { return n_slabs; }
+    // The single-pass order-1 forward: how many rounds its fold blocks run ahead (slot: n_slabs).
+    __device__ __forceinline__ int lookahead() const { return n_slabs; }
 };
 
 namespace attn {

@@ -3,7 +3,7 @@
 //   prefill:       S over every valid key of each batch entry (after its forward);
 //   step:          for each new token i in order: S += φ(k̂_i) ṽ_iᵀ, then every query head g of the group
 //                  reads its feature block's part Σ_f ψ_f(u_ig) S[f] of [num, den] into its own slot
-//                  of the partials (st: [n_slabs feature blocks][rows][M]);
+//                  of the partials (decode_partials: [decode_blocks feature blocks][rows][M]);
 //   reduce:        [num, den] = the sum of the partials in feature-block order (no atomics: the same
 //                  bits on every run), then the forward's finalize turns them into o and den.
 // One block = FB = 64 features of one (batch entry, kv head); thread v owns column v of those rows, so a
@@ -128,20 +128,21 @@ __device__ __forceinline__ void taylor_decode_step(const TaylorParams& tp) {
             for (int g = 0; g < G; ++g) {
                 float acc = 0.f;
                 for (int f = 0; f < nf; ++f) acc += sPsi[g * FB + f] * S[(long long)f * M + v];
-                tp.st[(long long)blockIdx.x * rows * M + taylor_query_row(p, si, hk, i, g) * M + v] = acc;
+                tp.decode_partials()[(long long)blockIdx.x * rows * M + taylor_query_row(p, si, hk, i, g) * M + v] =
+                    acc;
             }
         }
         __syncthreads();  // k̂, ṽ, u, φ, ψ are rewritten by the next token
     }
 }
 
-// Grid (⌈rows·M / 128⌉): acc_q[e] = Σ_σ st[σ][e] over the n_slabs feature blocks, in order.
+// Grid (⌈rows·M / 128⌉): acc_q[e] = Σ_σ decode_partials[σ][e] over the decode_blocks feature blocks, in order.
 __device__ __forceinline__ void taylor_decode_reduce(const TaylorParams& tp) {
     const long long n = (long long)tp.base.total_q * tp.base.heads_q * (tp.base.head_dim + 1);
     const long long e = (long long)blockIdx.x * kTaylorThreads + threadIdx.x;
     if (e >= n) return;
     float s = 0.f;
-    for (int fb = 0; fb < tp.n_slabs; ++fb) s += tp.st[fb * n + e];
+    for (int fb = 0; fb < tp.decode_blocks(); ++fb) s += tp.decode_partials()[fb * n + e];
     tp.acc_q[e] = s;
 }
 

@@ -90,19 +90,19 @@ template <class Store> __device__ __forceinline__ void taylor1_chain_publish(int
 // barrier).
 __device__ __forceinline__ void taylor1_chain_ticket(const TaylorParams& tp, int* ticket) {
     const AttnParams& P = tp.base;
-    if (threadIdx.x == 0) *ticket = atomicAdd(tp.st_max + (long long)P.batch * P.heads_kv * tp.n_seg, 1);
+    if (threadIdx.x == 0) *ticket = atomicAdd(tp.chain_flags() + (long long)P.batch * P.heads_kv * tp.n_seg, 1);
     __syncthreads();
 }
 
 // What a ticket runs. Tickets: the fold blocks of rounds 0 … la − 1 first, then per round r the fold
-// blocks of round r + la and the forward blocks of round r (la = tp.n_slabs: how many rounds the folds run
+// blocks of round r + la and the forward blocks of round r (la = tp.lookahead(): how many rounds the folds run
 // ahead); h is the query head of a forward block and the kv head of a fold block.
 struct Taylor1ChainRole {
     int round, b, h, hk;
     bool fold;
     __device__ __forceinline__ Taylor1ChainRole(const TaylorParams& tp, int ticket) {
         const AttnParams& P = tp.base;
-        const int n_fold = P.batch * P.heads_kv, n_fwd = P.batch * P.heads_q, la = tp.n_slabs;
+        const int n_fold = P.batch * P.heads_kv, n_fwd = P.batch * P.heads_q, la = tp.lookahead();
         int k = ticket;
         fold = true;
         if (k < la * n_fold) {
@@ -141,7 +141,7 @@ template <typename T> struct Taylor1ChainWork {
     }
     // A fold block's end: `store` writes I_round into its chain state, then flag `at` is raised.
     template <class Store> __device__ __forceinline__ void release(const TaylorParams& tp, Store store) const {
-        taylor1_chain_publish(tp.st_max, at, store);
+        taylor1_chain_publish(tp.chain_flags(), at, store);
     }
 };
 
@@ -244,8 +244,8 @@ template <typename T, int D> struct Taylor1ChainBlock {
 };
 
 // One launch of la·F + R·(F + Q) blocks of 128 threads (see the top); tp.seg_len = L, tp.n_seg = R (the
-// segments of the longest sequence), tp.n_slabs = la, tp.st the chain states [B][Hkv][R][kStateFloats],
-// tp.st_max the flags [B][Hkv][R] and the ticket counter, zeroed.
+// segments of the longest sequence), tp.lookahead() = la, tp.st the chain states [B][Hkv][R][kStateFloats],
+// tp.chain_flags() the flags [B][Hkv][R] and the ticket counter, zeroed.
 template <typename T, int D>
 __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
     using L = Taylor1Chain<T, D>;
@@ -262,7 +262,7 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
 
     const AttnParams& P = tp.base;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-    int* flags = tp.st_max;
+    int* flags = tp.chain_flags();
     taylor1_chain_ticket(tp, &sTicket);
     const Taylor1ChainWork<T> w(tp, sTicket);
     const bool fold_block = w.role.fold;

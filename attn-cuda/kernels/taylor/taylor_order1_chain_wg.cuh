@@ -262,7 +262,7 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
 
     const AttnParams& P = tp.base;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    int* flags = tp.st_max;
+    int* flags = tp.chain_flags();
     taylor1_chain_ticket(tp, &sTicket);
     const Taylor1ChainWork<T> w(tp, sTicket);
     const int round = w.role.round, h = w.role.h, len = w.len, seg = w.seg, n_seg = w.n_seg, c_lo = w.c_lo;

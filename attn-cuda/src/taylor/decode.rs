@@ -167,8 +167,8 @@ impl Decode<'_> {
         // SAFETY (uninitialised): block σ of the step writes partial σ of every query row and column.
         let partials = unsafe { call.stream.alloc::<f32>(blocks * sums_len) }?;
         p.acc_q = acc;
-        p.st = partials.device_ptr(call.stream).0;
-        p.n_slabs = blocks as i32;
+        p.set_decode_partials(partials.device_ptr(call.stream).0);
+        p.set_decode_blocks(blocks as i32);
         let (sums, _gsum) = state.sums.device_ptr_mut(call.stream);
         p.state = sums;
         p.features = state.features as i32;

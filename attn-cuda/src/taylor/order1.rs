@@ -37,7 +37,7 @@ impl Call<'_> {
         let chains = s.batch() * s.heads_kv() * rounds;
         (p.seg_len, p.n_seg) = (seg as i32, rounds as i32);
         let lookahead = heuristics::ORDER1_CHAIN_LOOKAHEAD;
-        p.n_slabs = lookahead as i32;
+        p.set_lookahead(lookahead as i32);
         let folds = s.batch() * s.heads_kv();
         let blocks = lookahead * folds + rounds * (folds + s.batch() * s.heads_q());
         self.run_chain(
@@ -53,7 +53,7 @@ impl Call<'_> {
     }
 
     /// One launch of a single-pass chain kernel with `slots` chain states of `state_floats` each and as
-    /// many flags in scratch (`p.st`, `p.st_max`; the flags and the ticket counter after them zeroed).
+    /// many flags in scratch (`st`, `chain_flags()`; the flags and the ticket counter after them zeroed).
     fn run_chain(
         &self,
         p: &mut TaylorParams,
@@ -65,8 +65,8 @@ impl Call<'_> {
         // writing block does after writing every slot of it (the flags and the counter: zeroed).
         let states = unsafe { self.stream.alloc::<f32>(slots.max(1) * state_floats) }?;
         let flags = self.stream.alloc_zeros::<i32>(slots + 1)?;
-        p.st = states.device_ptr(self.stream).0;
-        p.st_max = flags.device_ptr(self.stream).0;
+        p.set_st(states.device_ptr(self.stream).0);
+        p.set_chain_flags(flags.device_ptr(self.stream).0);
         launch.grid.0 = launch.grid.0.max(1);
         self.run(launch, p)
     }

@@ -6,6 +6,12 @@ use attn_core::{AttnSpec, FamilySpec, TaylorOrder};
 use cudarc::driver::DeviceRepr;
 
 /// Device pointers are plain addresses (`u64`, 0 = none), filled by the launcher from checked buffers.
+///
+/// Three slots mean different things in different kernels; in C the kernels read the other meanings
+/// through accessors named after them (`decode_partials()`, `chain_flags()`, `decode_blocks()`,
+/// `lookahead()`). Here each is a private field written through one setter per meaning (`set_st` or
+/// `set_decode_partials`, `set_st_max` or `set_chain_flags`, `set_slabs`, `set_decode_blocks` or
+/// `set_lookahead`), so a launch site names what it passes and the layout stays that of one field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct TaylorParams {
@@ -22,12 +28,10 @@ pub(crate) struct TaylorParams {
     pub acc_kv: u64,
     pub acc_k: u64,
     pub state: u64,
-    /// State sweep: `[B][Hkv][n_seg][M][f_pad]` f32 segment sums, then their prefix; decode: the
-    /// per-feature-block partials of a step.
-    pub st: u64,
-    /// State sweep: `[B][Hkv][n_seg]` the bits of each segment's largest |sum| (zeroed before the fold);
-    /// the single-pass causal order-1 forward: its chain flags, then its ticket counter (zeroed).
-    pub st_max: u64,
+    /// `st`, also read as `decode_partials()`: see [`Self::set_st`] and [`Self::set_decode_partials`].
+    st: u64,
+    /// `st_max`, also read as `chain_flags()`: see [`Self::set_st_max`] and [`Self::set_chain_flags`].
+    st_max: u64,
     /// f16/bf16 state sweep: the states in the storage type, `[B][Hkv][n_seg][copies][M][f_pad]`.
     pub st_t: u64,
     /// Order 2 on wgmma (`taylor_wg.cuh`): the read's f32 vector part, `[B][Hkv][132]` (causal: one per
@@ -40,9 +44,9 @@ pub(crate) struct TaylorParams {
     pub order: i32,
     /// Sweep roles: 0 keys → queries (forward, dQ), 1 queries → keys reversed (dV, dK).
     pub reverse: i32,
-    /// Fold: feature slabs per (batch entry, kv head); decode: feature blocks of the partials; the
-    /// single-pass causal order-1 forward: how many rounds its fold blocks run ahead.
-    pub n_slabs: i32,
+    /// `n_slabs`, also read as `decode_blocks()` and `lookahead()`: see [`Self::set_slabs`],
+    /// [`Self::set_decode_blocks`] and [`Self::set_lookahead`].
+    n_slabs: i32,
     /// Sources per segment `L`.
     pub seg_len: i32,
     /// Segments of the longest (batch entry, kv head): the stride of `st`.
@@ -90,6 +94,46 @@ impl TaylorParams {
         }
         p
     }
+
+    /// State sweep (and the order-2 wgmma fold's per-split sums): `[B][Hkv][n_seg][M][f_pad]` f32 segment
+    /// sums, then their prefix; the single-pass causal order-1 forward: its chain states.
+    pub(crate) fn set_st(&mut self, ptr: u64) {
+        self.st = ptr;
+    }
+
+    /// Decode step: the per-feature-block partials of `[num, den]`, `[decode_blocks][rows][M]` (C:
+    /// `decode_partials()`, the slot of `st`).
+    pub(crate) fn set_decode_partials(&mut self, ptr: u64) {
+        self.st = ptr;
+    }
+
+    /// State sweep: `[B][Hkv][n_seg]` the bits of each segment's largest |sum| (zeroed before the fold).
+    pub(crate) fn set_st_max(&mut self, ptr: u64) {
+        self.st_max = ptr;
+    }
+
+    /// The single-pass causal order-1 forward: its chain flags, then its ticket counter, zeroed (C:
+    /// `chain_flags()`, the slot of `st_max`).
+    pub(crate) fn set_chain_flags(&mut self, ptr: u64) {
+        self.st_max = ptr;
+    }
+
+    /// Fold: feature slabs per (batch entry, kv head) (C: `n_slabs`).
+    pub(crate) fn set_slabs(&mut self, slabs: i32) {
+        self.n_slabs = slabs;
+    }
+
+    /// Decode step: the feature blocks, how many partials the reduce sums (C: `decode_blocks()`, the
+    /// slot of `n_slabs`).
+    pub(crate) fn set_decode_blocks(&mut self, blocks: i32) {
+        self.n_slabs = blocks;
+    }
+
+    /// The single-pass causal order-1 forward: how many rounds its fold blocks run ahead (C: `lookahead()`,
+    /// the slot of `n_slabs`).
+    pub(crate) fn set_lookahead(&mut self, rounds: i32) {
+        self.n_slabs = rounds;
+    }
 }
 
 #[cfg(test)]
@@ -105,6 +149,27 @@ mod tests {
         );
         assert_eq!(std::mem::size_of::<TaylorParams>() % 8, 0);
         assert_eq!(std::mem::align_of::<TaylorParams>(), 8);
+    }
+
+    #[test]
+    fn each_meaning_writes_its_one_slot() {
+        let mut p = TaylorParams::default();
+        p.set_st(1);
+        p.set_st_max(2);
+        p.set_slabs(3);
+        assert_eq!((p.st, p.st_max, p.n_slabs), (1, 2, 3));
+        p.set_decode_partials(4);
+        p.set_chain_flags(5);
+        p.set_decode_blocks(6);
+        assert_eq!((p.st, p.st_max, p.n_slabs), (4, 5, 6));
+        p.set_lookahead(7);
+        assert_eq!(p.n_slabs, 7);
+        // The slots sit where struct TaylorParams has them: after the AttnParams and nine pointers, and
+        // after the three coefficients and two ints.
+        let base = std::mem::size_of::<AttnParams>();
+        assert_eq!(std::mem::offset_of!(TaylorParams, st), base + 9 * 8);
+        assert_eq!(std::mem::offset_of!(TaylorParams, st_max), base + 10 * 8);
+        assert_eq!(std::mem::offset_of!(TaylorParams, n_slabs), base + 13 * 8 + 5 * 4);
     }
 
     #[test]

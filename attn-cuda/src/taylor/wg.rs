@@ -42,7 +42,7 @@ impl Call<'_> {
         };
         let state = unsafe { self.stream.alloc::<u16>(heads * heuristics::WG_STATE_ELEMS) }?;
         let vec = self.stream.alloc_zeros::<f32>(heads * heuristics::WG_VEC)?;
-        p.st = partial.as_ref().map_or(0, |b| b.device_ptr(self.stream).0);
+        p.set_st(partial.as_ref().map_or(0, |b| b.device_ptr(self.stream).0));
         p.st_t = state.device_ptr(self.stream).0;
         p.st_vec = vec.device_ptr(self.stream).0;
         self.run(
@@ -87,7 +87,8 @@ impl Call<'_> {
         let vec = self
             .stream
             .alloc_zeros::<f32>(heads * states.max(1) * heuristics::WG_VEC)?;
-        (p.st, p.st_t, p.st_vec) = (0, state.device_ptr(self.stream).0, vec.device_ptr(self.stream).0);
+        p.set_st(0);
+        (p.st_t, p.st_vec) = (state.device_ptr(self.stream).0, vec.device_ptr(self.stream).0);
         if states > 0 {
             self.run(
                 Launch {
