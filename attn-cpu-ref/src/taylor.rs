@@ -530,7 +530,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 1024, failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(crate::proptest_config::config(1024))]
 
         /// Small problems with chunks of 1..=8 keys: the states carry most of every sum.
         #[test]
@@ -544,7 +544,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(crate::proptest_config::config(32))]
 
         /// Sequences longer than the default chunk, through the public entry points' chunk length.
         #[test]
