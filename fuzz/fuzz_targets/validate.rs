@@ -186,7 +186,7 @@ struct ProblemIn {
 
 #[derive(Arbitrary, Debug)]
 enum Input {
-    Fields(ProblemIn),
+    Fields(Box<ProblemIn>),
     /// `from_shapes` with arbitrary ranks and dims, then masks on top.
     Shapes {
         family: FamilyIn,
