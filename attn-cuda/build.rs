@@ -18,24 +18,31 @@ use std::collections::hash_map::DefaultHasher;
 use std::env;
 use std::fs;
 use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::thread;
 
-/// The kernel files: (module name, source). One family per file.
+/// The kernel files: (module name, source), each beside the headers of its family. One fatbin per file.
 const KERNELS: [(&str, &str); 7] = [
-    ("softmax", "kernels/softmax.cu"),
-    ("cosine_sim", "kernels/cosine_sim.cu"),
-    ("simt_f32", "kernels/simt_f32.cu"),
-    ("common", "kernels/common.cu"),
-    ("taylor", "kernels/taylor.cu"),
-    ("hyperbolic", "kernels/hyperbolic.cu"),
-    ("taylor_flash", "kernels/taylor_flash.cu"),
+    ("softmax", "kernels/flash/softmax.cu"),
+    ("cosine_sim", "kernels/flash/cosine_sim.cu"),
+    ("simt_f32", "kernels/common/simt_f32.cu"),
+    ("common", "kernels/common/common.cu"),
+    ("taylor", "kernels/taylor/taylor.cu"),
+    ("hyperbolic", "kernels/hyperbolic/hyperbolic.cu"),
+    ("taylor_flash", "kernels/taylor/taylor_flash.cu"),
 ];
 
-/// The headers' folder: cargo re-runs this script when any file in it changes (a fixed list went
-/// stale when a header was added); which files see a header is read from their includes.
-const INCLUDE_DIR: &str = "kernels/include";
+/// The kernels' folders, by family: common (mma, loads, masks, parameters, tiles), flash (the
+/// FlashAttention skeletons and their scores), taylor and hyperbolic. Cargo re-runs this script when
+/// any file in them changes, or one is added (a fixed list of headers goes stale); which kernel files
+/// see a header is read from their includes, which name it relative to the including file.
+const KERNEL_DIRS: [&str; 4] = [
+    "kernels/common",
+    "kernels/flash",
+    "kernels/taylor",
+    "kernels/hyperbolic",
+];
 
 const GENCODE: [&str; 3] = [
     "-gencode=arch=compute_90a,code=sm_90a",
@@ -47,8 +54,10 @@ fn main() -> Result<(), String> {
     for (_, src) in KERNELS {
         println!("cargo:rerun-if-changed={src}");
     }
-    // A folder: cargo re-runs the script when any file in it changes, or one is added.
-    println!("cargo:rerun-if-changed={INCLUDE_DIR}");
+    // Folders: cargo re-runs the script when any file in them changes, or one is added.
+    for dir in KERNEL_DIRS {
+        println!("cargo:rerun-if-changed={dir}");
+    }
     for var in [
         "NVCC",
         "PATH",
@@ -195,7 +204,7 @@ fn cache_path(
                 .and_then(|q| q.strip_prefix('"'))
                 .and_then(|q| q.split('"').next())
             {
-                todo.push(dir.join(inc));
+                todo.push(normalise(&dir.join(inc)));
             }
         }
         file.strip_prefix(manifest).unwrap_or(&file).hash(&mut h);
@@ -207,6 +216,22 @@ fn cache_path(
             .join("attn-cuda-fatbins")
             .join(format!("{name}-{:016x}.fatbin", h.finish())),
     ))
+}
+
+/// `path` with its `.` and `dir/..` components folded away (without touching the file system), so a
+/// header reached as `flash/../common/mma.h` and as `taylor/../common/mma.h` is one file.
+fn normalise(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir if matches!(out.components().next_back(), Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {

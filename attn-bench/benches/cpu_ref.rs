@@ -1,4 +1,4 @@
-//! Criterion bench of the CPU reference against the candle composite (issue 2, "Speed").
+//! Criterion bench of the CPU reference against the candle composite.
 //!
 //! attn-cpu-ref forward and forward+backward, softmax and Taylor order 2, B = 1, H = 8, D = 64,
 //! f32, N ∈ {256, 1024, 4096}, side by side with `candle_naive` (matmul, softmax or the Taylor
@@ -9,10 +9,10 @@
 //! Sample counts are kept at criterion's minimum (10 samples, flat sampling, short warm-up), and
 //! the default lengths are N ∈ {256, 1024}, so the whole bench finishes in minutes on two cores:
 //! at N = 4096 one forward+backward of the f64 reference takes tens of seconds there.
-//! `ATTN_BENCH_N=256,1024,4096` runs issue 2's full set.
+//! `ATTN_BENCH_N=256,1024,4096` adds the longest length.
 //!
-//! The GPU launch-overhead bench (`benches/cuda_launch.rs`: a tiny call timed end to end through
-//! attn-cuda's launch API) lands with attn-cuda behind the `cuda` feature.
+//! The GPU launch-overhead bench is `benches/cuda_launch.rs` (feature `cuda`): a tiny attn-cuda
+//! call timed end to end.
 
 use attn_bench::grid::{FamilyId, GridPoint, PassKind};
 use attn_bench::impls::{prepare, ImplId};

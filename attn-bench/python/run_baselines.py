@@ -229,7 +229,7 @@ def make_fns(torch, F, impl, p, q, k, v, d_o):
 
 
 def hyperbolic_eager(torch, q, k, v, score, causal):
-    """REFERENCE.md §4 on materialised scores: x0 = sqrt(1/c + |x|^2), <q,k>_L = q.k - q0 k0,
+    """docs/math.md §4 on materialised scores: x0 = sqrt(1/c + |x|^2), <q,k>_L = q.k - q0 k0,
     geodesic s = -beta arccosh(max(-c<q,k>_L, 1 + eps)) / sqrt(c), squared Lorentz
     s = -beta (-2/c - 2<q,k>_L); softmax over allowed keys; o = P v (Euclidean aggregation)."""
     c, beta = HYP_CURVATURE, HYP_BETA

@@ -110,7 +110,7 @@ for SECTION in "${SECTION_LIST[@]}"; do
   [ "$SEC_S" -lt 1 ] && SEC_S=1
   say "== ours, section $SECTION: attn-bench run ($IMPLS, budget ${SEC_S} s)"
   "$BIN" run --preset "$PRESET" --sections "$SECTION" "${FAMILIES[@]}" --impls "$IMPLS" --runs "$RUNS" --warmup "$WARMUP" \
-    --max-seconds "$SEC_S" --out-dir "$WORK" --name "ours-$SECTION" --no-plots --summary 2>&1 | tee -a "$LOG"
+    --max-seconds "$SEC_S" --out "$WORK" --name "ours-$SECTION" --no-plots --summary 2>&1 | tee -a "$LOG"
   OURS_FILES+=("$WORK/ours-$SECTION.json")
 done
 
@@ -147,7 +147,7 @@ if [ ${#PARTS[@]} -eq 0 ]; then
   say "run_on_gpu.sh: nothing to merge"
   exit 1
 fi
-"$BIN" run --impls none --merge "${PARTS[@]}" --out-dir "$WORK" --name merged --summary \
+"$BIN" run --impls none --merge "${PARTS[@]}" --out "$WORK" --name merged --summary \
   > "$WORK/merge.log" 2>&1
 STATUS=$?
 [ $STATUS -ne 0 ] && tail -n 5 "$WORK/merge.log" | tee -a "$LOG"

@@ -7,7 +7,7 @@
 //! `bwd = 2.5·fwd` (five matmuls instead of two) and `fwd_bwd = 3.5·fwd`. Elementwise work (exp,
 //! norms, arccosh) is not counted, so every implementation is judged on the same yardstick.
 //!
-//! Taylor linear attention is counted as the factorised algorithm it is (REFERENCE.md §3). With the
+//! Taylor linear attention is counted as the factorised algorithm it is (docs/math.md §3). With the
 //! feature map `φ(x) = [√a0, √a1·x, √a2·(x⊗x)_sym]` of `M = 1 + D (+ D(D+1)/2 for order 2)` features,
 //! the forward builds the state `Σ_j φ(k_j) [v_jᵀ, 1]` (`2·Nk·M·(Dv+1)` FLOPs per head) and reads it
 //! back per query (`2·Nq·M·(Dv+1)`): `fwd = 2·B·Hq·(Nq + Nk)·M·(Dv + 1)`, causal or not (prefix
@@ -138,7 +138,7 @@ pub fn pass_flops(family: FamilyId, pass: PassKind, s: &Shape) -> f64 {
 /// ```
 /// use attn_bench::flops::{bytes_moved, Shape};
 /// use attn_bench::grid::PassKind;
-/// // BENCHMARKS.md's floor: bf16, B=1, H=32, N=16384, D=64 forward reads q, k, v and writes o:
+/// // The Taylor floor point: bf16, B=1, H=32, N=16384, D=64 forward reads q, k, v and writes o:
 /// // 4 · 32·16384·64 · 2 bytes = 268 MB, plus 2 MB of f32 statistics.
 /// let s = Shape::square(1, 32, 16384, 64, false);
 /// assert_eq!(bytes_moved(PassKind::Fwd, &s, 2), 4.0 * 32.0 * 16384.0 * 64.0 * 2.0 + 32.0 * 16384.0 * 4.0);
@@ -196,7 +196,7 @@ mod tests {
 
     #[test]
     fn softmax_flops_follow_the_flash_attention_convention() {
-        // BENCHMARKS.md grid: B = 16384/N, H = 2048/D keeps 4·B·H·N²·D = 4·16384·2048·N.
+        // The FlashAttention grid: B = 16384/N, H = 2048/D keeps 4·B·H·N²·D = 4·16384·2048·N.
         for n in [512usize, 1024, 4096, 16384] {
             for d in [64usize, 128] {
                 let s = Shape::square(16384 / n, 2048 / d, n, d, false);

@@ -1,6 +1,6 @@
 //! The benchmark grid: which (family, dtype, pass, shape, causal) points a run measures.
 //!
-//! The default follows BENCHMARKS.md's FlashAttention convention: a fixed number of tokens per
+//! The `flash` grid follows FlashAttention's benchmark convention (docs/performance.md): a fixed number of tokens per
 //! batch (`B = 16384 / N`) and a fixed hidden size (`H = 2048 / D`), `N` from 512 to 16384, plus
 //! long-`N` points (`B = 1`) for the linear family and, as the other side of the Taylor-vs-softmax
 //! crossover, for softmax. Points that cannot be built (a head dim that does not divide the hidden
@@ -232,7 +232,7 @@ pub struct GridConfig {
 }
 
 impl GridConfig {
-    /// BENCHMARKS.md's FlashAttention convention over every family, with long N for the linear
+    /// FlashAttention's benchmark convention over every family, with long N for the linear
     /// family and softmax (the `flash` preset).
     ///
     /// ```

@@ -1,12 +1,13 @@
 //! # attn-bench
 //!
 //! One benchmark harness for every attention family: the `attn-bench` command line (`run` measures
-//! a grid against baselines and writes JSON, a markdown table and PNG plots; `check` runs one call
-//! on tensors from a safetensors file), the criterion benches of the CPU reference, and the python
-//! baselines (`python/`) that write the same JSON on a GPU machine.
+//! a grid against baselines and writes JSON, a markdown table and PNG plots under
+//! `target/attn-bench/`; `check` runs one call on tensors from a safetensors file, on the CPU
+//! reference or on attn-cuda compared with the f64 reference), the criterion benches, and the
+//! python baselines (`python/`) that write the same JSON on a GPU machine.
 //!
 //! Every family computes, per (batch, head), `o_i = Σ_j w_ij v_j / Σ_j w_ij` over the allowed keys
-//! (REFERENCE.md). Work is counted the FlashAttention way ([`flops`]): `4·B·H·N²·D` for a
+//! (docs/math.md). Work is counted the FlashAttention way ([`flops`]): `4·B·H·N²·D` for a
 //! softmax-like forward (½ causal, ×3.5 for forward plus backward), and for Taylor attention its own
 //! factorised count `2·B·H·(Nq + Nk)·M·(Dv + 1)` with `M` features, linear in N; for the linear
 //! family the compulsory bytes and the share of a measured bandwidth are reported too.

@@ -1,9 +1,10 @@
 //! `attn-bench`: `run` measures a plan of attention calls against baselines and writes JSON, a
-//! markdown table and PNG plots; `plan` writes a plan's points for the python baselines; `info`
-//! says which commit and GPU this binary has; `check` runs one call on tensors from a safetensors
-//! file and writes its outputs, statistics and gradients.
+//! markdown table and PNG plots (under `target/attn-bench/` unless `--out` says otherwise); `plan`
+//! writes a plan's points for the python baselines; `info` says which commit and GPU this binary
+//! has; `check` runs one call on tensors from a safetensors file (on the CPU reference or on
+//! attn-cuda) and writes its outputs, statistics and gradients.
 
-use attn_bench::check::{check, family_with_options, CheckDevice, CheckOptions, FamilyOptions};
+use attn_bench::check::{check, family_with_options, make_example, CheckDevice, CheckOptions, FamilyOptions};
 use attn_bench::grid::{parse_families, FamilyId, GridPoint, PassKind};
 use attn_bench::impls::{cuda_bandwidth_gbs, cuda_device, ImplId};
 use attn_bench::machine::{
@@ -34,14 +35,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Measure a plan (default: BENCHMARKS.md's FlashAttention grid) against baselines.
+    /// Measure a plan against baselines (default: `cpu-small` on the CPU, `flash` with attn-cuda
+    /// where a GPU is usable) and write JSON, markdown and plots under target/attn-bench/.
     Run(RunArgs),
     /// Write the points of a plan as JSON (what `python/run_baselines.py --points` measures).
     Plan(PlanArgs),
     /// Print this binary's commit, features and the GPU it would use.
     Info,
-    /// Run one call on q, k, v (+ do, bias, key_lens) from a safetensors file; write o, LSE or
-    /// denominators and gradients to another.
+    /// Run one call on q, k, v (+ do, bias, key_lens) from a safetensors file on the CPU
+    /// reference or attn-cuda; write o, LSE or denominators and gradients to another.
     Check(CheckArgs),
 }
 
@@ -50,11 +52,12 @@ enum Cmd {
 struct GridArgs {
     /// `flash` (one grid: 16k tokens per batch, hidden 2048, N 512..16384 + long N, every family),
     /// `cpu-small` (one grid: B=1, H=2, D=32, N 128..512 + 1024, f32), `h100` (sections flash,
-    /// taylor, memory: the GPU programme of BENCHMARKS.md), `gpu-smoke` (the h100 sections at toy
-    /// sizes). On h100 and gpu-smoke the list options below keep a subset and the shape options are
-    /// refused; on flash and cpu-small they replace the grid's values.
-    #[arg(long, default_value = "flash")]
-    preset: String,
+    /// taylor, memory: the GPU programme behind docs/performance.md), `gpu-smoke` (the h100
+    /// sections at toy sizes). On h100 and gpu-smoke the list options below keep a subset and the
+    /// shape options are refused; on flash and cpu-small they replace the grid's values. Default:
+    /// `run` takes cpu-small on the CPU and flash on a GPU (see --device); `plan` takes flash.
+    #[arg(long)]
+    preset: Option<String>,
     /// Sections of the preset to measure (h100, gpu-smoke: flash, taylor, memory).
     #[arg(long, value_delimiter = ',')]
     sections: Option<Vec<String>>,
@@ -110,8 +113,15 @@ struct RunArgs {
     /// reason, so a long plan can be split across calls (with --sections).
     #[arg(long)]
     max_seconds: Option<f64>,
+    /// Where ours runs: `cpu` (attn-cpu-ref beside the candle baseline; default preset cpu-small,
+    /// minutes on two cores) or `cuda` (attn-cuda on GPU 0: needs `--features cuda`, a GPU and the
+    /// kernels; default preset flash). Default: cuda where attn-cuda can run, else cpu.
+    #[arg(long)]
+    device: Option<String>,
     /// Implementations to measure: attn-cpu-ref, attn-cuda, candle_naive, or `none` to only merge
-    /// (default: attn-cuda on h100, attn-cpu-ref and attn-cuda on gpu-smoke, all three otherwise).
+    /// (default: attn-cuda on h100 and on flash with --device cuda, attn-cpu-ref and attn-cuda on
+    /// gpu-smoke, all three on cpu-small with --device cuda, attn-cpu-ref and candle_naive on the
+    /// CPU).
     #[arg(long, value_delimiter = ',')]
     impls: Option<Vec<String>>,
     /// Result files (this tool's or python/run_baselines.py's) to merge into the table and plots.
@@ -119,8 +129,14 @@ struct RunArgs {
     /// implementation and parameters, the first wins: this run's rows, then the files in order.
     #[arg(long, num_args = 1..)]
     merge: Vec<PathBuf>,
-    #[arg(long, default_value = "bench/results")]
-    out_dir: PathBuf,
+    /// Folder for the JSON, markdown and plots (created if missing).
+    #[arg(
+        long,
+        alias = "out-dir",
+        value_name = "DIR",
+        default_value = "target/attn-bench"
+    )]
+    out: PathBuf,
     /// File stem (default `<date>-cpu-<host>` on the CPU, `<date>-<gpu>` for GPU results).
     #[arg(long)]
     name: Option<String>,
@@ -147,13 +163,22 @@ struct PlanArgs {
 
 #[derive(Args)]
 struct CheckArgs {
+    /// Safetensors file with q, k, v (and optionally do, bias, key_lens, cu_seqlens_q/k).
+    #[arg(long, required_unless_present = "make_example")]
+    input: Option<PathBuf>,
+    /// Safetensors file to write o, lse or den, and with do the gradients to.
+    #[arg(long, required_unless_present = "make_example")]
+    output: Option<PathBuf>,
+    /// Write an example input (q, k, v, do: B=2, Hq=4, Hk=2, Nq=100, Nk=128, D=64, seeded
+    /// uniform values) to FILE and stop; --dtype, --layout and --family shape it.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "output"])]
+    make_example: Option<PathBuf>,
+    /// Storage dtype of --make-example's tensors: f32, f16 or bf16 (default bf16).
     #[arg(long)]
-    input: PathBuf,
-    #[arg(long)]
-    output: PathBuf,
+    dtype: Option<String>,
     /// softmax, cosine_sim, taylor1, taylor2, hyperbolic_geodesic, hyperbolic_sq_lorentz.
-    #[arg(long)]
-    family: String,
+    #[arg(long, required_unless_present = "make_example")]
+    family: Option<String>,
     /// none, top-left or bottom-right.
     #[arg(long, default_value = "none")]
     causal: String,
@@ -164,9 +189,14 @@ struct CheckArgs {
     window_left: Option<usize>,
     #[arg(long)]
     window_right: Option<usize>,
-    /// cpu (cuda once attn-cuda can launch).
+    /// cpu (attn-cpu-ref: the f64 reference, rounded once) or cuda (attn-cuda: needs
+    /// `--features cuda`, a GPU and the kernels; its outputs are also compared with the f64
+    /// reference, printed per tensor).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// With --device cuda, skip the f64 reference on the CPU (slow for large inputs).
+    #[arg(long)]
+    no_reference: bool,
     #[arg(long)]
     scale: Option<f32>,
     #[arg(long)]
@@ -209,8 +239,12 @@ fn parse_list<T: FromStr<Err = String>>(what: &str, items: &[String]) -> Vec<T> 
 
 const SHAPE_OPTIONS: &str = "--seq-lens, --long-seq-lens, --batch, --heads, --tokens, --hidden";
 
-fn plan_from(args: &GridArgs) -> Result<(Preset, Plan), BenchError> {
-    let preset: Preset = args.preset.parse().map_err(|e| invalid("preset", e))?;
+/// The plan the options describe, starting from `--preset` or else from `default`.
+fn plan_from(args: &GridArgs, default: Preset) -> Result<(Preset, Plan), BenchError> {
+    let preset = match &args.preset {
+        Some(name) => name.parse().map_err(|e| invalid("preset", e))?,
+        None => default,
+    };
     let mut plan = Plan::preset(preset);
     if let Some(names) = &args.sections {
         plan.select(names).map_err(|e| invalid("sections", e))?;
@@ -279,11 +313,57 @@ fn plan_from(args: &GridArgs) -> Result<(Preset, Plan), BenchError> {
     Ok((preset, plan))
 }
 
-fn default_impls(preset: Preset) -> Vec<ImplId> {
-    match preset {
-        Preset::H100 => vec![ImplId::AttnCuda],
-        Preset::GpuSmoke => vec![ImplId::AttnCpuRef, ImplId::AttnCuda],
-        Preset::Flash | Preset::CpuSmall => ImplId::ALL.to_vec(),
+/// Where `run` measures ours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunDevice {
+    Cpu,
+    Cuda,
+}
+
+impl RunDevice {
+    /// The preset `run` starts from without `--preset`: one the device finishes in minutes.
+    fn default_preset(self) -> Preset {
+        match self {
+            RunDevice::Cpu => Preset::CpuSmall,
+            RunDevice::Cuda => Preset::Flash,
+        }
+    }
+}
+
+/// `--device` as given, or else cuda where attn-cuda can run and cpu otherwise (saying why). An
+/// explicit `cuda` that cannot run is an error naming the reason.
+fn resolve_device(arg: Option<&str>) -> Result<RunDevice, BenchError> {
+    match arg {
+        Some("cpu") => Ok(RunDevice::Cpu),
+        Some("cuda") => cuda_device()
+            .map(|_| RunDevice::Cuda)
+            .map_err(|reason| BenchError::Unavailable {
+                implementation: "attn-cuda",
+                reason,
+            }),
+        Some(other) => Err(invalid("device", format!("`{other}` (expected cpu or cuda)"))),
+        None => match cuda_device() {
+            Ok(name) => {
+                eprintln!("device: cuda (attn-cuda on {name}; --device cpu to measure the CPU)");
+                Ok(RunDevice::Cuda)
+            }
+            Err(reason) => {
+                eprintln!("device: cpu (attn-cuda cannot run here: {reason})");
+                Ok(RunDevice::Cpu)
+            }
+        },
+    }
+}
+
+/// The implementations a run measures without `--impls`.
+fn default_impls(preset: Preset, device: RunDevice) -> Vec<ImplId> {
+    match (preset, device) {
+        (Preset::H100, _) => vec![ImplId::AttnCuda],
+        (Preset::GpuSmoke, _) => vec![ImplId::AttnCpuRef, ImplId::AttnCuda],
+        // The host implementations would take hours at the flash grid's sizes.
+        (Preset::Flash, RunDevice::Cuda) => vec![ImplId::AttnCuda],
+        (Preset::CpuSmall, RunDevice::Cuda) => ImplId::ALL.to_vec(),
+        (Preset::Flash | Preset::CpuSmall, RunDevice::Cpu) => vec![ImplId::AttnCpuRef, ImplId::CandleNaive],
     }
 }
 
@@ -300,11 +380,27 @@ fn slug(s: &str) -> String {
 }
 
 fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
-    let (preset, plan) = plan_from(&args.grid)?;
+    let merge_only = args
+        .impls
+        .as_ref()
+        .is_some_and(|list| list.iter().any(|s| s == "none"));
+    // The device only picks defaults (and an explicit `cuda` must be usable): probe the GPU only
+    // when something depends on it.
+    let needs_device =
+        args.device.is_some() || (!merge_only && (args.grid.preset.is_none() || args.impls.is_none()));
+    let device = if needs_device {
+        resolve_device(args.device.as_deref())?
+    } else {
+        RunDevice::Cpu
+    };
+    let (preset, plan) = plan_from(&args.grid, device.default_preset())?;
+    if args.grid.preset.is_none() && !merge_only {
+        eprintln!("preset: {} (--preset to choose another)", preset.label());
+    }
     let impls: Vec<ImplId> = match &args.impls {
-        Some(list) if list.iter().any(|s| s == "none") => Vec::new(),
+        Some(_) if merge_only => Vec::new(),
         Some(list) => parse_list("implementation", list),
-        None => default_impls(preset),
+        None => default_impls(preset, device),
     };
     if args.runs < 30 && !impls.is_empty() {
         eprintln!(
@@ -389,7 +485,8 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
             .then(a.implementation.cmp(&b.implementation))
     });
 
-    std::fs::create_dir_all(&args.out_dir).map_err(|e| BenchError::io(&args.out_dir, e))?;
+    let out_dir = &args.out;
+    std::fs::create_dir_all(out_dir).map_err(|e| BenchError::io(out_dir, e))?;
     let stem = args.name.clone().unwrap_or_else(|| {
         if file.device.starts_with("cpu") {
             format!("{}-cpu-{}", file.date, slug(&host_name()))
@@ -397,10 +494,10 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
             format!("{}-{}", file.date, slug(&file.device))
         }
     });
-    let json = args.out_dir.join(format!("{stem}.json"));
+    let json = out_dir.join(format!("{stem}.json"));
     file.write(&json)?;
     let md_text = report::markdown(&file);
-    let md = args.out_dir.join(format!("{stem}.md"));
+    let md = out_dir.join(format!("{stem}.md"));
     std::fs::write(&md, &md_text).map_err(|e| BenchError::io(&md, e))?;
     if !args.summary {
         println!("{md_text}");
@@ -413,7 +510,7 @@ fn cmd_run(args: RunArgs) -> Result<(), BenchError> {
     }
     println!("wrote {}\nwrote {}", json.display(), md.display());
     if !args.no_plots {
-        match plots::write_plots(&file, &args.out_dir, &stem) {
+        match plots::write_plots(&file, out_dir, &stem) {
             Ok(paths) => paths.iter().for_each(|p| println!("wrote {}", p.display())),
             Err(e) => eprintln!("plots not written: {e}"),
         }
@@ -463,7 +560,7 @@ fn plan_point<'a>(section: &'a str, p: &GridPoint) -> PlanPoint<'a> {
 }
 
 fn cmd_plan(args: PlanArgs) -> Result<(), BenchError> {
-    let (preset, plan) = plan_from(&args.grid)?;
+    let (preset, plan) = plan_from(&args.grid, Preset::Flash)?;
     let (points, bad) = plan.points();
     let out = PlanFile {
         preset: preset.label(),
@@ -502,7 +599,12 @@ fn cmd_info() -> Result<(), BenchError> {
 }
 
 fn cmd_check(args: CheckArgs) -> Result<(), BenchError> {
-    let id: FamilyId = args.family.parse().map_err(|e| invalid("family", e))?;
+    let id: FamilyId = match (&args.family, &args.make_example) {
+        (Some(name), _) => name.parse().map_err(|e| invalid("family", e))?,
+        // The example's values are drawn for softmax unless a family is named.
+        (None, Some(_)) => FamilyId::Softmax,
+        (None, None) => return Err(invalid("family", "is required".into())),
+    };
     let aggregation = match args.aggregation.as_deref() {
         None => None,
         Some("euclidean") => Some(Aggregation::Euclidean),
@@ -543,6 +645,29 @@ fn cmd_check(args: CheckArgs) -> Result<(), BenchError> {
         "bhnd" => Layout::Bhnd,
         other => return Err(invalid("layout", format!("`{other}` (expected bnhd or bhnd)"))),
     };
+    if let Some(path) = &args.make_example {
+        let dtype: DType = args
+            .dtype
+            .as_deref()
+            .unwrap_or("bf16")
+            .parse()
+            .map_err(|e| invalid("dtype", e))?;
+        let tensors = make_example(path, family, dtype, layout)?;
+        for t in &tensors {
+            println!("  {t}");
+        }
+        println!("wrote {}", path.display());
+        return Ok(());
+    }
+    if let Some(dtype) = &args.dtype {
+        return Err(invalid(
+            "dtype",
+            format!("`{dtype}` applies to --make-example only (the input's q sets the dtype)"),
+        ));
+    }
+    let (Some(input), Some(output)) = (&args.input, &args.output) else {
+        return Err(invalid("input", "--input and --output are required".into()));
+    };
     let device = match args.device.as_str() {
         "cpu" => CheckDevice::Cpu,
         "cuda" => CheckDevice::Cuda,
@@ -556,11 +681,15 @@ fn cmd_check(args: CheckArgs) -> Result<(), BenchError> {
         causal,
         window,
         device,
+        reference: !args.no_reference,
     };
-    let summary = check(&args.input, &args.output, &opts, &source_commit())?;
+    let summary = check(input, output, &opts, &source_commit())?;
     println!("{}", summary.description);
     for t in &summary.tensors {
         println!("  {t}");
+    }
+    for c in &summary.comparisons {
+        println!("  {c}");
     }
     println!("wrote {}", summary.output.display());
     Ok(())
@@ -580,5 +709,56 @@ fn main() -> ExitCode {
             eprintln!("attn-bench: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_keep_a_run_to_minutes_on_its_device() {
+        assert_eq!(RunDevice::Cpu.default_preset(), Preset::CpuSmall);
+        assert_eq!(RunDevice::Cuda.default_preset(), Preset::Flash);
+        let host = vec![ImplId::AttnCpuRef, ImplId::CandleNaive];
+        assert_eq!(default_impls(Preset::CpuSmall, RunDevice::Cpu), host);
+        assert_eq!(default_impls(Preset::Flash, RunDevice::Cpu), host);
+        assert_eq!(
+            default_impls(Preset::Flash, RunDevice::Cuda),
+            vec![ImplId::AttnCuda]
+        );
+        assert_eq!(
+            default_impls(Preset::CpuSmall, RunDevice::Cuda),
+            ImplId::ALL.to_vec()
+        );
+        for device in [RunDevice::Cpu, RunDevice::Cuda] {
+            assert_eq!(default_impls(Preset::H100, device), vec![ImplId::AttnCuda]);
+            assert_eq!(
+                default_impls(Preset::GpuSmoke, device),
+                vec![ImplId::AttnCpuRef, ImplId::AttnCuda]
+            );
+        }
+    }
+
+    #[test]
+    fn run_and_check_parse_their_new_options() {
+        let cli =
+            Cli::try_parse_from(["attn-bench", "run", "--device", "cuda", "--out", "x"]).expect("parses");
+        let Cmd::Run(a) = cli.cmd else { panic!("run") };
+        assert_eq!((a.device.as_deref(), a.out), (Some("cuda"), PathBuf::from("x")));
+        assert!(a.grid.preset.is_none());
+        let cli = Cli::try_parse_from(["attn-bench", "run", "--out-dir", "y"])
+            .expect("`--out-dir` is accepted too");
+        let Cmd::Run(a) = cli.cmd else { panic!("run") };
+        assert_eq!(a.out, PathBuf::from("y"));
+        let cli = Cli::try_parse_from(["attn-bench", "run"]).expect("parses");
+        let Cmd::Run(a) = cli.cmd else { panic!("run") };
+        assert_eq!(a.out, PathBuf::from("target/attn-bench"));
+        let cli =
+            Cli::try_parse_from(["attn-bench", "check", "--make-example", "e.safetensors"]).expect("parses");
+        let Cmd::Check(a) = cli.cmd else { panic!("check") };
+        assert_eq!(a.make_example, Some(PathBuf::from("e.safetensors")));
+        assert!(a.input.is_none() && a.family.is_none());
+        assert!(Cli::try_parse_from(["attn-bench", "check", "--input", "a", "--family", "softmax"]).is_err());
     }
 }

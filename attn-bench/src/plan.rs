@@ -1,7 +1,7 @@
 //! What a run measures: a preset's named sections, each made of one or more grids.
 //!
 //! The single-grid presets (`flash`, `cpu-small`) have one section, `grid`. The GPU presets split
-//! BENCHMARKS.md's programme into sections that can be selected (`--sections`) so that a run fits
+//! the GPU programme (the figures of docs/performance.md) into sections that can be selected (`--sections`) so that a run fits
 //! in one device call or is split across two:
 //!
 //! - `flash`: softmax, cosine-sim and both hyperbolic scores on the FlashAttention convention (bf16,
@@ -23,7 +23,7 @@ use std::str::FromStr;
 /// Named starting points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
-    /// One grid: BENCHMARKS.md's FlashAttention convention over every family ([`GridConfig::flash`]).
+    /// One grid: FlashAttention's benchmark convention over every family ([`GridConfig::flash`]).
     Flash,
     /// One grid the CPU reference finishes in minutes ([`GridConfig::cpu_small`]).
     CpuSmall,

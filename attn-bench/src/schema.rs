@@ -3,7 +3,7 @@
 //!
 //! A file is one [`BenchFile`]: `rows` holds one [`Row`] per measurement, `skipped` one [`Skipped`]
 //! per (implementation, point) that was not measured, with the reason — a missing baseline is never
-//! a zero or a pass. A row carries exactly the fields of issue 3 (`impl`, `family`, `params`,
+//! a zero or a pass. A row carries exactly the required fields (`impl`, `family`, `params`,
 //! `dtype`, `pass`, `batch`, `heads_q`, `heads_kv`, `seq_q`, `seq_k`, `head_dim`, `causal`,
 //! `ms_median`, `ms_min`, `tflops`, `tokens_per_s`, `peak_mib`, `gpu`, `commit`, `date`) followed by
 //! optional extras (`ms_spread`, `runs`, `bytes_moved`, `bandwidth_pct`, `peak_source`, `timer`)
@@ -282,7 +282,7 @@ mod tests {
     }
 
     #[test]
-    fn row_has_exactly_the_issue_fields_then_the_extras() {
+    fn row_has_exactly_the_required_fields_then_the_extras() {
         let v = serde_json::to_value(row()).expect("a row serialises");
         let keys: Vec<&str> = v
             .as_object()
@@ -362,7 +362,7 @@ mod tests {
 
     #[test]
     fn minimal_foreign_rows_parse() {
-        // A producer that knows only the issue's fields (as the python scripts may) still merges.
+        // A producer that knows only the required fields (as the python scripts may) still merges.
         let text = r#"{"schema":1,"device":"NVIDIA H100 80GB HBM3","commit":"x","date":"2026-11-23",
             "rows":[{"impl":"sdpa_flash","family":"softmax","params":"","dtype":"bf16","pass":"fwd",
             "batch":16,"heads_q":16,"heads_kv":16,"seq_q":1024,"seq_k":1024,"head_dim":128,

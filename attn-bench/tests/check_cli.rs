@@ -1,7 +1,9 @@
-//! `check` reproduces attn-cpu-ref bit for bit through a safetensors round trip, and the command
-//! line handles both subcommands end to end.
+//! `check` reproduces attn-cpu-ref bit for bit through a safetensors round trip, `check --device
+//! cuda` runs attn-cuda where it can and otherwise says why, and the command line handles `run` and
+//! `check` end to end.
 
-use attn_bench::check::{check, CheckDevice, CheckOptions};
+use attn_bench::check::{check, cuda_ready, CheckDevice, CheckOptions};
+use attn_bench::BenchError;
 use attn_core::{bf16, f16, AttnProblem, AttnSpec, Causal, DType, Element, Family, HypScore, Layout};
 use attn_cpu_ref::testing::random_case;
 use attn_cpu_ref::{backward, forward, Inputs};
@@ -136,6 +138,7 @@ fn opts(family: Family, layout: Layout, causal: Causal) -> CheckOptions {
         causal,
         window: None,
         device: CheckDevice::Cpu,
+        reference: true,
     }
 }
 
@@ -246,7 +249,7 @@ fn cli_run_reports_unknown_family_and_writes_outputs() {
         "10",
         "--name",
         "tiny",
-        "--out-dir",
+        "--out",
         dir.to_str().expect("utf-8 path"),
     ]));
     assert!(text.contains("unknown family `no_such_family`"), "{text}");
@@ -315,4 +318,241 @@ fn cli_check_writes_outputs_and_rejects_unknown_family() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown family `flash`"));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Write `case`'s q, k, v and dO in `E` to `path`.
+fn write_case<E: Le>(path: &Path, spec: &AttnSpec, case: &attn_cpu_ref::testing::Case) {
+    let tensors = [
+        ("q", spec.q_shape(), E::bytes(&narrow::<E>(&case.q))),
+        ("k", spec.k_shape(), E::bytes(&narrow::<E>(&case.k))),
+        ("v", spec.v_shape(), E::bytes(&narrow::<E>(&case.v))),
+        ("do", spec.o_shape(), E::bytes(&narrow::<E>(&case.d_o))),
+    ];
+    let views: Vec<(&str, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, shape, data)| (*n, TensorView::new(E::ST, shape.clone(), data).expect("view")))
+        .collect();
+    safetensors::tensor::serialize_to_file(views, None, path).expect("write input");
+}
+
+/// Without the `cuda` feature, a GPU or the kernels: a typed `Unavailable` error before the input
+/// is read, and no output. With all three (the GPU machine): attn-cuda's forward and backward in
+/// f32, every tensor within f32 accumulation error of the f64 reference.
+#[test]
+fn check_on_cuda_runs_attn_cuda_or_says_why_not() {
+    let dir = scratch("cuda");
+    let (input, output) = (dir.join("in.safetensors"), dir.join("out.safetensors"));
+    let mut o = opts(Family::softmax(), Layout::Bnhd, Causal::BottomRight);
+    o.device = CheckDevice::Cuda;
+    let spec = AttnProblem::new(o.family, DType::F32, 2, 4, 2, 40, 72, 64)
+        .with_causal(o.causal)
+        .validate()
+        .expect("valid spec");
+    match cuda_ready() {
+        Err(ready) => {
+            // The input does not exist: the device is checked first.
+            let err = check(&input, &output, &o, "test").expect_err("no usable GPU here");
+            assert!(
+                matches!(
+                    err,
+                    BenchError::Unavailable {
+                        implementation: "attn-cuda",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert_eq!(err.to_string(), ready.to_string());
+            assert!(!output.exists());
+        }
+        Ok(()) => {
+            write_case::<f32>(&input, &spec, &random_case(&spec, 11));
+            let summary = check(&input, &output, &o, "test").expect("attn-cuda runs the call");
+            assert!(
+                summary.description.starts_with("attn-cuda: softmax"),
+                "{summary:?}"
+            );
+            let names: Vec<&str> = summary.comparisons.iter().map(|c| c.name).collect();
+            assert_eq!(names, ["o", "lse", "dq", "dk", "dv"]);
+            for c in &summary.comparisons {
+                assert_eq!(c.not_finite, 0, "{c}");
+                assert!(c.max_abs_diff <= 1e-4 * (1.0 + c.max_abs_reference), "{c}");
+            }
+            let bytes = std::fs::read(&output).expect("output written");
+            let (_, meta) = SafeTensors::read_metadata(&bytes).expect("parse");
+            let meta = meta.metadata().clone().expect("metadata");
+            assert_eq!(meta["impl"], "attn-cuda");
+            assert!(meta.contains_key("max_abs_diff_vs_f64_reference"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cli_make_example_then_check_on_the_cpu() {
+    let dir = scratch("cli-example");
+    // Both folders are made on the way.
+    let (example, output) = (dir.join("in/ex.safetensors"), dir.join("out/out.safetensors"));
+    let text = run_ok(
+        bin()
+            .args(["check", "--make-example"])
+            .arg(&example)
+            .args(["--dtype", "f32", "--layout", "bhnd"]),
+    );
+    assert!(text.contains("q F32 [2, 4, 100, 64]"), "{text}");
+    assert!(text.contains("do F32 [2, 4, 100, 64]"), "{text}");
+    let text = run_ok(
+        bin()
+            .args(["check", "--input"])
+            .arg(&example)
+            .arg("--output")
+            .arg(&output)
+            .args([
+                "--family",
+                "softmax",
+                "--layout",
+                "bhnd",
+                "--causal",
+                "bottom-right",
+            ]),
+    );
+    assert!(text.starts_with("attn-cpu-ref: softmax"), "{text}");
+    assert!(
+        text.contains("k F32 [2, 2, 128, 64]") || text.contains("dk F32 [2, 2, 128, 64]"),
+        "{text}"
+    );
+    let bytes = std::fs::read(&output).expect("output written");
+    let st = SafeTensors::deserialize(&bytes).expect("parse");
+    assert_eq!(
+        st.tensor("dq").expect("dq, since the example has do").shape(),
+        [2, 4, 100, 64]
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cli_check_on_cuda_without_a_usable_gpu_stops_with_the_reason() {
+    let Err(reason) = cuda_ready() else {
+        eprintln!("attn-cuda can run here: check_on_cuda_runs_attn_cuda_or_says_why_not covers it");
+        return;
+    };
+    let out = bin()
+        .args([
+            "check",
+            "--device",
+            "cuda",
+            "--input",
+            "no-such-input.safetensors",
+        ])
+        .args(["--output", "never-written.safetensors", "--family", "softmax"])
+        .output()
+        .expect("starts");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&reason.to_string()), "{stderr}");
+    assert!(stderr.contains("attn-cuda unavailable"), "{stderr}");
+    assert!(
+        !stderr.contains("no-such-input"),
+        "the device is checked first: {stderr}"
+    );
+}
+
+#[test]
+fn cli_check_arguments_are_checked() {
+    let fails_with = |args: &[&str], needle: &str| {
+        let out = bin().args(args).output().expect("starts");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    };
+    fails_with(&["check", "--family", "softmax"], "--input");
+    fails_with(
+        &["check", "--make-example", "a", "--input", "b"],
+        "cannot be used with",
+    );
+    fails_with(
+        &[
+            "check", "--dtype", "f16", "--input", "a", "--output", "b", "--family", "softmax",
+        ],
+        "applies to --make-example only",
+    );
+    fails_with(
+        &["check", "--make-example", "a", "--dtype", "f8"],
+        "unknown dtype `f8`",
+    );
+    fails_with(
+        &[
+            "check", "--input", "a", "--output", "b", "--family", "softmax", "--device", "tpu",
+        ],
+        "`tpu` (expected cpu or cuda)",
+    );
+}
+
+/// Without --preset and --device, `run` measures where it can (the CPU here: cpu-small with
+/// attn-cpu-ref and candle_naive, no attn-cuda rows to skip), says so, and writes under
+/// target/attn-bench/ of the current directory.
+#[test]
+fn cli_run_defaults_to_the_machine_and_writes_under_target() {
+    let dir = scratch("cli-run-default");
+    let text = run_ok(
+        bin()
+            .current_dir(&dir)
+            .args([
+                "run",
+                "--families",
+                "softmax",
+                "--seq-lens",
+                "32",
+                "--long-seq-lens",
+                "64",
+            ])
+            .args([
+                "--passes",
+                "fwd",
+                "--runs",
+                "2",
+                "--warmup",
+                "1",
+                "--head-dims",
+                "64",
+            ])
+            .args(["--bandwidth-gbs", "10", "--no-plots", "--name", "t"]),
+    );
+    let file =
+        attn_bench::schema::BenchFile::read(&dir.join("target/attn-bench/t.json")).expect("json written");
+    assert!(dir.join("target/attn-bench/t.md").exists());
+    if attn_bench::impls::cuda_device().is_err() {
+        assert!(text.contains("device: cpu (attn-cuda cannot run here"), "{text}");
+        assert!(text.contains("preset: cpu-small"), "{text}");
+        let mut impls: Vec<&str> = file.rows.iter().map(|r| r.implementation.as_str()).collect();
+        impls.sort();
+        assert_eq!(
+            impls,
+            ["attn-cpu-ref", "attn-cpu-ref", "candle_naive", "candle_naive"]
+        );
+        assert!(file.skipped.is_empty(), "{:?}", file.skipped);
+    } else {
+        assert!(
+            text.contains("device: cuda") && text.contains("preset: flash"),
+            "{text}"
+        );
+        assert!(file.rows.iter().all(|r| r.implementation == "attn-cuda"));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cli_run_device_is_checked() {
+    let out = bin().args(["run", "--device", "tpu"]).output().expect("starts");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`tpu` (expected cpu or cuda)"));
+    if let Err(reason) = attn_bench::impls::cuda_device() {
+        let out = bin().args(["run", "--device", "cuda"]).output().expect("starts");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains(&format!("attn-cuda unavailable: {reason}")),
+            "{stderr}"
+        );
+    }
 }

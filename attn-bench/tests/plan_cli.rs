@@ -104,7 +104,7 @@ fn smoke_run_skips_attn_cuda_with_the_reason_and_prints_the_summary_last() {
             "--name",
             "smoke",
         ])
-        .arg("--out-dir")
+        .arg("--out")
         .arg(&dir)
         .env("ATTN_COMMIT", "abc123")
         .output()

@@ -15,7 +15,7 @@ use crate::error::{describe, storage_dtype, to_candle};
 use crate::op::Call;
 use attn_core::{
     shape_str, AttnError, AttnProblem, Causal, DType, Family, InputStrides, Layout, Op, Pass, SeqLengths,
-    SoftmaxParams, Strides, Window,
+    SoftmaxParams, Strides, Window, MAX_HEAD_DIM,
 };
 use candle_core::{Result, Tensor};
 use std::sync::Arc;
@@ -23,15 +23,34 @@ use std::sync::Arc;
 /// Everything about a call except the tensors q, k, v: the family with its parameters, the causal
 /// mask and its alignment, a sliding window, key lengths (padding or packed varlen), an additive
 /// bias, and the layout of the outer dims. GQA follows from the shapes of q and k.
+/// [`AttnOptions::new`] sets the defaults stated on each field; the `with_*` methods change one.
+///
+/// ```
+/// use attn_candle::{attention, AttnOptions, Causal, Family};
+/// use candle_core::{Device, Tensor};
+/// let q = Tensor::randn(0f32, 1.0, (1, 6, 4, 16), &Device::Cpu)?;
+/// let kv = Tensor::randn(0f32, 1.0, (1, 6, 1, 16), &Device::Cpu)?; // one kv head: MQA
+/// let opts = AttnOptions::new(Family::cosine_sim())
+///     .with_causal(Causal::TopLeft)
+///     .with_window(Some(2), Some(0));
+/// assert_eq!(attention(&q, &kv, &kv, &opts)?.dims(), &[1, 6, 4, 16]);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct AttnOptions {
+    /// The family and its parameters.
     pub family: Family,
+    /// Causal mask and its alignment when q and k differ in length (default [`Causal::None`]).
     pub causal: Causal,
+    /// Sliding window (default `None`); softmax-like families only.
     pub window: Option<Window>,
-    /// [`SeqLengths::Varlen`] means q, k, v are packed `[total, heads, dim]`.
+    /// Dense (the default), key padding, or [`SeqLengths::Varlen`]: q, k, v packed
+    /// `[total, heads, dim]`.
     pub lengths: SeqLengths,
-    /// `[B|1, Hq|1, Nq, Nk]`, same dtype and device as q; it receives a gradient.
+    /// `[B|1, Hq|1, Nq, Nk]`, same dtype and device as q; it receives a gradient. Default `None`;
+    /// softmax-like families only.
     pub bias: Option<Tensor>,
+    /// Order of the outer dims (default [`Layout::Bnhd`], `(b, seq, heads, d)`).
     pub layout: Layout,
     /// A backward with the same bits on every run ([`AttnProblem::deterministic`]); off by default,
     /// where attn-cuda's Hopper backward may sum dQ with atomics, as FlashAttention does.
@@ -51,6 +70,7 @@ impl AttnOptions {
             deterministic: false,
         }
     }
+    /// Set [`AttnOptions::causal`].
     pub fn with_causal(mut self, causal: Causal) -> Self {
         self.causal = causal;
         self
@@ -74,10 +94,12 @@ impl AttnOptions {
         };
         self
     }
+    /// An additive, differentiable bias `[B|1, Hq|1, Nq, Nk]` (1 = broadcast).
     pub fn with_bias(mut self, bias: Tensor) -> Self {
         self.bias = Some(bias);
         self
     }
+    /// Set [`AttnOptions::layout`].
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
         self
@@ -94,8 +116,17 @@ impl AttnOptions {
 /// Errors (as candle errors naming the op and the shapes): ranks, shapes, dtypes (f32, f16, bf16,
 /// all equal) or devices that do not agree, and options the family does not take (a window or a
 /// bias with Taylor attention).
+///
+/// Messages use the caller's words: the tensors `q`, `k`, `v`, `bias` with their shapes, and the
+/// options' names (`key_lens`, `cu_seqlens_q`, `scale`, `window`, ...). Cosine-sim with q
+/// `[1, 4, 3, 8]` and k `[1, 4, 2, 8]`, for example, fails with
+/// ```text
+/// cosine_sim attention: invalid `k`: q has 3 heads, not a multiple of k's 2 heads (q [1, 4, 3, 8], k [1, 4, 2, 8])
+/// ```
+/// The candle error's message is the [`AttnError`]'s (candle appends a backtrace when
+/// `RUST_BACKTRACE` is set).
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttnOptions) -> Result<Tensor> {
-    Ok(attend(q, k, v, opts, None)?.0)
+    Ok(attend(q, k, v, opts, &ATTENTION)?.0)
 }
 
 /// [`attention`], also returning the statistics the forward saved (detached, f32): the
@@ -107,22 +138,24 @@ pub fn attention_with_stats(
     v: &Tensor,
     opts: &AttnOptions,
 ) -> Result<(Tensor, Tensor)> {
-    let (o, call) = attend(q, k, v, opts, None)?;
+    let (o, call) = attend(q, k, v, opts, &ATTENTION)?;
     Ok((o, call.stats()?))
 }
 
 /// Softmax attention with candle-flash-attn's signature: q `(b, seq_q, heads_q, d)`, k and v
 /// `(b, seq_k, heads_kv, d)` (any strides with a contiguous last dim), `causal` aligned
 /// bottom-right (query `i` sees keys `j ≤ i + seq_k − seq_q`), GQA when `heads_q > heads_kv`.
-/// Unlike candle-flash-attn it has a backward, and it also takes f32.
+/// Unlike candle-flash-attn it has a backward, and it also takes f32. Errors name `q`, `k`, `v` and
+/// `softmax_scale`.
 pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> Result<Tensor> {
-    attention(q, k, v, &flash_options(softmax_scale, causal))
+    Ok(attend(q, k, v, &flash_options(softmax_scale, causal), &FLASH)?.0)
 }
 
 /// Packed variable-length softmax attention with candle-flash-attn's signature: q
 /// `(total_q, heads_q, d)`, k and v `(total_k, heads_kv, d)`, `seqlens_q` / `seqlens_k` the
 /// cumulative offsets (`[batch + 1]`, any integer dtype, starting at 0), `max_seqlen_*` bounds on
-/// each sequence's length; `causal` aligned bottom-right per sequence.
+/// each sequence's length; `causal` aligned bottom-right per sequence. Errors name the arguments
+/// as this signature does.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen(
     q: &Tensor,
@@ -139,8 +172,40 @@ pub fn flash_attn_varlen(
     let cu_q = cu_seqlens(op, "seqlens_q", seqlens_q)?;
     let cu_k = cu_seqlens(op, "seqlens_k", seqlens_k)?;
     let opts = flash_options(softmax_scale, causal).with_varlen(cu_q, cu_k);
-    Ok(attend(q, k, v, &opts, Some((max_seqlen_q, max_seqlen_k)))?.0)
+    let names = ArgNames {
+        max_seqlens: Some((max_seqlen_q, max_seqlen_k)),
+        ..FLASH
+    };
+    Ok(attend(q, k, v, &opts, &names)?.0)
 }
+
+/// What an entry point calls the arguments that [`AttnProblem::validate`] names, so that its errors
+/// speak of what the caller passed.
+#[derive(Clone, Copy)]
+struct ArgNames {
+    /// The softmax scale: `scale` (a field of [`SoftmaxParams`]) or `softmax_scale`.
+    scale: &'static str,
+    /// The packed offsets: `cu_seqlens_q`/`_k` ([`AttnOptions::with_varlen`]) or `seqlens_q`/`_k`.
+    cu_q: &'static str,
+    cu_k: &'static str,
+    /// `max_seqlen_q`/`_k` where the caller gave them (`flash_attn_varlen`); otherwise the
+    /// longest packed sequence bounds the others.
+    max_seqlens: Option<(usize, usize)>,
+}
+
+const ATTENTION: ArgNames = ArgNames {
+    scale: "scale",
+    cu_q: "cu_seqlens_q",
+    cu_k: "cu_seqlens_k",
+    max_seqlens: None,
+};
+
+const FLASH: ArgNames = ArgNames {
+    scale: "softmax_scale",
+    cu_q: "seqlens_q",
+    cu_k: "seqlens_k",
+    max_seqlens: None,
+};
 
 fn flash_options(softmax_scale: f32, causal: bool) -> AttnOptions {
     let family = Family::Softmax(SoftmaxParams {
@@ -176,14 +241,13 @@ fn cu_seqlens(op: Op, arg: &'static str, t: &Tensor) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// Check, build the spec, and run the call. `max_seqlens` bounds packed sequence lengths (the
-/// longest sequence when `None`).
+/// Check, build the spec, and run the call; errors in the words of `names`.
 fn attend(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     opts: &AttnOptions,
-    max_seqlens: Option<(usize, usize)>,
+    names: &ArgNames,
 ) -> Result<(Tensor, Arc<Call>)> {
     let (q, k, v) = (
         for_kernels(last_dim_contiguous(q)?)?,
@@ -191,10 +255,120 @@ fn attend(
         for_kernels(last_dim_contiguous(v)?)?,
     );
     let bias = opts.bias.as_ref().map(Tensor::contiguous).transpose()?;
-    let spec = problem(&q, &k, &v, bias.as_ref(), opts, max_seqlens)
-        .and_then(|p| p.validate())
-        .map_err(to_candle)?;
+    let p = problem(&q, &k, &v, bias.as_ref(), opts, names).map_err(to_candle)?;
+    let spec = p
+        .validate()
+        .map_err(|e| to_candle(in_callers_terms(e, &p, [&q, &k, &v], names)))?;
     Call::run(spec, &q, &k, &v, bias.as_ref())
+}
+
+/// A validation error of `p` restated in the caller's words: the fields of [`AttnProblem`]
+/// (`heads_q`, `seq_k`, `head_dim`, ...) become the tensors they were read from, with their shapes,
+/// and the options take the entry point's names. Errors already in those words pass unchanged.
+fn in_callers_terms(e: AttnError, p: &AttnProblem, [q, k, v]: [&Tensor; 3], names: &ArgNames) -> AttnError {
+    let (op, arg, reason) = match e {
+        AttnError::InvalidArgument { op, arg, reason } => (op, arg, reason),
+        AttnError::ShapeMismatch { op, what, .. } if what == "key_lens" => {
+            let given = match &p.lengths {
+                SeqLengths::KeyPadding(lens) => lens.len(),
+                _ => 0,
+            };
+            return AttnError::ShapeMismatch {
+                op,
+                what,
+                expected: format!(
+                    "{} lengths, one per batch entry of q {}",
+                    p.batch,
+                    shape_str(q.dims())
+                ),
+                got: format!("{given}"),
+            };
+        }
+        other => return other,
+    };
+    let invalid = |arg: &'static str, reason: String| AttnError::InvalidArgument { op, arg, reason };
+    let (cu_seqlens_q, cu_seqlens_k) = match &p.lengths {
+        SeqLengths::Varlen {
+            cu_seqlens_q,
+            cu_seqlens_k,
+        } => (Some(cu_seqlens_q), Some(cu_seqlens_k)),
+        _ => (None, None),
+    };
+    // A zero sequence length of a packed batch is a zero maximum: every sequence empty, or a zero
+    // `max_seqlen_*` argument.
+    let empty_packed = |cu_name: &'static str, max_name: &'static str| match names.max_seqlens {
+        Some(_) => invalid(max_name, "must be at least 1".into()),
+        None => invalid(cu_name, "every packed sequence is empty".into()),
+    };
+    match arg {
+        "seq_q" if cu_seqlens_q.is_some() => empty_packed(names.cu_q, "max_seqlen_q"),
+        "seq_k" if cu_seqlens_k.is_some() => empty_packed(names.cu_k, "max_seqlen_k"),
+        "batch" | "seq_q" | "heads_q" => invalid("q", format!("{} has an empty dimension", describe("q", q))),
+        "seq_k" => invalid("k", format!("{} has an empty dimension", describe("k", k))),
+        "heads_kv" if p.heads_kv == 0 => invalid("k", format!("{} has no heads", describe("k", k))),
+        "heads_kv" => invalid(
+            "k",
+            format!(
+                "q has {} heads, not a multiple of k's {} heads (q {}, k {})",
+                p.heads_q,
+                p.heads_kv,
+                shape_str(q.dims()),
+                shape_str(k.dims())
+            ),
+        ),
+        "head_dim" => invalid(
+            "q",
+            format!(
+                "{}: head dim {} is outside 1..={MAX_HEAD_DIM}",
+                describe("q", q),
+                p.head_dim
+            ),
+        ),
+        "head_dim_v" => invalid(
+            "v",
+            format!(
+                "{}: head dim {} is outside 1..={MAX_HEAD_DIM}",
+                describe("v", v),
+                p.head_dim_v
+            ),
+        ),
+        "key_lens" => match &p.lengths {
+            SeqLengths::KeyPadding(lens) => match lens.iter().enumerate().find(|(_, &l)| l > p.seq_k) {
+                Some((b, l)) => invalid(
+                    "key_lens",
+                    format!(
+                        "key_lens[{b}] = {l} exceeds the {} keys of {}",
+                        p.seq_k,
+                        describe("k", k)
+                    ),
+                ),
+                None => invalid(arg, reason),
+            },
+            _ => invalid(arg, reason),
+        },
+        "cu_seqlens_q" | "cu_seqlens_k" => {
+            let (name, cu, max, max_name) = if arg == "cu_seqlens_q" {
+                (names.cu_q, cu_seqlens_q, p.seq_q, "max_seqlen_q")
+            } else {
+                (names.cu_k, cu_seqlens_k, p.seq_k, "max_seqlen_k")
+            };
+            let too_long = cu.and_then(|cu| {
+                cu.windows(2)
+                    .enumerate()
+                    .find(|(_, w)| w[1] > w[0] && w[1] - w[0] > max)
+                    .map(|(b, w)| (b, w[1] - w[0]))
+            });
+            match (too_long, names.max_seqlens) {
+                (Some((b, len)), Some(_)) => invalid(
+                    name,
+                    format!("sequence {b} has length {len}, more than {max_name} = {max}"),
+                ),
+                _ => invalid(name, reason),
+            }
+        }
+        "scale" => invalid(names.scale, reason),
+        _ => invalid(arg, reason),
+    }
 }
 
 /// The tensor itself when its last dim is contiguous (any other strides are kept), else a copy.
@@ -240,13 +414,15 @@ pub(crate) fn strides_of(t: &Tensor, layout: Layout) -> Strides {
     }
 }
 
+/// The problem of a call, with the checks only the tensors allow (ranks, dtypes, devices, packed
+/// row counts); [`AttnProblem::validate`] does the rest.
 fn problem(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     bias: Option<&Tensor>,
     opts: &AttnOptions,
-    max_seqlens: Option<(usize, usize)>,
+    names: &ArgNames,
 ) -> std::result::Result<AttnProblem, AttnError> {
     let kind = opts.family.kind();
     let op = Op::new(kind, Pass::Spec);
@@ -275,15 +451,7 @@ fn problem(
         SeqLengths::Varlen {
             cu_seqlens_q,
             cu_seqlens_k,
-        } => varlen_problem(
-            op,
-            opts,
-            dtype,
-            [q, k, v],
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlens,
-        )?,
+        } => varlen_problem(op, opts, dtype, [q, k, v], cu_seqlens_q, cu_seqlens_k, names)?,
         SeqLengths::Dense | SeqLengths::KeyPadding(_) => {
             let mut p =
                 AttnProblem::from_shapes(opts.family, dtype, opts.layout, q.dims(), k.dims(), v.dims())?;
@@ -325,7 +493,7 @@ fn varlen_problem(
     [q, k, v]: [&Tensor; 3],
     cu_q: &[usize],
     cu_k: &[usize],
-    max_seqlens: Option<(usize, usize)>,
+    names: &ArgNames,
 ) -> std::result::Result<AttnProblem, AttnError> {
     let all = || {
         format!(
@@ -369,20 +537,17 @@ fn varlen_problem(
     if cu_q.len() < 2 || cu_k.len() != cu_q.len() {
         return Err(AttnError::ShapeMismatch {
             op,
-            what: "cu_seqlens".into(),
-            expected: "cu_seqlens_q and cu_seqlens_k of one length batch + 1 ≥ 2".into(),
+            what: format!("{} and {}", names.cu_q, names.cu_k),
+            expected: "one length, batch + 1 ≥ 2".into(),
             got: format!("{} and {}", shape_str(&[cu_q.len()]), shape_str(&[cu_k.len()])),
         });
     }
-    for (what, cu, total) in [("q", cu_q, tq), ("k", cu_k, tk)] {
+    for (what, cu, cu_name, total) in [("q", cu_q, names.cu_q, tq), ("k", cu_k, names.cu_k, tk)] {
         if cu[cu.len() - 1] != total {
             return Err(AttnError::ShapeMismatch {
                 op,
                 what: what.into(),
-                expected: format!(
-                    "{} packed rows (the last cu_seqlens_{what} offset)",
-                    cu[cu.len() - 1]
-                ),
+                expected: format!("{} packed rows (the last {cu_name} offset)", cu[cu.len() - 1]),
                 got: all(),
             });
         }
@@ -393,7 +558,7 @@ fn varlen_problem(
             .max()
             .unwrap_or(0)
     };
-    let (max_q, max_k) = max_seqlens.unwrap_or((longest(cu_q), longest(cu_k)));
+    let (max_q, max_k) = names.max_seqlens.unwrap_or((longest(cu_q), longest(cu_k)));
     Ok(
         AttnProblem::new(opts.family, dtype, cu_q.len() - 1, hq, hk, max_q, max_k, dq)
             .with_head_dim_v(dv)
@@ -427,7 +592,7 @@ mod tests {
             &view,
             None,
             &AttnOptions::new(Family::softmax()),
-            None,
+            &ATTENTION,
         )
         .map_err(to_candle)?
         .validate()
@@ -445,7 +610,7 @@ mod tests {
             let opts = AttnOptions::new(Family::softmax()).with_deterministic(deterministic);
             let varlen = opts.clone().with_varlen(vec![0, 3, 7], vec![0, 3, 7]);
             for (x, o) in [(&dense, &opts), (&packed, &varlen)] {
-                let p = problem(x, x, x, None, o, None).map_err(to_candle)?;
+                let p = problem(x, x, x, None, o, &ATTENTION).map_err(to_candle)?;
                 assert_eq!(p.validate().map_err(to_candle)?.deterministic(), deterministic);
             }
         }

@@ -5,7 +5,7 @@
 //! with it.
 //!
 //! Every family computes, per (batch, query head) slice, `o_i = Σ_j w_ij v_j / Σ_j w_ij` over the
-//! keys `j` that the mask allows for query `i` (REFERENCE.md): softmax `w = exp(scale·q·k + bias)`,
+//! keys `j` that the mask allows for query `i` (docs/math.md): softmax `w = exp(scale·q·k + bias)`,
 //! cosine-sim `w = exp(scale·q̂·k̂ − scale)`, Taylor `w = a0 + a1·s + a2·s²`, hyperbolic
 //! `w = exp(−β·d(q, k))` on the Lorentz hyperboloid. Tensors are `(batch, seq, heads, dim)` as in
 //! candle and FlashAttention (`[B, H, N, D]` with [`attn_core::Layout::Bhnd`]); packed
@@ -37,6 +37,8 @@
 //! dim or option attn-cuda does not implement is a typed `Unsupported` error naming the op and the
 //! shapes, never a fallback. `cargo xtask setup-candle-cuda` prints the environment that builds the
 //! feature on a machine without CUDA.
+
+#![warn(missing_docs)]
 
 mod api;
 mod error;

@@ -1,15 +1,5 @@
-//! A small pre-norm causal transformer language model around [`MultiHeadAttention`], and a seeded
-//! `VarBuilder` so that training runs are reproducible.
-//!
-//! `x_0 = E_tok[t] + E_pos[n]`; per block `x ← x + Attn(Conv(LN(x)))`, `x ← x + W_2 gelu(W_1 LN(x))`
-//! (`W_1` `[4·hidden, hidden]`); logits `= W_head LN(x)`, `[B, N, vocab]`. The layer norms have no
-//! bias (candle-nn's biased layer norm has no backward on contiguous inputs).
-//!
-//! `Conv` is an optional short causal depthwise convolution, `Conv(h)_n = h_n + Σ_{1≤s<K} c_s ⊙ h_{n−s}`
-//! (zero before the start, `c` initialised to 0, so it starts as the identity), as in Based and the
-//! Zoology recall models: it lets one attention layer match a query against the token *before*
-//! each position, instead of first having to learn a previous-token head. It mixes only the last
-//! `K` positions, so recall over longer distances is still the attention's job.
+//! [`TransformerLm`], a small causal language model around [`MultiHeadAttention`], and
+//! [`seeded_var_builder`] for reproducible training runs.
 
 use crate::layer::{AttentionConfig, MultiHeadAttention};
 use attn_core::{Causal, Family};
@@ -26,20 +16,27 @@ use std::sync::Mutex;
 /// Sizes and attention family of a [`TransformerLm`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LmConfig {
+    /// Token ids `0..vocab`; also the width of the logits.
     pub vocab: usize,
     /// Longest sequence (size of the learned position table).
     pub max_len: usize,
+    /// Width of the residual stream.
     pub hidden: usize,
+    /// Transformer blocks.
     pub layers: usize,
+    /// Query heads of each attention layer.
     pub heads_q: usize,
+    /// Key/value heads of each attention layer; `heads_q` must be a multiple.
     pub heads_kv: usize,
+    /// Head dim of each attention layer.
     pub head_dim: usize,
+    /// The attention family of every layer.
     pub family: Family,
     /// Taps `K` of the short convolution before each attention layer (0 or 1: none).
     pub short_conv: usize,
 }
 
-/// `Conv(h)_n = h_n + Σ_{1≤s<K} c_s ⊙ h_{n−s}`; see the module docs.
+/// `Conv(h)_n = h_n + Σ_{1≤s<K} c_s ⊙ h_{n−s}`; see [`TransformerLm`].
 #[derive(Clone, Debug)]
 struct ShortConv {
     /// `[K − 1, hidden]`: the weights of the taps `s = 1 … K − 1`.
@@ -89,7 +86,18 @@ impl Block {
     }
 }
 
-/// A causal language model whose every block uses [`MultiHeadAttention`] with the configured family.
+/// A small pre-norm causal transformer language model whose every block uses
+/// [`MultiHeadAttention`] with the configured family (bottom-right causal).
+///
+/// `x_0 = E_tok[t] + E_pos[n]`; per block `x ← x + Attn(Conv(LN(x)))`, `x ← x + W_2 gelu(W_1 LN(x))`
+/// (`W_1` `[4·hidden, hidden]`); logits `= W_head LN(x)`, `[B, N, vocab]`. The layer norms have no
+/// bias (candle-nn's biased layer norm has no backward on contiguous inputs).
+///
+/// `Conv` is an optional short causal depthwise convolution, `Conv(h)_n = h_n + Σ_{1≤s<K} c_s ⊙ h_{n−s}`
+/// (zero before the start, `c` initialised to 0, so it starts as the identity), as in Based and the
+/// Zoology recall models: it lets one attention layer match a query against the token *before*
+/// each position, instead of first having to learn a previous-token head. It mixes only the last
+/// `K` positions, so recall over longer distances is still the attention's job.
 #[derive(Clone, Debug)]
 pub struct TransformerLm {
     tok: Embedding,
@@ -103,6 +111,7 @@ pub struct TransformerLm {
 const NORM_EPS: f64 = 1e-5;
 
 impl TransformerLm {
+    /// The model of `cfg`, its weights taken from (or created in) `vb`.
     pub fn new(cfg: LmConfig, vb: VarBuilder) -> Result<Self> {
         let attn = AttentionConfig {
             hidden: cfg.hidden,
@@ -135,6 +144,7 @@ impl TransformerLm {
         })
     }
 
+    /// The model's sizes and family.
     pub fn config(&self) -> &LmConfig {
         &self.cfg
     }

@@ -39,6 +39,7 @@ pub struct Batch {
 }
 
 impl MqarTask {
+    /// Keys and values together: the model's vocabulary.
     pub fn vocab(&self) -> usize {
         self.num_keys + self.num_values
     }
@@ -103,21 +104,31 @@ impl MqarTask {
 /// Everything a training run needs besides the family and the device.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TrainConfig {
+    /// The recall task.
     pub task: MqarTask,
+    /// Width of the model's residual stream.
     pub hidden: usize,
+    /// Transformer blocks.
     pub layers: usize,
+    /// Attention heads (query and key/value alike).
     pub heads: usize,
+    /// Head dim of each attention layer.
     pub head_dim: usize,
     /// Taps of the short convolution before each attention layer (0: none).
     pub short_conv: usize,
+    /// Sequences per training step.
     pub batch_size: usize,
+    /// Training steps.
     pub steps: usize,
     /// Peak learning rate (linear warm-up over `warmup` steps, then cosine decay to a tenth).
     pub lr: f64,
+    /// Steps of linear learning-rate warm-up.
     pub warmup: usize,
+    /// AdamW weight decay.
     pub weight_decay: f64,
     /// Held-out sequences for the final loss and accuracy.
     pub eval_sequences: usize,
+    /// Seed of the initial weights and the data ([`seeded_var_builder`]).
     pub seed: u64,
 }
 
@@ -132,10 +143,12 @@ pub struct TrainReport {
     pub accuracy: f32,
     /// Training tokens (`batch_size · input_len` per step) per second of training.
     pub tokens_per_sec: f64,
+    /// Wall-clock seconds of the training steps (evaluation excluded).
     pub train_seconds: f64,
 }
 
 impl TrainConfig {
+    /// The model this configuration trains with `family`: `heads` query and key/value heads.
     pub fn lm_config(&self, family: Family) -> LmConfig {
         LmConfig {
             vocab: self.task.vocab(),

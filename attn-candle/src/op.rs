@@ -5,7 +5,7 @@
 //! families, `den_i = Σ_j f(s_ij)` for Taylor; f32 `[B, Hq, Nq]`, `[Hq, total_q]` when packed) stay
 //! in the shared [`Call`] for the backward, which never recomputes them.
 //! Backward, given `g = dL/do`: `dq`, `dk`, `dv` (and `dbias = dS`, summed over broadcast dims) from
-//! the backend's backward with those statistics (REFERENCE.md's gradients per family).
+//! the backend's backward with those statistics (the gradients per family in docs/math.md).
 //!
 //! Candle's `CustomOp3` has three tensor slots, so a call is at most two ops:
 //! - [`AttnOp`], a `CustomOp3` over `(q, k, v)`, computes `o` and saves the statistics. Without a

@@ -12,8 +12,11 @@ use crate::{AttnError, AttnSpec};
 
 /// Inputs and outputs of a forward pass.
 pub struct ForwardIo<'a, B: ?Sized, S: ?Sized> {
+    /// Queries, `spec.q_len()` elements in the spec's layout.
     pub q: &'a B,
+    /// Keys, `spec.k_len()` elements.
     pub k: &'a B,
+    /// Values, `spec.v_len()` elements.
     pub v: &'a B,
     /// Required exactly when the spec has a bias.
     pub bias: Option<&'a B>,
@@ -25,9 +28,13 @@ pub struct ForwardIo<'a, B: ?Sized, S: ?Sized> {
 
 /// Inputs and outputs of a backward pass. Gradients are fully overwritten (never accumulated into).
 pub struct BackwardIo<'a, B: ?Sized, S: ?Sized> {
+    /// The forward's queries.
     pub q: &'a B,
+    /// The forward's keys.
     pub k: &'a B,
+    /// The forward's values.
     pub v: &'a B,
+    /// The forward's bias; present exactly when the spec has one.
     pub bias: Option<&'a B>,
     /// The forward's output.
     pub o: &'a B,
@@ -35,8 +42,11 @@ pub struct BackwardIo<'a, B: ?Sized, S: ?Sized> {
     pub d_o: &'a B,
     /// The forward's statistics.
     pub stats: &'a S,
+    /// dL/dq, same length as q; fully overwritten.
     pub dq: &'a mut B,
+    /// dL/dk, same length as k (summed over the query heads of a GQA group); fully overwritten.
     pub dk: &'a mut B,
+    /// dL/dv, same length as v (summed like dk); fully overwritten.
     pub dv: &'a mut B,
     /// Required exactly when the spec has a bias: dL/dbias, summed over broadcast dims.
     pub dbias: Option<&'a mut B>,
@@ -44,12 +54,15 @@ pub struct BackwardIo<'a, B: ?Sized, S: ?Sized> {
 
 /// A forward and backward implementation of every family for one buffer type.
 pub trait AttnBackend<B: ?Sized, S: ?Sized> {
+    /// The backend's error; every [`AttnError`] converts into it.
     type Error: From<AttnError>;
 
     /// Name used in `Unsupported` errors, e.g. `attn-cpu-ref`.
     fn name(&self) -> &'static str;
 
+    /// Run the forward pass of `spec`: write `io.o` and `io.stats`.
     fn forward(&self, spec: &AttnSpec, io: ForwardIo<'_, B, S>) -> Result<(), Self::Error>;
 
+    /// Run the backward pass of `spec`: write `io.dq`, `io.dk`, `io.dv` and `io.dbias`.
     fn backward(&self, spec: &AttnSpec, io: BackwardIo<'_, B, S>) -> Result<(), Self::Error>;
 }

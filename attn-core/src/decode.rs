@@ -1,4 +1,4 @@
-//! The shape of a recurrent Taylor decode (REFERENCE.md §3, "Decode"), shared by every backend.
+//! The shape of a recurrent Taylor decode (docs/math.md §3, "Decode"), shared by every backend.
 //!
 //! A decode state holds, per (batch entry, kv head), running sums `S[f] = Σ_j φ_f(k̂_j) ṽ_j` over the
 //! keys folded so far, `ṽ_j = [v_j, 1]`: `m = Dv + 1` columns ([`DecodeShape::width`]) and as many
@@ -16,12 +16,19 @@ use crate::{AttnError, AttnSpec, Causal, DType, FamilySpec, Op, Pass, Result, Se
 /// What a Taylor decode state was built for; every step's spec must match it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeShape {
+    /// The checked Taylor family with its parameters.
     pub family: FamilySpec,
+    /// Storage dtype of the steps' q, k, v and o.
     pub dtype: DType,
+    /// Batch entries (B).
     pub batch: usize,
+    /// Query heads (Hq).
     pub heads_q: usize,
+    /// Key/value heads (Hkv); the state holds one set of sums per (batch entry, kv head).
     pub heads_kv: usize,
+    /// Head dim of q and k (D).
     pub head_dim: usize,
+    /// Head dim of v and o (Dv).
     pub head_dim_v: usize,
 }
 

@@ -8,12 +8,16 @@ use std::fmt;
 /// Storage dtype of q, k, v, o and their gradients. Statistics (LSE, Taylor denominators) are always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE single precision.
     F32,
+    /// IEEE half precision (`half::f16`).
     F16,
+    /// bfloat16 (`half::bf16`).
     BF16,
 }
 
 impl DType {
+    /// The three dtypes, in the order f32, f16, bf16.
     pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
     /// Bytes per element.
@@ -33,6 +37,7 @@ impl DType {
         }
     }
 
+    /// `f32`, `f16` or `bf16`; [`std::str::FromStr`] parses the same names.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -62,11 +67,15 @@ impl std::str::FromStr for DType {
 
 /// A host element type: one of f32, f16, bf16.
 pub trait Element: Copy + Send + Sync + Default + PartialEq + fmt::Debug + 'static {
+    /// The [`DType`] of this element type.
     const DTYPE: DType;
+    /// Widen to f64 (exact).
     fn to_f64(self) -> f64;
     /// Round to nearest.
     fn from_f64(x: f64) -> Self;
+    /// Widen to f32 (exact for f16 and bf16).
     fn to_f32(self) -> f32;
+    /// Round to nearest.
     fn from_f32(x: f32) -> Self;
 }
 

@@ -18,6 +18,8 @@
 //! # Ok::<(), attn_core::AttnError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod backend;
 mod decode;
 mod dtype;

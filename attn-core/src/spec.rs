@@ -36,8 +36,11 @@ pub enum Layout {
 /// Element strides of a 4-d tensor in logical `(batch, seq, head, dim)` order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Strides {
+    /// Elements between batch entries (0 for a packed varlen batch, whose rows are indexed by `seq`).
     pub batch: usize,
+    /// Elements between tokens.
     pub seq: usize,
+    /// Elements between heads.
     pub head: usize,
     /// Must be 1: the last dim is contiguous.
     pub dim: usize,
@@ -72,6 +75,7 @@ impl Strides {
 /// Causal mask and its alignment when `Nq ≠ Nk`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Causal {
+    /// No causal mask (the default): every key is allowed, up to the window and the key lengths.
     #[default]
     None,
     /// `j ≤ i` (PyTorch `is_causal`).
@@ -85,7 +89,9 @@ pub enum Causal {
 /// otherwise (FlashAttention's convention). `None` leaves that side unbounded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Window {
+    /// Keys allowed before the diagonal; `None` (the default): all of them.
     pub left: Option<usize>,
+    /// Keys allowed after the diagonal; `None` (the default): all of them.
     pub right: Option<usize>,
 }
 
@@ -100,7 +106,9 @@ pub enum SeqLengths {
     /// Packed variable-length batch: sequence `b` owns query rows `cu_seqlens_q[b]..cu_seqlens_q[b+1]`
     /// and key rows `cu_seqlens_k[b]..cu_seqlens_k[b+1]`; `seq_q`/`seq_k` are the maxima.
     Varlen {
+        /// `B + 1` non-decreasing query row offsets, starting at 0.
         cu_seqlens_q: Vec<usize>,
+        /// `B + 1` non-decreasing key row offsets, starting at 0.
         cu_seqlens_k: Vec<usize>,
     },
 }
@@ -109,37 +117,58 @@ pub enum SeqLengths {
 /// `heads ∈ {1, Hq}` (1 = broadcast). Its gradient has the same shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BiasShape {
+    /// 1 (broadcast over the batch) or B.
     pub batch: usize,
+    /// 1 (broadcast over the heads) or Hq.
     pub heads: usize,
 }
 
 /// Explicit strides for strided input views (e.g. transposes); outputs are always contiguous.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct InputStrides {
+    /// Strides of q.
     pub q: Strides,
+    /// Strides of k.
     pub k: Strides,
+    /// Strides of v.
     pub v: Strides,
 }
 
 /// One attention call as the user describes it. Fields are public; [`AttnProblem::validate`] checks
-/// them all at once.
+/// them all at once. [`AttnProblem::new`] sets the defaults stated on each field; the `with_*`
+/// methods change one field each.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttnProblem {
+    /// The family and its parameters.
     pub family: Family,
+    /// Storage dtype of q, k, v, o and the gradients.
     pub dtype: DType,
+    /// Batch entries (B), ≥ 1.
     pub batch: usize,
+    /// Query heads (Hq), a multiple of `heads_kv`.
     pub heads_q: usize,
+    /// Key/value heads (Hkv): `Hkv = Hq` is multi-head, `1` multi-query, otherwise grouped-query
+    /// attention, where query head `h` reads kv head `h / (Hq/Hkv)`.
     pub heads_kv: usize,
+    /// Queries per batch entry (Nq); the maximum sequence length when packed.
     pub seq_q: usize,
+    /// Keys per batch entry (Nk); the maximum sequence length when packed.
     pub seq_k: usize,
+    /// Head dim of q and k (D), 1..=[`MAX_HEAD_DIM`].
     pub head_dim: usize,
+    /// Head dim of v and o (Dv), 1..=[`MAX_HEAD_DIM`]; `new` sets it to `head_dim`.
     pub head_dim_v: usize,
+    /// Order of the outer dims (default [`Layout::Bnhd`]).
     pub layout: Layout,
-    /// `None`: q, k, v are contiguous in `layout`.
+    /// `None` (the default): q, k, v are contiguous in `layout`.
     pub strides: Option<InputStrides>,
+    /// Causal mask and alignment (default [`Causal::None`]).
     pub causal: Causal,
+    /// Sliding window (default `None`: no window); softmax-like families only.
     pub window: Option<Window>,
+    /// Key padding or a packed varlen batch (default [`SeqLengths::Dense`]).
     pub lengths: SeqLengths,
+    /// Shape of an additive bias (default `None`: no bias); softmax-like families only.
     pub bias: Option<BiasShape>,
     /// A backward whose results are the same bits on every run. Off by default: a backend may
     /// then sum gradient contributions in whatever order its threads finish (attn-cuda's fused
@@ -149,7 +178,18 @@ pub struct AttnProblem {
 }
 
 impl AttnProblem {
-    /// A dense, unmasked problem in `[B, N, H, D]` layout with `Dv = D`.
+    /// A dense, unmasked problem: `batch` entries of `seq_q` queries in `heads_q` heads and `seq_k`
+    /// keys and values in `heads_kv` heads, head dim `head_dim` for q, k and v. So q is
+    /// `[batch, seq_q, heads_q, head_dim]` and k and v are `[batch, seq_k, heads_kv, head_dim]`
+    /// ([`Layout::Bnhd`]); no mask, no bias, not deterministic.
+    ///
+    /// ```
+    /// use attn_core::{AttnProblem, DType, Family};
+    /// // B = 2, Hq = 8, Hkv = 2, Nq = 16, Nk = 32, D = 64.
+    /// let p = AttnProblem::new(Family::softmax(), DType::F16, 2, 8, 2, 16, 32, 64);
+    /// assert_eq!(p.validate()?.q_shape(), [2, 16, 8, 64]);
+    /// # Ok::<(), attn_core::AttnError>(())
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         family: Family,
@@ -181,7 +221,9 @@ impl AttnProblem {
         }
     }
 
-    /// Build a dense problem from the 4-d shapes of q, k and v in `layout`, checking that they agree.
+    /// Build a dense problem from the 4-d shapes of q, k and v in `layout`, checking that they agree:
+    /// the same batch, k's head dim equal to q's, v with k's sequence length and heads. A
+    /// disagreement is a `ShapeMismatch` naming `q`, `k`, `v` or `batch` with the three shapes.
     pub fn from_shapes(
         family: Family,
         dtype: DType,
@@ -197,7 +239,10 @@ impl AttnProblem {
                 _ => Err(AttnError::ShapeMismatch {
                     op,
                     what: what.to_string(),
-                    expected: format!("a rank-4 tensor in {layout:?} layout"),
+                    expected: match layout {
+                        Layout::Bnhd => "a rank-4 tensor [batch, seq, heads, dim]".into(),
+                        Layout::Bhnd => "a rank-4 tensor [batch, heads, seq, dim] (Layout::Bhnd)".into(),
+                    },
                     got: shape_str(s),
                 }),
             }
@@ -211,14 +256,20 @@ impl AttnProblem {
             expected,
             got: format!("q {}, k {}, v {}", shape_str(q), shape_str(k), shape_str(v)),
         };
-        if bk != bq || bv != bq {
-            return Err(mismatch("batch", format!("batch {bq} for q, k and v")));
+        if bk != bq {
+            return Err(mismatch("k", format!("k with q's batch ({bq})")));
+        }
+        if bv != bq {
+            return Err(mismatch("v", format!("v with q's batch ({bq})")));
         }
         if dk != dq {
             return Err(mismatch("k", format!("k head dim equal to q's ({dq})")));
         }
         if nv != nk || hv != hk {
-            return Err(mismatch("v", format!("v with k's seq and heads ({nk}, {hk})")));
+            return Err(mismatch(
+                "v",
+                format!("v with k's sequence length and heads ({nk}, {hk})"),
+            ));
         }
         let mut p = AttnProblem::new(family, dtype, bq, hq, hk, nq, nk, dq);
         p.head_dim_v = dv;
@@ -226,18 +277,22 @@ impl AttnProblem {
         Ok(p)
     }
 
+    /// Set [`AttnProblem::causal`].
     pub fn with_causal(mut self, causal: Causal) -> Self {
         self.causal = causal;
         self
     }
+    /// Set a sliding [`Window`] of `left` keys before and `right` keys after the diagonal.
     pub fn with_window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
         self.window = Some(Window { left, right });
         self
     }
+    /// Key padding: batch entry `b` has its first `key_lens[b]` keys valid (`B` lengths, each ≤ `seq_k`).
     pub fn with_key_lens(mut self, key_lens: Vec<usize>) -> Self {
         self.lengths = SeqLengths::KeyPadding(key_lens);
         self
     }
+    /// A packed variable-length batch with `B + 1` offsets each ([`SeqLengths::Varlen`]).
     pub fn with_varlen(mut self, cu_seqlens_q: Vec<usize>, cu_seqlens_k: Vec<usize>) -> Self {
         self.lengths = SeqLengths::Varlen {
             cu_seqlens_q,
@@ -250,18 +305,22 @@ impl AttnProblem {
         self.deterministic = deterministic;
         self
     }
+    /// An additive bias of shape `[batch, heads, Nq, Nk]`, `batch` 1 or B, `heads` 1 or Hq.
     pub fn with_bias(mut self, batch: usize, heads: usize) -> Self {
         self.bias = Some(BiasShape { batch, heads });
         self
     }
+    /// Set the head dim of v and o (Dv).
     pub fn with_head_dim_v(mut self, head_dim_v: usize) -> Self {
         self.head_dim_v = head_dim_v;
         self
     }
+    /// Set [`AttnProblem::layout`].
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
         self
     }
+    /// Strided input views of q, k and v (each with last-dim stride 1).
     pub fn with_strides(mut self, strides: InputStrides) -> Self {
         self.strides = Some(strides);
         self
@@ -590,7 +649,7 @@ fn resolve_family(op: Op, family: &Family, head_dim: usize) -> Result<FamilySpec
         },
         Family::CosineSim(p) => FamilySpec::CosineSim {
             scale: positive(op, "scale", p.scale)?,
-            l2norm_qk: p.l2norm_qk,
+            qk_l2norm: p.qk_l2norm,
             eps: positive(op, "eps", p.eps)?,
         },
         Family::Taylor(p) => {
@@ -659,7 +718,9 @@ fn resolve_family(op: Op, family: &Family, head_dim: usize) -> Result<FamilySpec
 /// Query and key counts of one batch entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SeqLens {
+    /// Queries.
     pub q: usize,
+    /// Keys.
     pub k: usize,
 }
 
@@ -725,18 +786,23 @@ fn extent(s: Strides, batch: usize, seq: usize, heads: usize, dim: usize) -> Opt
 }
 
 impl AttnSpec {
+    /// The checked family, defaults resolved.
     pub fn family(&self) -> &FamilySpec {
         &self.family
     }
+    /// Storage dtype.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// Batch entries (B).
     pub fn batch(&self) -> usize {
         self.batch
     }
+    /// Query heads (Hq).
     pub fn heads_q(&self) -> usize {
         self.heads_q
     }
+    /// Key/value heads (Hkv).
     pub fn heads_kv(&self) -> usize {
         self.heads_kv
     }
@@ -756,24 +822,31 @@ impl AttnSpec {
     pub fn seq_k(&self) -> usize {
         self.seq_k
     }
+    /// Head dim of q and k (D).
     pub fn head_dim(&self) -> usize {
         self.head_dim
     }
+    /// Head dim of v and o (Dv).
     pub fn head_dim_v(&self) -> usize {
         self.head_dim_v
     }
+    /// Order of the outer dims.
     pub fn layout(&self) -> Layout {
         self.layout
     }
+    /// Causal mask and alignment.
     pub fn causal(&self) -> Causal {
         self.causal
     }
+    /// Sliding window, if any.
     pub fn window(&self) -> Option<Window> {
         self.window
     }
+    /// Dense, key-padded or packed lengths.
     pub fn lengths(&self) -> &SeqLengths {
         &self.lengths
     }
+    /// Shape of the additive bias, if any.
     pub fn bias(&self) -> Option<BiasShape> {
         self.bias
     }
@@ -781,6 +854,7 @@ impl AttnSpec {
     pub fn deterministic(&self) -> bool {
         self.deterministic
     }
+    /// Whether the batch is packed ([`SeqLengths::Varlen`]).
     pub fn is_varlen(&self) -> bool {
         matches!(self.lengths, SeqLengths::Varlen { .. })
     }
@@ -792,18 +866,23 @@ impl AttnSpec {
     pub fn total_k(&self) -> usize {
         self.total_k
     }
+    /// The op of this spec's family in `pass`, for errors.
     pub fn op(&self, pass: Pass) -> Op {
         Op::new(self.family.kind(), pass)
     }
+    /// The family without its parameters.
     pub fn family_kind(&self) -> FamilyKind {
         self.family.kind()
     }
+    /// Strides of q (given, or contiguous in the layout).
     pub fn q_strides(&self) -> Strides {
         self.q
     }
+    /// Strides of k (given, or contiguous in the layout).
     pub fn k_strides(&self) -> Strides {
         self.k
     }
+    /// Strides of v (given, or contiguous in the layout).
     pub fn v_strides(&self) -> Strides {
         self.v
     }
@@ -811,17 +890,20 @@ impl AttnSpec {
     pub fn o_strides(&self) -> Strides {
         self.o
     }
+    /// Strides of dq (contiguous in the spec's layout).
     pub fn dq_strides(&self) -> Strides {
         self.dq
     }
+    /// Strides of dk (contiguous in the spec's layout).
     pub fn dk_strides(&self) -> Strides {
         self.dk
     }
+    /// Strides of dv (contiguous in the spec's layout).
     pub fn dv_strides(&self) -> Strides {
         self.dv
     }
 
-    /// Queries and keys of batch entry `b`.
+    /// Queries and keys of batch entry `b` (`b < batch`).
     pub fn seq_lens(&self, b: usize) -> SeqLens {
         match &self.lengths {
             SeqLengths::Dense => SeqLens {
@@ -953,13 +1035,16 @@ impl AttnSpec {
         })
     }
 
-    /// Buffer lengths each tensor needs.
+    /// Elements the q buffer needs (its strides' extent; computed once, with checked arithmetic, by
+    /// `validate`).
     pub fn q_len(&self) -> usize {
         self.lens.q
     }
+    /// Elements the k buffer needs (its strides' extent).
     pub fn k_len(&self) -> usize {
         self.lens.k
     }
+    /// Elements the v buffer needs (its strides' extent).
     pub fn v_len(&self) -> usize {
         self.lens.v
     }
@@ -967,15 +1052,19 @@ impl AttnSpec {
     pub fn o_len(&self) -> usize {
         self.lens.o
     }
+    /// Length of dq.
     pub fn dq_len(&self) -> usize {
         self.lens.dq
     }
+    /// Length of dk.
     pub fn dk_len(&self) -> usize {
         self.lens.dk
     }
+    /// Length of dv.
     pub fn dv_len(&self) -> usize {
         self.lens.dv
     }
+    /// Length of the statistics (one f32 per query row and query head).
     pub fn stats_len(&self) -> usize {
         self.lens.stats
     }
@@ -988,12 +1077,15 @@ impl AttnSpec {
     pub fn q_shape(&self) -> Vec<usize> {
         self.shape(self.seq_q, self.total_q, self.heads_q, self.head_dim)
     }
+    /// Logical shape of k for messages: `[B, Nk, Hkv, D]` or `[total_k, Hkv, D]`.
     pub fn k_shape(&self) -> Vec<usize> {
         self.shape(self.seq_k, self.total_k, self.heads_kv, self.head_dim)
     }
+    /// Logical shape of v for messages: `[B, Nk, Hkv, Dv]` or `[total_k, Hkv, Dv]`.
     pub fn v_shape(&self) -> Vec<usize> {
         self.shape(self.seq_k, self.total_k, self.heads_kv, self.head_dim_v)
     }
+    /// Logical shape of o for messages: `[B, Nq, Hq, Dv]` or `[total_q, Hq, Dv]`.
     pub fn o_shape(&self) -> Vec<usize> {
         self.shape(self.seq_q, self.total_q, self.heads_q, self.head_dim_v)
     }

@@ -99,7 +99,10 @@ fn errors_name_the_op_and_the_argument() {
         "{e}"
     );
     assert_eq!(e.op().pass, Pass::Spec);
-    assert!(e.to_string().starts_with("taylor spec: invalid `order`"), "{e}");
+    assert!(
+        e.to_string().starts_with("taylor attention: invalid `order`"),
+        "{e}"
+    );
 
     let e = AttnProblem::new(Family::softmax(), DType::F32, 1, 6, 4, 4, 4, 8)
         .validate()

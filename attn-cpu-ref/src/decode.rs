@@ -1,4 +1,4 @@
-//! Recurrent decode for Taylor linear attention (REFERENCE.md §3, "Decode"): the reference that the
+//! Recurrent decode for Taylor linear attention (docs/math.md §3, "Decode"): the reference that the
 //! GPU decode is tested against.
 //!
 //! Per (batch entry `b`, kv head), with `k̂_j` (l2-normalised when `qk_l2norm`), `ṽ_j = [v_j, 1]`
@@ -80,6 +80,7 @@ impl DecodeState {
         })
     }
 
+    /// What the state was built for; every step's spec must match it.
     pub fn shape(&self) -> &DecodeShape {
         &self.shape
     }

@@ -13,6 +13,8 @@
 //! kernels save them), and [`forward_f64`] / [`backward_f64`] on f64 data, which tests use as the
 //! exact oracle. [`CpuRef`] implements [`attn_core::AttnBackend`] on host slices.
 
+#![warn(missing_docs)]
+
 use attn_core::{AttnBackend, AttnError, AttnSpec, BackwardIo, Element, ForwardIo, Pass, Result};
 
 pub mod decode;
@@ -25,8 +27,11 @@ pub mod testing;
 /// q, k, v and the optional bias of one call, laid out as the spec says.
 #[derive(Clone, Copy, Debug)]
 pub struct Inputs<'a, T> {
+    /// Queries, at least `spec.q_len()` elements.
     pub q: &'a [T],
+    /// Keys, at least `spec.k_len()` elements.
     pub k: &'a [T],
+    /// Values, at least `spec.v_len()` elements.
     pub v: &'a [T],
     /// Present exactly when the spec has a bias.
     pub bias: Option<&'a [T]>,
@@ -36,16 +41,23 @@ pub struct Inputs<'a, T> {
 /// the softmax-like families, the denominators for Taylor).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Forward<T, S> {
+    /// The output, contiguous in the spec's layout.
     pub o: Vec<T>,
+    /// LSE (softmax-like families, −∞ for a row with no allowed key) or denominators (Taylor), one
+    /// per query row and query head, indexed by `spec.stats_index`.
     pub stats: Vec<S>,
 }
 
 /// What a backward pass returns; `dbias` is present exactly when the spec has a bias.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradients<T> {
+    /// dL/dq, `spec.dq_len()` elements, contiguous in the spec's layout.
     pub dq: Vec<T>,
+    /// dL/dk, `spec.dk_len()` elements, summed over each GQA group.
     pub dk: Vec<T>,
+    /// dL/dv, `spec.dv_len()` elements, summed over each GQA group.
     pub dv: Vec<T>,
+    /// dL/dbias, `spec.bias_len()` elements, summed over the broadcast dims.
     pub dbias: Option<Vec<T>>,
 }
 

@@ -1,4 +1,4 @@
-//! Softmax, cosine-similarity and hyperbolic attention (REFERENCE.md §1, §2, §4): the families whose
+//! Softmax, cosine-similarity and hyperbolic attention (docs/math.md §1, §2, §4): the families whose
 //! weights are a softmax over scores.
 //!
 //! ## Forward

@@ -1,4 +1,4 @@
-//! Taylor linear attention (REFERENCE.md §3), forward and backward through factorised states.
+//! Taylor linear attention (docs/math.md §3), forward and backward through factorised states.
 //!
 //! Per (batch entry, query head): `q̂_i = q_i / max(‖q_i‖, eps)` and `k̂_j` likewise when `qk_l2norm`
 //! (otherwise `q̂ = q`, `k̂ = k`), the scale folded into the query `u_i = scale·q̂_i`, scores

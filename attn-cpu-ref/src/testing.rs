@@ -1,5 +1,5 @@
 //! Test helpers shared by every crate's tests: random cases, finite differences and the
-//! FlashAttention-style tolerance check (REFERENCE.md, "Numerics").
+//! FlashAttention-style tolerance check (docs/math.md, "Numerics").
 //!
 //! Kept in the library (not behind `cfg(test)`) so the CUDA and Candle test suites compare against
 //! the same oracle in the same way.
@@ -12,15 +12,23 @@ use rand::{Rng, SeedableRng};
 /// Random q, k, v, bias and dO for a spec, in f64, laid out as the spec says.
 #[derive(Clone, Debug)]
 pub struct Case {
+    /// The call.
     pub spec: AttnSpec,
+    /// Queries, `spec.q_len()` elements.
     pub q: Vec<f64>,
+    /// Keys, `spec.k_len()` elements.
     pub k: Vec<f64>,
+    /// Values, `spec.v_len()` elements.
     pub v: Vec<f64>,
+    /// The bias, present exactly when the spec has one.
     pub bias: Option<Vec<f64>>,
+    /// The upstream gradient dL/do, `spec.o_len()` elements; random, because a dO of ones has
+    /// hidden a dV bug upstream (docs/math.md, "Numerics").
     pub d_o: Vec<f64>,
 }
 
 impl Case {
+    /// The case's tensors as [`Inputs`].
     pub fn inputs(&self) -> Inputs<'_, f64> {
         Inputs {
             q: &self.q,

@@ -70,7 +70,7 @@ fn softmax_twin(p: &AttnProblem, scale: f32) -> Result<AttnSpec, TestCaseError> 
 fn cosine_sim_equals_softmax_on_l2_normalised_inputs_with_the_same_scale() {
     let strategy = (problem(cosine_family()), any::<u64>()).prop_map(|(mut p, seed)| {
         if let Family::CosineSim(c) = &mut p.family {
-            c.l2norm_qk = true;
+            c.qk_l2norm = true;
         }
         (p, seed)
     });
@@ -136,7 +136,7 @@ fn cosine_sim_equals_softmax_on_l2_normalised_inputs_with_the_same_scale() {
 fn cosine_sim_without_l2norm_is_softmax_with_its_fixed_scale() {
     let strategy = (problem(cosine_family()), any::<u64>()).prop_map(|(mut p, seed)| {
         if let Family::CosineSim(c) = &mut p.family {
-            c.l2norm_qk = false;
+            c.qk_l2norm = false;
         }
         (p, seed)
     });
@@ -158,7 +158,7 @@ fn cosine_sim_without_l2norm_is_softmax_with_its_fixed_scale() {
 fn cosine_sim_rows_shorter_than_eps_scale_by_one_over_eps() {
     let strategy = (problem(cosine_family()), any::<u64>()).prop_map(|(mut p, seed)| {
         if let Family::CosineSim(c) = &mut p.family {
-            c.l2norm_qk = true;
+            c.qk_l2norm = true;
             c.eps = 0.05;
         }
         (p, seed)

@@ -90,7 +90,7 @@ fn from_shapes_rejects_tensors_that_disagree() {
                 }
                 2 => {
                     k[0] += delta;
-                    "batch"
+                    "k"
                 }
                 3 => {
                     k[3] += delta;

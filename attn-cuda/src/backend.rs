@@ -17,56 +17,28 @@
 //!
 //! Inputs may be strided views (the spec's strides, last dim contiguous): nothing is copied.
 
+use crate::check::Checker;
+use crate::config::KernelConfig;
 use crate::dispatch::{self, RowKernel, Stage};
 use crate::error::{CudaAttnError, Result};
 use crate::heuristics;
 use crate::params::AttnParams;
 use crate::runtime::{self, Kernels};
+use crate::taylor::TaylorDecodeState;
+use crate::views::{BackwardViews, DeviceElem, ForwardViews};
 use attn_core::{
     Aggregation, AttnBackend, AttnError, AttnSpec, BackwardIo, Causal, DType, Element, FamilyKind,
     FamilySpec, ForwardIo, Op, Pass, SeqLengths,
 };
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
-    SyncOnDrop, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
-/// A storage element the kernels read and write: f32, f16 or bf16.
-pub trait DeviceElem: Element + DeviceRepr + ValidAsZeroBits + Unpin {}
-impl DeviceElem for f32 {}
-impl DeviceElem for half::f16 {}
-impl DeviceElem for half::bf16 {}
-
-/// The CUDA backend: launches on one stream (the caller's, e.g. candle's).
+/// The CUDA backend: launches on one stream (the caller's, e.g. candle's), choosing kernels under
+/// one [`KernelConfig`].
 #[derive(Clone, Debug)]
 pub struct CudaAttn {
     stream: Arc<CudaStream>,
-}
-
-/// Forward buffers as views (a view may start at an element offset: `slice.slice(start..)`).
-pub struct ForwardViews<'a, T> {
-    pub q: CudaView<'a, T>,
-    pub k: CudaView<'a, T>,
-    pub v: CudaView<'a, T>,
-    pub bias: Option<CudaView<'a, T>>,
-    pub o: CudaViewMut<'a, T>,
-    pub lse: CudaViewMut<'a, f32>,
-}
-
-/// Backward buffers as views.
-pub struct BackwardViews<'a, T> {
-    pub q: CudaView<'a, T>,
-    pub k: CudaView<'a, T>,
-    pub v: CudaView<'a, T>,
-    pub bias: Option<CudaView<'a, T>>,
-    pub o: CudaView<'a, T>,
-    pub d_o: CudaView<'a, T>,
-    pub lse: CudaView<'a, f32>,
-    pub dq: CudaViewMut<'a, T>,
-    pub dk: CudaViewMut<'a, T>,
-    pub dv: CudaViewMut<'a, T>,
-    pub dbias: Option<CudaViewMut<'a, T>>,
+    config: KernelConfig,
 }
 
 type In<'a, T> = &'a dyn DevicePtr<T>;
@@ -93,100 +65,6 @@ struct BwdArgs<'a, T> {
     dk: Out<'a, T>,
     dv: Out<'a, T>,
     dbias: Option<Out<'a, T>>,
-}
-
-/// Per-call checks on device buffers, and the guards that order their use on our stream.
-struct Checker<'s> {
-    spec: &'s AttnSpec,
-    op: Op,
-    pass: Pass,
-    stream: &'s CudaStream,
-    /// Inputs must be 16-byte aligned for cp.async (tensor-core path).
-    tensor_cores: bool,
-}
-
-impl<'s> Checker<'s> {
-    fn device<T>(&self, what: &str, buf: &dyn DevicePtr<T>) -> Result<()> {
-        let ours = self.stream.context().cu_ctx();
-        if buf.stream().context().cu_ctx() != ours {
-            return Err(AttnError::InvalidArgument {
-                op: self.op,
-                arg: "device",
-                reason: format!(
-                    "`{what}` lives on CUDA device {} but the call runs on device {}",
-                    buf.stream().context().ordinal(),
-                    self.stream.context().ordinal()
-                ),
-            }
-            .into());
-        }
-        Ok(())
-    }
-
-    fn aligned(&self, what: &str, ptr: u64, align: u64) -> Result<()> {
-        if ptr % align != 0 {
-            return Err(AttnError::Unsupported {
-                op: self.op,
-                backend: dispatch::BACKEND,
-                what: format!("`{what}` at device address {ptr:#x}, not {align}-byte aligned"),
-            }
-            .into());
-        }
-        Ok(())
-    }
-
-    /// A read buffer: length, device, alignment; returns its address and the ordering guard.
-    fn input<'a, T>(
-        &self,
-        what: &str,
-        buf: &'a dyn DevicePtr<T>,
-        need: usize,
-    ) -> Result<(u64, SyncOnDrop<'a>)>
-    where
-        's: 'a,
-    {
-        self.spec.check_len(self.pass, what, buf.len(), need)?;
-        self.device(what, buf)?;
-        let (ptr, guard) = buf.device_ptr(self.stream);
-        let align = if self.tensor_cores && matches!(what, "q" | "k" | "v" | "o" | "d_o") {
-            16
-        } else {
-            std::mem::size_of::<T>() as u64
-        };
-        self.aligned(what, ptr, align)?;
-        Ok((ptr, guard))
-    }
-
-    /// A written buffer.
-    fn output<'a, T>(
-        &self,
-        what: &str,
-        buf: &'a mut dyn DevicePtrMut<T>,
-        need: usize,
-    ) -> Result<(u64, SyncOnDrop<'a>)>
-    where
-        's: 'a,
-    {
-        self.spec.check_len(self.pass, what, buf.len(), need)?;
-        let ours = self.stream.context().cu_ctx();
-        if buf.stream().context().cu_ctx() != ours {
-            return Err(AttnError::InvalidArgument {
-                op: self.op,
-                arg: "device",
-                reason: format!("`{what}` lives on another CUDA device than the call's stream"),
-            }
-            .into());
-        }
-        let (ptr, guard) = buf.device_ptr_mut(self.stream);
-        // Paired 2-element stores for f16/bf16 rows.
-        let align = if self.tensor_cores {
-            4
-        } else {
-            std::mem::size_of::<T>() as u64
-        };
-        self.aligned(what, ptr, align)?;
-        Ok((ptr, guard))
-    }
 }
 
 fn bias_pair<X>(spec: &AttnSpec, op: Op, buf: Option<X>, what: &str) -> Result<Option<X>> {
@@ -241,10 +119,10 @@ fn check_strides(spec: &AttnSpec, op: Op) -> Result<()> {
 
 /// Cosine-sim with l2-normalised q and k (its kernels scale by the reciprocal norms), and Taylor's
 /// quadratic form with `qk_l2norm` (the same scores, the same row kernels).
-fn l2norm_qk(spec: &AttnSpec) -> bool {
+fn qk_l2norm(spec: &AttnSpec) -> bool {
     matches!(
         spec.family(),
-        FamilySpec::CosineSim { l2norm_qk: true, .. } | FamilySpec::Taylor { qk_l2norm: true, .. }
+        FamilySpec::CosineSim { qk_l2norm: true, .. } | FamilySpec::Taylor { qk_l2norm: true, .. }
     )
 }
 
@@ -292,13 +170,66 @@ impl CudaAttn {
         Ok(Self::with_stream(ctx.default_stream()))
     }
 
-    /// The backend on a caller's stream (candle's, for instance). Kernels load on first use.
+    /// The backend on a caller's stream (candle's, for instance), under [`KernelConfig::from_env`].
+    /// Kernels load on first use.
     pub fn with_stream(stream: Arc<CudaStream>) -> Self {
-        CudaAttn { stream }
+        CudaAttn {
+            stream,
+            config: KernelConfig::from_env(),
+        }
+    }
+
+    /// The backend on `stream` under `config` (A/B timings, tests of every kernel variant). A field
+    /// out of its range is a [`CudaAttnError::Config`] error.
+    pub fn with_config(stream: Arc<CudaStream>, config: KernelConfig) -> Result<Self> {
+        config.check()?;
+        Ok(CudaAttn { stream, config })
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The kernel configuration of this backend.
+    pub fn config(&self) -> &KernelConfig {
+        &self.config
+    }
+
+    fn decode(&self) -> crate::taylor::Decode<'_> {
+        crate::taylor::Decode {
+            stream: &self.stream,
+            config: self.config,
+        }
+    }
+
+    /// A Taylor decode state with no token folded yet, for the family and shapes of `spec` (a Taylor
+    /// spec).
+    pub fn taylor_decode_empty(&self, spec: &AttnSpec) -> Result<TaylorDecodeState> {
+        self.decode().empty(spec)
+    }
+
+    /// Taylor prefill: the forward of a prompt (any Taylor spec: causal or not, key padding, packed
+    /// varlen), writing `o` and the denominators into `io`, and the decode state over each batch
+    /// entry's valid keys.
+    pub fn taylor_prefill<T: DeviceElem>(
+        &self,
+        spec: &AttnSpec,
+        io: ForwardViews<'_, T>,
+    ) -> Result<TaylorDecodeState> {
+        self.decode().prefill(spec, io)
+    }
+
+    /// A Taylor decode step: append the tokens `io` holds (described by `spec`: a dense batch of `t`
+    /// new tokens per entry, `seq_q = seq_k = t`, causal) to `state`, and write their o and
+    /// denominators into `io`. New token `i` sees every key folded before the call and the new keys
+    /// `0..=i`.
+    pub fn taylor_decode_step<T: DeviceElem>(
+        &self,
+        state: &mut TaylorDecodeState,
+        spec: &AttnSpec,
+        io: ForwardViews<'_, T>,
+    ) -> Result<()> {
+        self.decode().step(state, spec, io)
     }
 
     /// Forward on views (any element offset, strides from the spec).
@@ -367,13 +298,8 @@ impl CudaAttn {
         let mut params = AttnParams::from_spec(spec);
         // The work order's sections matter under a causal mask only (mask.h::tile_order; 0 elsewhere).
         if spec.causal() != Causal::None {
-            let (section_q, section_k) = heuristics::causal_sections(
-                spec.head_dim(),
-                spec.seq_q(),
-                spec.seq_k(),
-                spec.group(),
-                kernels.sections,
-            );
+            let (section_q, section_k) =
+                heuristics::causal_sections(spec.head_dim(), spec.seq_q(), spec.seq_k(), spec.group());
             // At most every (batch entry, head) pair, so section × tiles stays within the grid's i32 count.
             let pairs = spec.batch() * spec.heads_q();
             params.section_q = i32::try_from(section_q.min(pairs)).unwrap_or(i32::MAX);
@@ -415,7 +341,7 @@ impl CudaAttn {
             return false;
         };
         let ours = self.stream.context().cu_ctx();
-        crate::taylor::dense_on_flash(spec, pass, kernels.hopper)
+        crate::taylor::dense_on_flash(spec, pass, kernels.hopper(&self.config))
             && check_strides(spec, op).is_ok()
             && rows
                 .iter()
@@ -446,7 +372,7 @@ impl CudaAttn {
                 o: a.o,
                 stats: a.lse,
             };
-            return crate::taylor::forward(self, spec, t);
+            return crate::taylor::forward(&self.stream, self.config, spec, t);
         }
         let bias = bias_pair(spec, op, a.bias, "bias")?;
         let (kernels, mut p, _lengths) = self.prepare(spec, pass)?;
@@ -459,19 +385,18 @@ impl CudaAttn {
         let (lse, _gl) = c.output(if taylor { "stats" } else { "lse" }, a.lse, spec.stats_len())?;
         (p.q, p.k, p.v, p.o, p.lse) = (q, k, v, o, lse);
         p.bias = bias.as_ref().map(|(ptr, _)| *ptr).unwrap_or(0);
-        let kernel = dispatch::flash_kernel(spec, Stage::Forward, kernels.hopper)?;
+        let kernel = dispatch::flash_kernel(spec, Stage::Forward, kernels.hopper(&self.config))?;
         let keys_only = dispatch::forward_forms_q0(spec, &kernel);
         let scratch = self.hyperbolic_rows(spec, &kernels, &mut p, op, keys_only)?;
         // The Hopper forward reads cosine-sim's 1/‖q‖ and k̂ from the row kernels (the mma.sync one
         // computes the norms in its tiles).
-        let norms = if kernel.hopper && l2norm_qk(spec) {
+        let norms = if kernel.hopper && qk_l2norm(spec) {
             Some(self.norm_rows::<T>(spec, &kernels, &mut p, op, (false, true))?)
         } else {
             None
         };
         let mut p = norms.as_ref().map_or(p, |n| n.hat(self, &p));
-        // The warp-specialised forward's tiles, and when persistent its tile counter, zeroed in stream
-        // order before the launch.
+        // The warp-specialised forward's query tiles per (batch entry, head).
         if kernel.tiles_q > 0 {
             p.tiles_q = i32::try_from(kernel.tiles_q * spec.heads_q() * spec.batch())
                 .map(|_| kernel.tiles_q as i32)
@@ -482,15 +407,8 @@ impl CudaAttn {
                     ),
                 })?;
         }
-        let counter = if kernel.persistent {
-            let counter = self.stream.alloc_zeros::<i32>(1)?;
-            p.tile_counter = counter.device_ptr(&self.stream).0;
-            Some(counter)
-        } else {
-            None
-        };
         kernels.launch(&self.stream, &kernel, &p, op)?;
-        drop((scratch, norms, counter));
+        drop((scratch, norms));
         Ok(())
     }
 
@@ -605,7 +523,7 @@ impl CudaAttn {
                 dv: a.dv,
                 dbias: a.dbias,
             };
-            return crate::taylor::backward(self, spec, t);
+            return crate::taylor::backward(&self.stream, self.config, spec, t);
         }
         let bias = bias_pair(spec, op, a.bias, "bias")?;
         let dbias = bias_pair(spec, op, a.dbias, "dbias")?;
@@ -638,13 +556,13 @@ impl CudaAttn {
         // warp-specialised dK/dV kernel copies).
         let delta = unsafe { s.alloc::<f32>((2 * spec.stats_len()).max(1)) }?;
         p.delta = delta.device_ptr(s).0;
-        let norms = l2norm_qk(spec);
-        let fused = dispatch::fused_backward(spec, kernels.hopper);
+        let norms = qk_l2norm(spec);
+        let fused = dispatch::fused_backward(spec, kernels.hopper(&self.config));
         let mut scratch = Vec::new();
         if fused {
             // Zeroed: the fused kernel adds every key block's dQ into it. The warp-specialised one
             // in its tiled layout: every (head, query row) × head dim, the statistics order.
-            let tiled = dispatch::fused_dq_tiled(spec, kernels.hopper);
+            let tiled = dispatch::fused_dq_tiled(spec, kernels.hopper(&self.config));
             p.dq_acc_tiled = i32::from(tiled);
             let len = if tiled {
                 spec.stats_len() * spec.head_dim()
@@ -660,11 +578,15 @@ impl CudaAttn {
             scratch.push(dq_acc);
         }
         let flash = if fused {
-            vec![dispatch::flash_kernel(spec, Stage::BwdFused, kernels.hopper)?]
+            vec![dispatch::flash_kernel(
+                spec,
+                Stage::BwdFused,
+                kernels.hopper(&self.config),
+            )?]
         } else {
             vec![
-                dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper)?,
-                dispatch::flash_kernel(spec, Stage::BwdDkdv, kernels.hopper)?,
+                dispatch::flash_kernel(spec, Stage::BwdDq, kernels.hopper(&self.config))?,
+                dispatch::flash_kernel(spec, Stage::BwdDkdv, kernels.hopper(&self.config))?,
             ]
         };
         // Cosine-sim: the Hopper kernels read q̂ and k̂ (NormScratch::hat); the mma.sync ones scale by

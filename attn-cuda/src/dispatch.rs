@@ -17,8 +17,8 @@
 //! midpoint) is a runtime flag of the same kernels. Hyperbolic kernels also need the per-row scalars
 //! of `attn_hyp_rows_{dt}` (time coordinates, norms, log γ) before any of them runs.
 
+use crate::config::{Hopper, Route};
 use crate::heuristics::{self, Tile};
-use crate::runtime::{FusedMode, Hopper, WsMode};
 use attn_core::{
     Aggregation, AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, HypScore, Pass, TaylorOrder,
 };
@@ -62,6 +62,8 @@ pub(crate) enum Module {
     Common,
     Hyperbolic,
     TaylorFlash,
+    /// Taylor's state kernels (`crate::taylor`).
+    Taylor,
 }
 
 impl Module {
@@ -73,6 +75,7 @@ impl Module {
             Module::Common => "common",
             Module::Hyperbolic => "hyperbolic",
             Module::TaylorFlash => "taylor_flash",
+            Module::Taylor => "taylor",
         }
     }
 }
@@ -93,8 +96,6 @@ pub(crate) struct Kernel {
     /// The warp-specialised forward: query tiles per (batch entry, head), for `AttnParams::tiles_q`
     /// (its grid is flat over the tiles); 0 for every other kernel.
     pub tiles_q: usize,
-    /// The warp-specialised forward, persistent: it takes a zeroed tile counter.
-    pub persistent: bool,
 }
 
 /// The kernels' name tag of a dtype: `f32`, `f16`, `bf16`.
@@ -205,11 +206,10 @@ pub(crate) fn check_supported(spec: &AttnSpec, pass: Pass) -> Result<(), AttnErr
 /// Whether the backward of `spec` runs as one fused Hopper kernel (dK, dV, and dQ reduced into f32
 /// with atomics, then stored by a row kernel) instead of the deterministic dQ and dK/dV kernels: on
 /// the Hopper backward, f16/bf16, where [`fused_kernel_tile`] has a kernel for `hopper.fused`
-/// ([`FusedMode`]), unless the call asks for a deterministic backward or has a bias (whose gradient
+/// (`KernelConfig::fused_backward`), unless the call asks for a deterministic backward or has a bias (whose gradient
 /// the dQ kernel gathers).
 pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
     hopper.on
-        && hopper.bwd
         && !spec.deterministic()
         && spec.bias().is_none()
         && spec.dtype() != DType::F32
@@ -217,7 +217,7 @@ pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
 }
 
 /// Whether the fused backward of `spec` is the warp-specialised kernel, whose dQ scratch has its own
-/// tiled layout (`AttnParams::dq_acc_tiled`, `SeqInfo::dq_acc_index` in kernels/include/mask.h) rather
+/// tiled layout (`AttnParams::dq_acc_tiled`, `SeqInfo::dq_acc_index` in kernels/common/mask.h) rather
 /// than the dq strides.
 pub(crate) fn fused_dq_tiled(spec: &AttnSpec, hopper: Hopper) -> bool {
     fused_backward(spec, hopper) && matches!(fused_kernel_tile(spec, hopper), Some((_, true)))
@@ -227,7 +227,7 @@ pub(crate) fn fused_dq_tiled(spec: &AttnSpec, hopper: Hopper) -> bool {
 /// softmax, cosine-sim and the hyperbolic scores at D = 64 and 128, with `hopper.bwd_ws`,
 /// its dQ by bulk reductions; the hyperbolic scores on their own dK/dV tile,
 /// [`heuristics::ws_dkdv_lorentz_tile`], with dQ's row sums by f32 atomics), else with
-/// [`FusedMode::Everywhere`] the wgmma one (D = 128, every score, dQ by f32 atomics from registers).
+/// [`Route::Everywhere`] the wgmma one (D = 128, every score, dQ by f32 atomics from registers).
 /// Its tile either way.
 fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
     let d = spec.head_dim();
@@ -236,10 +236,10 @@ fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
     let hyperbolic = spec.family_kind() == FamilyKind::Hyperbolic;
     let softmax_like = matches!(spec.family_kind(), FamilyKind::Softmax | FamilyKind::CosineSim);
     match hopper.fused {
-        FusedMode::Off => None,
+        Route::Off => None,
         _ if softmax_like && hopper.bwd_ws => heuristics::ws_dkdv_tile(d).map(|t| (t, true)),
         _ if hyperbolic && hopper.bwd_ws => heuristics::ws_dkdv_lorentz_tile(d).map(|t| (t, true)),
-        FusedMode::Everywhere if (softmax_like || hyperbolic) && d == 128 => {
+        Route::Everywhere if (softmax_like || hyperbolic) && d == 128 => {
             heuristics::wg_dkdv_tile(d).map(|t| (t, false))
         }
         _ => None,
@@ -249,10 +249,10 @@ fn fused_kernel_tile(spec: &AttnSpec, hopper: Hopper) -> Option<(Tile, bool)> {
 /// Whether the fused backward of `spec` runs the kernel for calls whose every tile is fast: the squared
 /// Lorentz score with Euclidean aggregation on bf16 at D = 64, with [`heuristics::WS_FUSED_EVEN_TILE`]'s
 /// 128-query blocks (`attn_hyperbolic_sq_lorentz_bwd_fused_ws_even_bf16_d64`, `kEven` in
-/// kernels/include/flash_bwd_ws.cuh), where the general kernel has 64 (with the general tile's code and
+/// kernels/flash/flash_bwd_ws.cuh), where the general kernel has 64 (with the general tile's code and
 /// the midpoint the 128-query tile spills 408 + 384 bytes). Every tile is fast when nothing masks an
 /// element and every sequence's query and key counts are multiples of the tile: no causal mask, no
-/// window, no bias. The kernel traps on any other call. `hopper.even` off (`ATTN_CUDA_WG_EVEN=0`): never.
+/// window, no bias. The kernel traps on any other call.
 fn fused_even(spec: &AttnSpec, hopper: Hopper) -> bool {
     let t = heuristics::WS_FUSED_EVEN_TILE;
     matches!(
@@ -262,8 +262,7 @@ fn fused_even(spec: &AttnSpec, hopper: Hopper) -> bool {
             aggregation: Aggregation::Euclidean,
             ..
         }
-    ) && hopper.even
-        && hopper.bwd_ws
+    ) && hopper.bwd_ws
         && spec.dtype() == DType::BF16
         && spec.head_dim() == t.da
         && spec.causal() == Causal::None
@@ -284,7 +283,7 @@ pub(crate) fn forward_forms_q0(spec: &AttnSpec, kernel: &Kernel) -> bool {
 
 /// Whether the hyperbolic warp-specialised dK/dV kernel of `spec` (fused or not) keeps a panel of q0's
 /// bf16 pieces per stage for its tensor-core row sums: bf16 at D = 64, and for the squared Lorentz
-/// score at D = 128 too, the host's mirror of `kLorentzTcRowSum` in kernels/include/flash_bwd_ws.cuh.
+/// score at D = 128 too, the host's mirror of `kLorentzTcRowSum` in kernels/flash/flash_bwd_ws.cuh.
 fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
     let squared = matches!(
         spec.family(),
@@ -299,14 +298,14 @@ fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
 /// Whether the hyperbolic scores' Hopper kernels of `spec` put q0 and k0 on the tensor cores as bf16
 /// pieces: the warp-specialised forward's panels beside Q and each K stage (q·k − q0 k0), and the
 /// warp-specialised dQ kernel's k0 panel per K stage (its row sums). The hyperbolic scores on bf16, the
-/// host's mirror of `kLorentzTcK0` in kernels/include/lorentz_tile.cuh.
+/// host's mirror of `kLorentzTcK0` in kernels/hyperbolic/lorentz_tile.cuh.
 fn k0_panels(spec: &AttnSpec, lorentz: bool) -> bool {
     lorentz && spec.dtype() == DType::BF16
 }
 
 /// The flash kernel of one stage. Assumes [`check_supported`] passed. `hopper`: whether the device runs
-/// the Hopper kernels (runtime::Kernels::hopper); the forward (and, unless `hopper.bwd` is off, the
-/// backward) then uses them at the head dims they cover, f16 and bf16.
+/// the Hopper kernels and their routing (`runtime::Kernels::hopper`); forward and backward then use them
+/// at the head dims they cover, f16 and bf16.
 pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Result<Kernel, AttnError> {
     let pass = stage.pass();
     let d = spec.head_dim();
@@ -319,7 +318,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             // backward (fused, or dQ and dK/dV).
             let here = match stage {
                 Stage::Forward => hopper.on,
-                _ => hopper.on && hopper.bwd && hopper.bwd_ws,
+                _ => hopper.on && hopper.bwd_ws,
             };
             if !here || spec.dtype() == DType::F32 {
                 return Err(unsupported(
@@ -352,7 +351,6 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             threads: heuristics::THREADS,
             hopper: false,
             tiles_q: 0,
-            persistent: false,
         });
     }
     let elem = spec.dtype().size();
@@ -360,17 +358,7 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
     let lorentz = module == Module::Hyperbolic;
     let wg_tile = heuristics::wg_fwd_tile(d);
     if let (Stage::Forward, true, Some(mut tile)) = (stage, hopper.on, wg_tile) {
-        let mut variant = String::new();
-        if let Some((bm, bn)) = hopper.tile {
-            if module == Module::Softmax
-                && spec.dtype() == DType::BF16
-                && heuristics::WG_TILE_VARIANTS.contains(&(d, bm, bn))
-            {
-                tile = Tile { bm, bn, da: d };
-                variant = format!("{bm}x{bn}");
-            }
-        }
-        // The warp-specialised forward where runtime::WsMode asks for it and no tile experiment runs.
+        // The warp-specialised forward where `KernelConfig::ws_forward` routes it.
         let geodesic = matches!(
             spec.family(),
             FamilySpec::Hyperbolic {
@@ -379,8 +367,8 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             }
         );
         let ws_here = match hopper.ws {
-            WsMode::Off => false,
-            WsMode::Measured => heuristics::ws_fwd_measured_faster(
+            Route::Off => false,
+            Route::Measured => heuristics::ws_fwd_measured_faster(
                 d,
                 geodesic,
                 // Taylor has cosine-sim's shape of work: no running max.
@@ -389,9 +377,9 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 spec.causal() != Causal::None || spec.window().is_some(),
                 spec.seq_k(),
             ),
-            WsMode::Everywhere => true,
+            Route::Everywhere => true,
         };
-        let ws = heuristics::ws_fwd_tile(d).filter(|_| variant.is_empty() && ws_here);
+        let ws = heuristics::ws_fwd_tile(d).filter(|_| ws_here);
         let (kind, threads, smem) = match ws {
             Some(t) => {
                 tile = t;
@@ -405,21 +393,15 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                     0
                 };
                 let smem = heuristics::wg_fwd_smem(tile, d, elem) + extra;
-                (format!("wg{variant}"), heuristics::wg_threads(tile), smem)
+                ("wg".to_string(), heuristics::wg_threads(tile), smem)
             }
         };
         let tiles_q = heuristics::blocks(spec.seq_q(), tile.bm);
         // The warp-specialised forward takes its (query tile, head, batch) tile from a flat grid, one
-        // per block, or (`hopper.sms` > 0) is persistent: at most that many blocks, each working
-        // through the tiles.
-        let (grid, ws_tiles, persistent) = match ws {
-            Some(_) => {
-                let tiles = tiles_q * hq * b;
-                let persistent = hopper.sms > 0 && hopper.sms < tiles;
-                let blocks = if persistent { hopper.sms } else { tiles };
-                ((blocks, 1, 1), tiles_q, persistent)
-            }
-            None => ((tiles_q, hq, b), 0, false),
+        // per block.
+        let (grid, ws_tiles) = match ws {
+            Some(_) => ((tiles_q * hq * b, 1, 1), tiles_q),
+            None => ((tiles_q, hq, b), 0),
         };
         return Ok(Kernel {
             module,
@@ -429,7 +411,6 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             threads,
             hopper: true,
             tiles_q: ws_tiles,
-            persistent,
         });
     }
     if stage == Stage::BwdFused {
@@ -457,10 +438,9 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
             threads: threads as u32,
             hopper: true,
             tiles_q: 0,
-            persistent: false,
         });
     }
-    if let (Stage::BwdDq | Stage::BwdDkdv, true, true) = (stage, hopper.on, hopper.bwd) {
+    if let (Stage::BwdDq | Stage::BwdDkdv, true) = (stage, hopper.on) {
         let dq = stage == Stage::BwdDq;
         let tile = if dq {
             heuristics::wg_dq_tile(d)
@@ -508,7 +488,6 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
                 threads: threads as u32,
                 hopper: true,
                 tiles_q: 0,
-                persistent: false,
             });
         }
     }
@@ -549,7 +528,6 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         threads: heuristics::THREADS,
         hopper: false,
         tiles_q: 0,
-        persistent: false,
     })
 }
 
@@ -618,7 +596,6 @@ pub(crate) fn row_kernel(spec: &AttnSpec, which: RowKernel) -> Kernel {
         },
         hopper: false,
         tiles_q: 0,
-        persistent: false,
     }
 }
 

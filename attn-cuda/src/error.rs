@@ -27,6 +27,9 @@ pub enum CudaAttnError {
     /// The crate was built without nvcc (or nvcc failed and `ATTN_REQUIRE_NVCC` was unset).
     #[error("{op}: attn-cuda was built without its kernels (nvcc was not found at build time; run `cargo xtask setup-cuda` and rebuild)")]
     KernelsNotBuilt { op: Op },
+    /// A [`crate::KernelConfig`] field out of its range.
+    #[error("attn-cuda kernel configuration: `{field}`: {reason}")]
+    Config { field: &'static str, reason: String },
     /// No CUDA driver library or no device on this machine.
     #[error("no usable CUDA GPU: {reason}")]
     NoGpu { reason: String },

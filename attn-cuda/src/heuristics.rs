@@ -1,5 +1,5 @@
 //! Tile shapes, shared-memory sizes and grids: pure host functions, the mirror of
-//! `kernels/include/tiles.h` and of each kernel's shared-memory carve-up.
+//! `kernels/common/tiles.h` and of each kernel's shared-memory carve-up.
 //!
 //! The mma.sync, SIMT and row kernels run 4 warps (128 threads), with shared rows padded to `D + 8`
 //! elements; the Hopper kernels run one warpgroup (128 threads) per 64 resident rows, in the unpadded
@@ -182,19 +182,18 @@ pub(crate) fn ws_fwd_tile(d: usize) -> Option<Tile> {
     Some(Tile { bm, bn: 128, da: d })
 }
 
-/// Whether the warp-specialised forward replaces the wgmma one by default (runtime::WsMode::Measured):
-/// where it measured faster on the H100 (kernels/NOTES.md, version 11, runs s19d and s19j: bf16,
-/// N = 4k and 16k, causal and not, against the wgmma forward in the same call). At D = 128 for every
-/// call (softmax 1.20–1.27×, cosine-sim 1.08–1.31×, squared Lorentz 1.11–1.14×, geodesic
-/// 1.23–1.29×). At D = 64 for the geodesic (as before), and without a causal mask or sliding window
-/// (`banded`) for cosine-sim at every length (4k 1.01×, 16k 1.12×, run s19j) and the other scores
+/// Whether the warp-specialised forward replaces the wgmma one under `Route::Measured`
+/// (`KernelConfig::ws_forward`): where it measured faster on the H100 (2026-11-24: bf16, N = 4k and
+/// 16k, causal and not, against the wgmma forward in the same call). At D = 128 for every call
+/// (softmax 1.20–1.27×, cosine-sim 1.08–1.31×, squared Lorentz 1.11–1.14×, geodesic 1.23–1.29×). At
+/// D = 64 for the geodesic, and without a causal mask or sliding window
+/// (`banded`) for cosine-sim at every length (4k 1.01×, 16k 1.12×) and the other scores
 /// from `seq_k` ≥ 8192 (softmax 4k 0.94×, 16k 1.04×; squared Lorentz 0.96× and 1.05×; 8192 is an
 /// interpolation). Causal at D = 64 the wgmma kernel stays ahead (4k: ws 0.72× for softmax, 0.88× for
 /// cosine-sim). The squared Lorentz score on bf16 (`k0_panels`: its q0·k0 on the tensor cores, which
 /// only the warp-specialised kernel does) takes it at D = 64 without a mask at every length (4k:
-/// 1.06× the wgmma kernel of main, 1.11× the wgmma kernel with the panels) and causal from 16384
-/// keys (16k: 1.05×; 4k: 0.89×, so the wgmma kernel keeps 4k and 8k; kernels/NOTES.md, session 27,
-/// run s27b).
+/// 1.06× the wgmma kernel, 1.11× the wgmma kernel with the panels) and causal from 16384
+/// keys (16k: 1.05×; 4k: 0.89×, so the wgmma kernel keeps 4k and 8k; H100, 2026-11-27).
 pub(crate) fn ws_fwd_measured_faster(
     d: usize,
     geodesic: bool,
@@ -404,11 +403,6 @@ pub(crate) fn wg_fused_smem(t: Tile, d: usize, elem: usize) -> usize {
     wg_dkdv_smem(t, d, elem) + t.bn * t.bm * elem + t.bn * 4
 }
 
-/// Tile experiments of the Hopper forward, `(D, bm, bn)`: bf16 softmax kernels
-/// `attn_softmax_fwd_wg{bm}x{bn}_bf16_d{D}`, chosen with `ATTN_CUDA_WG_TILE=BMxBN` for A/B timings.
-pub(crate) const WG_TILE_VARIANTS: [(usize, usize, usize); 4] =
-    [(64, 64, 128), (64, 128, 128), (64, 64, 64), (128, 64, 64)];
-
 /// Threads of a Hopper forward block: one warpgroup (128 threads) per 64 query rows.
 pub(crate) fn wg_threads(t: Tile) -> u32 {
     (t.bm * 2) as u32
@@ -461,29 +455,19 @@ pub(crate) fn lorentz_extra_smem(t: Tile) -> usize {
 
 /// The L2 share one section of a causal grid may stream (bytes), a quarter of the H100's 50 MB (two
 /// partitions of 25): 24 MiB made D = 128 at 16k keys (3 heads of 8 MiB) 3–4% slower than head by
-/// head, while 2–6 MiB per head (D = 64 at 16k, 4k keys) gained 1–3% (kernels/NOTES.md, version 12).
+/// head, while 2–6 MiB per head (D = 64 at 16k, 4k keys) gained 1–3% (H200, 2026-11-26).
 pub(crate) const SECTION_L2_BYTES: usize = 12 << 20;
 
 /// (batch entry, head) pairs per section of a causal grid's work order (`AttnParams::section_q` for
-/// the grids of query tiles, `section_k` for those of key tiles; kernels/include/mask.h `tile_order`):
+/// the grids of query tiles, `section_k` for those of key tiles; kernels/common/mask.h `tile_order`):
 /// as many pairs as the rows their tiles stream fit in [`SECTION_L2_BYTES`] (K and V per query head
 /// for query tiles, shared by a GQA group; Q and dO of a kv head's group for key tiles), at least 1.
-/// `forced` (`ATTN_CUDA_CAUSAL_SECTIONS=N`) sets both, 1 being the launch order (pair by pair).
 /// Without a causal mask the order is the launch's whatever these say.
 ///
 /// ```text
 /// D = 64, 16384 keys, no GQA: K and V are 4 MiB per head → 3 heads per section; D = 128 → 1
 /// ```
-pub(crate) fn causal_sections(
-    head_dim: usize,
-    seq_q: usize,
-    seq_k: usize,
-    group: usize,
-    forced: Option<usize>,
-) -> (usize, usize) {
-    if let Some(n) = forced {
-        return (n.max(1), n.max(1));
-    }
+pub(crate) fn causal_sections(head_dim: usize, seq_q: usize, seq_k: usize, group: usize) -> (usize, usize) {
     // Two 16-bit rows (K and V, or Q and dO) of head_dim per position.
     let row_pair = 4 * head_dim;
     let per_query_head = (row_pair * seq_k).div_ceil(group.max(1));
@@ -518,16 +502,14 @@ mod tests {
     #[test]
     fn causal_sections_fill_the_l2_share_and_never_drop_below_one() {
         // K and V of 16384 keys: 4 MiB per head at D = 64, 8 MiB at D = 128.
-        assert_eq!(causal_sections(64, 16384, 16384, 1, None), (3, 3));
-        assert_eq!(causal_sections(64, 4096, 4096, 1, None), (12, 12));
+        assert_eq!(causal_sections(64, 16384, 16384, 1), (3, 3));
+        assert_eq!(causal_sections(64, 4096, 4096, 1), (12, 12));
         // Rows of one head filling the share: pair by pair.
-        assert_eq!(causal_sections(128, 16384, 16384, 1, None), (1, 1));
-        assert_eq!(causal_sections(128, 131072, 131072, 1, None), (1, 1));
+        assert_eq!(causal_sections(128, 16384, 16384, 1), (1, 1));
+        assert_eq!(causal_sections(128, 131072, 131072, 1), (1, 1));
         // A GQA group shares K and V (query tiles) and streams every head's Q and dO (key tiles).
-        assert_eq!(causal_sections(128, 16384, 16384, 4, None), (6, 1));
-        assert_eq!(causal_sections(64, 4096, 1024, 1, None), (48, 12));
-        assert_eq!(causal_sections(64, 16, 16, 1, Some(0)), (1, 1));
-        assert_eq!(causal_sections(64, 16, 16, 1, Some(5)), (5, 5));
+        assert_eq!(causal_sections(128, 16384, 16384, 4), (6, 1));
+        assert_eq!(causal_sections(64, 4096, 1024, 1), (48, 12));
     }
 
     #[test]
@@ -596,11 +578,6 @@ mod tests {
             assert_eq!(kv.da, d, "no column split");
         }
         assert!(wg_dq_tile(96).is_none() && wg_dkdv_tile(256).is_none());
-        for (d, bm, bn) in WG_TILE_VARIANTS {
-            let t = Tile { bm, bn, da: d };
-            assert!(wg_fwd_smem(t, d, 2) <= 227 * 1024, "{t:?}");
-            assert_eq!((bm % 64, bn % 64), (0, 0), "{t:?}");
-        }
     }
 
     #[test]
@@ -651,7 +628,7 @@ mod tests {
 
     /// `(D, [(field, value)])` for every `template <> struct {name}<D> { ... }` line of tiles.h.
     fn kernel_tiles(name: &str) -> Vec<(usize, Vec<(String, usize)>)> {
-        let header = include_str!("../kernels/include/tiles.h");
+        let header = include_str!("../kernels/common/tiles.h");
         let prefix = format!("template <> struct {name}<");
         header
             .lines()
@@ -728,14 +705,7 @@ mod tests {
                 assert_eq!(host(d), Some(expect), "{name}<{d}>");
             }
         }
-        let softmax = include_str!("../kernels/softmax.cu");
-        for (d, bm, bn) in WG_TILE_VARIANTS {
-            assert!(
-                softmax.contains(&format!("ATTN_SOFTMAX_WG_X({d}, {bm}, {bn}, ")),
-                "{d} {bm}x{bn}"
-            );
-        }
-        let tiles = include_str!("../kernels/include/tiles.h");
+        let tiles = include_str!("../kernels/common/tiles.h");
         assert!(tiles.contains(&format!("constexpr int kWsDkvStages = {WS_DKDV_STAGES};")));
         assert!(tiles.contains(&format!("constexpr int kWsFusedStages = {WS_FUSED_STAGES};")));
         let (ks, vs) = WS_DQ_STAGES;

@@ -3,7 +3,7 @@
 //! Fused attention kernels for NVIDIA GPUs, built with nvcc (sm_90a and sm_80 SASS, compute_80 PTX)
 //! and launched through cudarc on the caller's stream.
 //!
-//! Families: softmax (REFERENCE.md §1: `s = scale·q·k`, optional softcap, `+ bias`,
+//! Families: softmax (docs/math.md §1: `s = scale·q·k`, optional softcap, `+ bias`,
 //! `o = softmax(s)·v`, LSE saved in f32), cosine-sim (§2: `s = scale·q̂·k̂` with the l2-norms fused
 //! into the tiles and the fixed offset `−scale` instead of a running max) and hyperbolic (§4, Lorentz
 //! model of curvature `−c`, `x0 = √(1/c + ‖x‖²)`): squared Lorentz `s = −β d²_L = 2β/c + 2β(q·k − q0 k0)`
@@ -13,7 +13,7 @@
 //! One FlashAttention-2 skeleton serves the softmax-like families: Q tiles resident in shared memory,
 //! K/V streamed with cp.async double buffering, `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate) fed
 //! by `ldmatrix`, online softmax in registers. The score function is a compile-time parameter of the
-//! skeleton (`kernels/include/score.h`): the raw `q·k` comes from the tensor cores, the hyperbolic
+//! skeleton (`kernels/flash/score.h`): the raw `q·k` comes from the tensor cores, the hyperbolic
 //! time coordinates are f32 per-row scalars (row kernels; no (D+1)-wide copy is ever stored), and
 //! the gradient through them, `∂x0/∂x = x/x0`, is applied from row sums in the epilogues.
 //!
@@ -29,16 +29,26 @@
 //! Without nvcc at build time the crate still builds and every call returns
 //! [`CudaAttnError::KernelsNotBuilt`]; without a GPU [`CudaAttn::new`] returns
 //! [`CudaAttnError::NoGpu`].
+//!
+//! Kernel variants: [`KernelConfig`] (its default is the tuned routing; docs/configuration.md), given
+//! to [`CudaAttn::with_config`]. The environment is read for two switches only:
+//! `ATTN_CUDA_CHECK_LAUNCHES=1` (every launch waits for its kernel and names it in an error) and
+//! `ATTN_CUDA_PORTABLE=1` ([`KernelConfig::portable`] for backends built by `new` / `with_stream`).
 
 mod backend;
+mod check;
+mod config;
 mod dispatch;
 mod error;
 mod heuristics;
 mod params;
 mod runtime;
 mod taylor;
+mod views;
 
-pub use backend::{kernels_built, BackwardViews, CudaAttn, DeviceElem, ForwardViews};
+pub use backend::{kernels_built, CudaAttn};
+pub use config::{KernelConfig, Route};
 pub use cudarc;
 pub use error::{CudaAttnError, Result};
 pub use taylor::{DecodeShape, TaylorDecodeState};
+pub use views::{BackwardViews, DeviceElem, ForwardViews};

@@ -1,5 +1,5 @@
 //! The kernel parameter struct: one `#[repr(C)]` value passed by value to every kernel
-//! (`__grid_constant__`), the mirror of `kernels/include/params.h` field for field.
+//! (`__grid_constant__`), the mirror of `kernels/common/params.h` field for field.
 
 use attn_core::{Aggregation, AttnSpec, Causal, FamilySpec, HypScore, Strides};
 use cudarc::driver::DeviceRepr;
@@ -96,7 +96,7 @@ pub(crate) struct AttnParams {
     /// zeroed before the kernel adds into it).
     pub dq_rowsum: u64,
     /// 1: `dq_acc` is in the warp-specialised fused backward's tiled layout (`SeqInfo::dq_acc_index`
-    /// in kernels/include/mask.h), read by the dq row kernels; 0: the dq strides.
+    /// in kernels/common/mask.h), read by the dq row kernels; 0: the dq strides.
     pub dq_acc_tiled: i32,
     /// Persistent warp-specialised forward: query tiles per (batch entry, head) (0 otherwise).
     pub tiles_q: i32,
@@ -110,7 +110,7 @@ pub(crate) struct AttnParams {
     /// 1: Taylor on the flash skeleton: the statistics are the denominators, and the backward's row
     /// kernel hands the kernels `1/den` where the other scores get the LSE.
     pub poly: i32,
-    /// Causal grids: (batch entry, head) pairs per section of the work order (kernels/include/mask.h
+    /// Causal grids: (batch entry, head) pairs per section of the work order (kernels/common/mask.h
     /// `tile_order`) for the grids of query tiles (forward, dQ) and of key tiles (dK/dV, fused);
     /// 1 is head by head. `heuristics::causal_sections`.
     pub section_q: i32,
@@ -118,7 +118,7 @@ pub(crate) struct AttnParams {
 }
 
 // SAFETY: `AttnParams` is `#[repr(C)]`, made only of integers and floats, and its field order and
-// types match `struct AttnParams` in kernels/include/params.h (8-byte fields first, then 4-byte
+// types match `struct AttnParams` in kernels/common/params.h (8-byte fields first, then 4-byte
 // fields, then the hyperbolic block under the same rule: no padding).
 unsafe impl DeviceRepr for AttnParams {}
 
@@ -180,17 +180,17 @@ impl AttnParams {
             }
             FamilySpec::CosineSim {
                 scale,
-                l2norm_qk,
+                qk_l2norm,
                 eps,
             } => {
                 p.scale = scale;
                 p.eps = eps;
-                p.l2norm = i32::from(l2norm_qk);
+                p.l2norm = i32::from(qk_l2norm);
                 // f16 has 5 exponent bits: with the fixed offset, a row whose best score sits well
                 // below `scale` has every P under f16's normal range (6e-5) before P·V, and loses
                 // its digits; the running max keeps each row's largest P at 1. bf16 shares f32's
                 // exponent range and keeps the fixed offset.
-                let bounded = l2norm_qk
+                let bounded = qk_l2norm
                     && spec.bias().is_none()
                     && scale <= FIXED_MAX_SCALE_LIMIT
                     && spec.dtype() != attn_core::DType::F16;
@@ -232,7 +232,7 @@ impl AttnParams {
     }
 }
 
-/// The constants a hyperbolic score hands its kernels (kernels/include/score.h), from `c` and `β` in
+/// The constants a hyperbolic score hands its kernels (kernels/flash/score.h), from `c` and `β` in
 /// f64. In log2 units the fast path computes `s·log2 e = fast·y + lse·log2 e` from one value `y` per
 /// element, and the gradient through the score is `grad·ψ·(k0 q/q0 − k)` with a per-element `ψ`:
 ///
@@ -307,7 +307,7 @@ mod tests {
         );
         assert_eq!(p(Family::cosine_sim(), true).running_max, 1);
         let unnormalised = Family::CosineSim(attn_core::CosineParams {
-            l2norm_qk: false,
+            qk_l2norm: false,
             ..Default::default()
         });
         assert_eq!(p(unnormalised, false).running_max, 1);

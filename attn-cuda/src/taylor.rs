@@ -1,4 +1,4 @@
-//! Taylor linear attention on the GPU (REFERENCE.md §3): forward, backward and recurrent decode.
+//! Taylor linear attention on the GPU (docs/math.md §3): forward, backward and recurrent decode.
 //!
 //! Per (batch entry, query head), with `u_i = scale·q̂_i`, `k̂_j` (l2-normalised when `qk_l2norm`),
 //! `ṽ_j = [v_j, 1]` and `f(s) = a0 + a1 s + a2 s²`: `[num_i, den_i] = Σ_{j<hi(i)} f(u_i·k̂_j) ṽ_j`,
@@ -7,7 +7,7 @@
 //! `dû_i = Σ_j f'(s_ij)(g̃_i·ṽ_j) k̂_j`, `dṽ_j = Σ_i f(s_ij) g̃_i`, `dk̂_j = Σ_i f'(s_ij)(g̃_i·ṽ_j) u_i`,
 //! then `dq = scale·J(q)ᵀ dû`, `dk = J(k)ᵀ dk̂` through the l2-norm, `dv = dṽ[..Dv]`.
 //!
-//! Each of these is one sweep (`kernels/include/taylor_common.cuh`), never an N×N or N×D² buffer:
+//! Each of these is one sweep (`kernels/taylor/taylor_common.cuh`), never an N×N or N×D² buffer:
 //! 1. the sweeps read q, k, v, dO in the storage dtype and scale them on the fly: the l2-norms of q and
 //!    k from the tiles they load, 1/den and −δ of g̃ from per-row scalars a row kernel writes (O(N));
 //! 2. the dense kernel writes each probe's sum over the at most L sources past its segment boundary
@@ -22,22 +22,22 @@
 //! The f16/bf16 forward runs 2–4 as one kernel per probe tile after the fold and the prefix (the state
 //! read and the dense part into the same mma accumulators, then o = num/den): no `[rows][M]` scratch.
 //!
-//! Order 1 with f16/bf16 and 16-byte aligned rows has its own kernels (`kernels/include/taylor_order1.cuh`;
-//! `ATTN_CUDA_TAYLOR1=0` keeps the general ones): a fold that writes the same segment sums in the same
+//! Order 1 with f16/bf16 and 16-byte aligned rows has its own kernels (`kernels/taylor/taylor_order1.cuh`):
+//! a fold that writes the same segment sums in the same
 //! layout (every sweep: forward, dQ, dV and dK), and a forward for calls without a causal mask that reads
 //! the whole state once per block and streams its probe tiles (the order-1 forward is bound by memory).
 //! A causal order-1 forward at D ≤ 64 runs one block per segment (longer segments than the general path,
 //! whose dense part grows with them): the block carries its segment's state in shared memory (f32, from
 //! the prefix's f32 sums; no storage-type copies), folds each whole chunk of 64 keys into it as its probe
 //! tiles pass, and takes only the keys past the last folded chunk densely. Where every sequence has as many
-//! queries as keys it runs in one pass instead ([`Call::order1_chain_forward`],
-//! `kernels/include/taylor_order1_chain.cuh`): fold blocks chain the segments' inclusive sums in a fixed
+//! queries as keys it runs in one pass instead (`Call::order1_chain_forward`,
+//! `kernels/taylor/taylor_order1_chain.cuh`): fold blocks chain the segments' inclusive sums in a fixed
 //! order, forward blocks carry them through their 64-query chunks. The causal order-1 backward
 //! at D ≤ 64 runs the same block structure twice (`taylor_order1_causal.cuh`): dq on the keys' sweep, dk
 //! and dv on the queries' reversed sweep (both reads of one state), writing finished gradients.
 //!
-//! Order 2's forward at bf16, D = 64 on Hopper has wgmma kernels of its own ([`wg_forward`],
-//! `kernels/include/taylor_wg.cuh`): the states as whole 64 × 64 tensor-core products (a fold, a
+//! Order 2's forward at bf16, D = 64 on Hopper has wgmma kernels of its own ([`route::wg_forward`],
+//! `kernels/taylor/taylor_wg.cuh`): the states as whole 64 × 64 tensor-core products (a fold, a
 //! deterministic reduce of its splits, a read of 128 queries per block); with a causal mask where every
 //! sequence has as many queries as keys, a state per segment of keys and each block's own segment taken
 //! densely in the read. Shorter order-2 calls run the quadratic form on the flash kernels
@@ -49,6 +49,9 @@
 //! bf16 on tensor cores with f32 sums, f32 on CUDA cores (the state reads' dot products, the dense part's
 //! scores and the backward's ĝ·v and δ in f64).
 //!
+//! Which of these kernels a call runs is decided in one place, `route` (pure functions of the spec, the
+//! Hopper routing and the rows' alignment, unit-tested on the CPU); the launches follow it.
+//!
 //! Recurrent decode ([`TaylorDecodeState`]): `CudaAttn::taylor_prefill` and
 //! `CudaAttn::taylor_decode_step`.
 
@@ -59,23 +62,26 @@ mod heuristics;
 mod launch;
 mod order1;
 mod params;
+mod route;
 mod wg;
 
+pub(crate) use decode::Decode;
 pub use decode::{DecodeShape, TaylorDecodeState};
-pub(crate) use wg::wg_forward;
+pub(crate) use route::dense_on_flash;
+#[cfg(test)]
+pub(crate) use route::wg_forward;
 
-use crate::backend::{CudaAttn, DeviceElem};
-use crate::dispatch::{self, dtype_tag, BACKEND};
+use crate::check::Checker;
+use crate::config::{Hopper, KernelConfig};
+use crate::dispatch::{dtype_tag, BACKEND};
 use crate::error::Result;
-use crate::runtime::{DenseMode, Hopper};
-use attn_core::{
-    AttnError, AttnSpec, Causal, DType, FamilyKind, FamilySpec, Op, Pass, SeqLengths, Strides, TaylorOrder,
-};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
-use launch::{Kernels, Launch};
-use order1::order1_causal_seg_override;
+use crate::runtime::Kernels;
+use crate::views::DeviceElem;
+use attn_core::{AttnError, AttnSpec, Causal, FamilySpec, Op, Pass, SeqLengths};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use launch::Launch;
 use params::TaylorParams;
-use std::cell::OnceCell;
+use route::Rows;
 use std::sync::Arc;
 
 type In<'a, T> = &'a dyn DevicePtr<T>;
@@ -111,43 +117,6 @@ fn unsupported(op: Op, what: String) -> AttnError {
         op,
         backend: BACKEND,
         what,
-    }
-}
-
-/// Whether a Taylor call runs as its quadratic form on the Hopper flash kernels (`TaylorScore`,
-/// kernels/taylor_flash.cu) rather than the state kernels of this module: order 2, f16 or bf16, a head
-/// dim those kernels have, the Hopper kernels of the pass on this device, and `hopper.taylor_dense`
-/// (by default where [`heuristics::dense_faster`], unless a forward takes the wgmma state kernels,
-/// [`wg_forward`]). Both paths save the same statistic (the
-/// denominators), so a forward on one and a backward on the other agree.
-pub(crate) fn dense_on_flash(spec: &AttnSpec, pass: Pass, hopper: Hopper) -> bool {
-    let FamilySpec::Taylor {
-        order: TaylorOrder::Two,
-        ..
-    } = *spec.family()
-    else {
-        return false;
-    };
-    let d = spec.head_dim();
-    let kernels = match pass {
-        Pass::Forward => hopper.on,
-        Pass::Backward => hopper.on && hopper.bwd && hopper.bwd_ws,
-        Pass::Spec | Pass::Decode => false,
-    };
-    if !kernels
-        || spec.dtype() == DType::F32
-        || spec.head_dim_v() != d
-        || !dispatch::head_dims(FamilyKind::Taylor).contains(&d)
-    {
-        return false;
-    }
-    match hopper.taylor_dense {
-        DenseMode::Off => false,
-        DenseMode::Everywhere => true,
-        DenseMode::Measured => {
-            !(pass == Pass::Forward && wg_forward(spec, hopper))
-                && heuristics::dense_faster(d, spec.causal() != Causal::None, spec.seq_k())
-        }
     }
 }
 
@@ -202,65 +171,6 @@ fn check<T: DeviceElem>(spec: &AttnSpec, pass: Pass) -> Result<()> {
     Ok(())
 }
 
-/// Length, device and alignment checks of a call's buffers; their addresses and stream guards.
-struct Checker<'s> {
-    spec: &'s AttnSpec,
-    pass: Pass,
-    stream: &'s Arc<CudaStream>,
-}
-
-impl<'s> Checker<'s> {
-    fn same_device(&self, what: &str, stream: &CudaStream) -> Result<()> {
-        if stream.context().cu_ctx() != self.stream.context().cu_ctx() {
-            return Err(AttnError::InvalidArgument {
-                op: self.spec.op(self.pass),
-                arg: "device",
-                reason: format!(
-                    "`{what}` lives on CUDA device {} but the call runs on device {}",
-                    stream.context().ordinal(),
-                    self.stream.context().ordinal()
-                ),
-            }
-            .into());
-        }
-        Ok(())
-    }
-
-    fn aligned<T>(&self, what: &str, ptr: u64) -> Result<()> {
-        let align = std::mem::size_of::<T>() as u64;
-        if ptr % align != 0 {
-            return Err(unsupported(
-                self.spec.op(self.pass),
-                format!("`{what}` at device address {ptr:#x}, not {align}-byte aligned"),
-            )
-            .into());
-        }
-        Ok(())
-    }
-
-    fn input<'a, T>(&self, what: &str, buf: In<'a, T>, need: usize) -> Result<(u64, SyncOnDrop<'a>)>
-    where
-        's: 'a,
-    {
-        self.spec.check_len(self.pass, what, buf.len(), need)?;
-        self.same_device(what, buf.stream())?;
-        let (ptr, guard) = buf.device_ptr(self.stream);
-        self.aligned::<T>(what, ptr)?;
-        Ok((ptr, guard))
-    }
-
-    fn output<'a, T>(&self, what: &str, buf: Out<'a, T>, need: usize) -> Result<(u64, SyncOnDrop<'a>)>
-    where
-        's: 'a,
-    {
-        self.spec.check_len(self.pass, what, buf.len(), need)?;
-        self.same_device(what, buf.stream())?;
-        let (ptr, guard) = buf.device_ptr_mut(self.stream);
-        self.aligned::<T>(what, ptr)?;
-        Ok((ptr, guard))
-    }
-}
-
 /// A bias buffer with a Taylor spec (which never has one) is a shape error.
 fn no_bias(spec: &AttnSpec, pass: Pass, what: &str, present: bool) -> Result<()> {
     if present {
@@ -291,59 +201,42 @@ struct Call<'s> {
     stream: &'s Arc<CudaStream>,
     kernels: Arc<Kernels>,
     op: Op,
-    /// The Hopper kernels' settings on this context, looked up once per call ([`Call::hopper`]).
-    hopper: OnceCell<Hopper>,
-}
-
-/// A tensor whose every row starts 16 bytes aligned (base address and strides), as the order-1 kernels'
-/// 16-byte copies need; `ptr` 0 (no tensor) qualifies.
-fn rows_aligned(ptr: u64, s: Strides) -> bool {
-    ptr % 16 == 0 && s.batch % 8 == 0 && s.seq % 8 == 0 && s.head % 8 == 0
-}
-
-/// Whether every sequence of a call has as many queries as keys (no key padding), so that query i sits on
-/// key i and both causal alignments are `j ≤ i`: the shape of the causal forwards of the wgmma state kernels
-/// ([`wg_forward`]) and of the single-pass order-1 kernel ([`Call::order1_chain`]).
-fn query_on_key(spec: &AttnSpec) -> bool {
-    match spec.lengths() {
-        SeqLengths::Dense => spec.seq_q() == spec.seq_k(),
-        SeqLengths::KeyPadding(_) => false,
-        SeqLengths::Varlen {
-            cu_seqlens_q,
-            cu_seqlens_k,
-        } => cu_seqlens_q == cu_seqlens_k,
-    }
+    /// The backend's kernel configuration.
+    config: KernelConfig,
 }
 
 impl<'s> Call<'s> {
-    fn new(attn: &'s CudaAttn, spec: &'s AttnSpec, pass: Pass) -> Result<Self> {
-        let stream = attn.stream();
+    fn new(
+        stream: &'s Arc<CudaStream>,
+        config: KernelConfig,
+        spec: &'s AttnSpec,
+        pass: Pass,
+    ) -> Result<Self> {
         let op = spec.op(pass);
-        let kernels = launch::kernels_for(stream.context(), op)?;
+        let kernels = crate::runtime::kernels_for(stream.context(), op)?;
         Ok(Call {
             spec,
             stream,
             kernels,
             op,
-            hopper: OnceCell::new(),
+            config,
         })
     }
 
-    /// Whether (and how) this context runs the Hopper (wgmma) kernels: `Hopper::default()` (off) where
-    /// the runtime has none.
+    /// The Hopper kernels' routing of this call (the device and the backend's configuration).
     fn hopper(&self) -> Hopper {
-        *self.hopper.get_or_init(|| {
-            crate::runtime::kernels_for(self.stream.context(), self.op)
-                .map(|k| k.hopper)
-                .unwrap_or_default()
-        })
+        self.kernels.hopper(&self.config)
     }
 
+    /// The buffer checks of the call's `pass`: element alignment only (the routing takes the rows'
+    /// alignment into account, `route::Rows`).
     fn checker(&self, pass: Pass) -> Checker<'s> {
         Checker {
             spec: self.spec,
+            op: self.spec.op(pass),
             pass,
             stream: self.stream,
+            tensor_cores: false,
         }
     }
 
@@ -380,7 +273,7 @@ impl<'s> Call<'s> {
     }
 
     fn run(&self, launch: Launch, p: &TaylorParams) -> Result<()> {
-        self.kernels.launch(self.stream, &launch, p, self.op)
+        launch::launch(&self.kernels, self.stream, &launch, p, self.op)
     }
 
     /// A row kernel over the queries (query heads) or the key rows (kv heads).
@@ -419,7 +312,8 @@ impl<'s> Call<'s> {
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
         let causal = s.causal() != Causal::None;
         let seg = if causal_blocks {
-            order1_causal_seg_override()
+            self.config
+                .taylor_causal_segment
                 .unwrap_or_else(|| heuristics::order1_causal_seg_len(d, max_sources, heads))
         } else {
             heuristics::seg_len(d, order, max_sources, heads, s.dtype().size(), causal).ok_or_else(missing)?
@@ -466,7 +360,7 @@ impl<'s> Call<'s> {
         };
         let slabs = heuristics::fold_slabs(d, p.order as u8).ok_or_else(missing)?;
         p.n_slabs = slabs as i32;
-        let fold = if self.order1_fold(p, p.reverse != 0) {
+        let fold = if route::order1_fold(s, Rows::of(s, &p.base), p.reverse != 0) {
             Launch {
                 name: format!("attn_taylor_order1_fold_{dt}_d{d}"),
                 grid: (
@@ -560,15 +454,16 @@ impl<'s> Call<'s> {
     }
 
     /// The forward sweep of f16/bf16 in one probe kernel (state read, dense part, o = num/den, den),
-    /// after the states: writes o and the statistics directly.
-    fn forward_tiles(&self, p: &mut TaylorParams) -> Result<()> {
+    /// after the states: writes o and the statistics directly. `path`: one of [`route::forward`]'s
+    /// tile paths.
+    fn forward_tiles(&self, p: &mut TaylorParams, path: route::Forward) -> Result<()> {
         let s = self.spec;
         let d = s.head_dim();
         let missing = || unsupported(self.op, format!("taylor head dim {d}"));
-        if self.order1_chain(p) {
-            return self.order1_chain_forward(p);
+        if let route::Forward::Order1Chain { wg } = path {
+            return self.order1_chain_forward(p, wg);
         }
-        let causal_blocks = self.order1_causal(p);
+        let causal_blocks = path == route::Forward::Order1Causal;
         let (max_probes, entries) = self.geometry(p, false, causal_blocks)?;
         if causal_blocks {
             let _states = self.states(p, entries, 0)?;
@@ -582,7 +477,7 @@ impl<'s> Call<'s> {
             );
         }
         let _states = self.states(p, entries, 1)?;
-        if self.order1_forward(p) {
+        if path == route::Forward::Order1Tiles {
             let heads = s.batch() * s.heads_kv();
             return self.run(
                 Launch {
@@ -633,15 +528,11 @@ fn forward_impl<T: DeviceElem>(call: &Call<'_>, p: &mut TaylorParams, b: Forward
     (p.base.q, p.base.k, p.base.v, p.base.o, p.base.lse) = (q, k, v, o, stats);
 
     if spec.dtype().size() == 2 {
-        // The wgmma state kernels copy 16-byte row chunks (cp.async) and store o in pairs.
-        let rows = rows_aligned(q, spec.q_strides())
-            && rows_aligned(k, spec.k_strides())
-            && rows_aligned(v, spec.v_strides())
-            && rows_aligned(o, spec.o_strides());
-        if rows && wg_forward(spec, call.hopper()) {
-            return call.wg_forward(p);
+        match route::forward(spec, call.hopper(), Rows::of(spec, &p.base)) {
+            route::Forward::WgState => return call.wg_forward(p),
+            route::Forward::Sweep => {}
+            path => return call.forward_tiles(p, path),
         }
-        return call.forward_tiles(p);
     }
     let rows_q = spec.total_q() * spec.heads_q();
     let (_acc, acc) = call.scratch(rows_q * heuristics::width(spec.head_dim()))?;
@@ -651,21 +542,31 @@ fn forward_impl<T: DeviceElem>(call: &Call<'_>, p: &mut TaylorParams, b: Forward
 }
 
 /// Forward of a Taylor spec (called by the backend for `FamilySpec::Taylor`).
-pub(crate) fn forward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Forward<'_, T>) -> Result<()> {
+pub(crate) fn forward<T: DeviceElem>(
+    stream: &Arc<CudaStream>,
+    config: KernelConfig,
+    spec: &AttnSpec,
+    b: Forward<'_, T>,
+) -> Result<()> {
     check::<T>(spec, Pass::Forward)?;
-    let call = Call::new(attn, spec, Pass::Forward)?;
+    let call = Call::new(stream, config, spec, Pass::Forward)?;
     let (mut p, _lengths) = call.params()?;
     forward_impl(&call, &mut p, b)?;
     Ok(())
 }
 
 /// Backward of a Taylor spec (called by the backend for `FamilySpec::Taylor`).
-pub(crate) fn backward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Backward<'_, T>) -> Result<()> {
+pub(crate) fn backward<T: DeviceElem>(
+    stream: &Arc<CudaStream>,
+    config: KernelConfig,
+    spec: &AttnSpec,
+    b: Backward<'_, T>,
+) -> Result<()> {
     let pass = Pass::Backward;
     check::<T>(spec, pass)?;
     no_bias(spec, pass, "bias", b.bias.is_some())?;
     no_bias(spec, pass, "dbias", b.dbias.is_some())?;
-    let call = Call::new(attn, spec, pass)?;
+    let call = Call::new(stream, config, spec, pass)?;
     let (mut p, _lengths) = call.params()?;
     let c = call.checker(pass);
     let (q, _gq) = c.input("q", b.q, spec.q_len())?;
@@ -686,7 +587,10 @@ pub(crate) fn backward<T: DeviceElem>(attn: &CudaAttn, spec: &AttnSpec, b: Backw
     let (_nd, nd) = call.scratch(rows_q)?;
     (p.rg, p.nd) = (rg, nd);
     // The order-1 kernels' reversed sweep holds ĝ rounded to the storage type: its −δ from the same ĝ.
-    let order1 = call.order1_backward(&p);
+    let order1 = match route::backward(spec, Rows::of(spec, &p.base)) {
+        route::Backward::Order1 { causal } => Some(causal),
+        route::Backward::Sweeps => None,
+    };
     let _nd_rev = if order1.is_some() {
         let (buf, ptr) = call.scratch(rows_q)?;
         p.nd_rev = ptr;

@@ -1,4 +1,4 @@
-//! Kernel timings on the benchmark grid of BENCHMARKS.md, for iterating on the kernels:
+//! Kernel timings on attn-bench's benchmark grid (docs/performance.md), for iterating on the kernels:
 //! `gpu_bench --bench [--out FILE.csv]` (the bundle of `cargo xtask gpu-bundle` carries it).
 //! Without `--bench` it does nothing, so `cargo test` stays quick. attn-bench owns the reported
 //! benchmark; this is the kernel author's stopwatch.

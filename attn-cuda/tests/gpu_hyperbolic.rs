@@ -87,7 +87,9 @@ macro_rules! gpu_tests {
         #[test]
         #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
         fn $name() {
-            run(stringify!($name), $family, $points, $offset, &$make);
+            common::each_config(&common::flash_configs(), || {
+                run(stringify!($name), $family, $points, $offset, &$make);
+            });
         }
     )*};
 }
@@ -127,7 +129,9 @@ macro_rules! gpu_long_tests {
         #[test]
         #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
         fn $name() {
-            run_dims(stringify!($name), $family, &[64, 128], TYPICAL, 0, &long_keys_bottom_right);
+            common::each_config(&common::flash_configs(), || {
+                run_dims(stringify!($name), $family, &[64, 128], TYPICAL, 0, &long_keys_bottom_right);
+            });
         }
     )*};
 }
@@ -140,14 +144,16 @@ gpu_long_tests! {
 
 /// Every length a multiple of 128 and no mask: the squared Lorentz backward's every tile is fast, so on
 /// bf16 at D = 64 it runs the fused kernel with 128-query blocks and the midpoint as a constant
-/// (dispatch::fused_even; `ATTN_CUDA_WG_EVEN=0` turns it off). D = 128 and f16 take the general kernel
+/// (dispatch::fused_even). D = 128 and f16 take the general kernel
 /// on the same shapes.
 macro_rules! gpu_whole_tile_tests {
     ($($name:ident: $family:expr, $make:expr;)*) => {$(
         #[test]
         #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
         fn $name() {
-            run_dims(stringify!($name), $family, &[64, 128], TYPICAL, 0, &$make);
+            common::each_config(&common::flash_configs(), || {
+                run_dims(stringify!($name), $family, &[64, 128], TYPICAL, 0, &$make);
+            });
         }
     )*};
 }

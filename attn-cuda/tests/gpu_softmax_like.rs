@@ -61,7 +61,7 @@ fn softmax_sharp() -> Family {
 fn cosine_unnormalised() -> Family {
     Family::CosineSim(CosineParams {
         scale: 0.5,
-        l2norm_qk: false,
+        qk_l2norm: false,
         ..CosineParams::default()
     })
 }
@@ -79,7 +79,9 @@ macro_rules! gpu_tests {
         #[test]
         #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
         fn $name() {
-            run_with_offset(stringify!($name), $family, &$dims, $offset, &$make);
+            common::each_config(&common::flash_configs(), || {
+                run_with_offset(stringify!($name), $family, &$dims, $offset, &$make);
+            });
         }
     )*};
 }
@@ -114,28 +116,30 @@ gpu_tests! {
 /// one that is the default there for these families, whose dQ is a sum in arrival order): the same
 /// bits on every run, for both families, both Hopper head dims and both 16-bit dtypes, on a causal GQA
 /// case with several key tiles per query and tails. (Every other test here runs the default backward:
-/// fused on the H100 unless `ATTN_CUDA_WG_FUSED=0`, two kernels elsewhere.)
+/// fused on Hopper under the default configuration, two kernels elsewhere.)
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
 fn deterministic_backward_is_identical_run_to_run() {
-    let mut cases = Cases::new("deterministic_backward_is_identical_run_to_run");
-    for family in [Family::softmax(), Family::cosine_sim()] {
-        for d in [64, 128] {
-            for dtype in [DType::F16, DType::BF16] {
-                let spec = AttnProblem::new(family, dtype, 2, 6, 2, 333, 461, d)
-                    .with_causal(Causal::BottomRight)
-                    .with_deterministic(true)
-                    .validate()
-                    .expect("valid problem");
-                let case = random_case(&spec, 90 + d as u64);
-                cases.record(
-                    format!("{} D={d} {dtype}", spec.family().label()),
-                    identical_runs(&spec, &case),
-                );
+    common::each_config(&common::flash_configs(), || {
+        let mut cases = Cases::new("deterministic_backward_is_identical_run_to_run");
+        for family in [Family::softmax(), Family::cosine_sim()] {
+            for d in [64, 128] {
+                for dtype in [DType::F16, DType::BF16] {
+                    let spec = AttnProblem::new(family, dtype, 2, 6, 2, 333, 461, d)
+                        .with_causal(Causal::BottomRight)
+                        .with_deterministic(true)
+                        .validate()
+                        .expect("valid problem");
+                    let case = random_case(&spec, 90 + d as u64);
+                    cases.record(
+                        format!("{} D={d} {dtype}", spec.family().label()),
+                        identical_runs(&spec, &case),
+                    );
+                }
             }
         }
-    }
-    cases.finish();
+        cases.finish();
+    });
 }
 
 #[test]

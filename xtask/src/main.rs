@@ -1,9 +1,9 @@
 //! Developer tasks: `cargo xtask <command>`.
 //!
-//! - `setup-cuda`: install the pinned nvcc wheels (GPU.md) into `.toolchain/nvcc` and print the
+//! - `setup-cuda`: install the pinned nvcc wheels ([`NVCC_WHEELS`]) into `.toolchain/nvcc` and print the
 //!   environment to build the CUDA kernels with. Idempotent: a working install is reused.
-//! - `setup-candle-cuda`: install the nvcc wheels plus cuBLAS, cuRAND and NVRTC (GPU.md, "candle
-//!   with CUDA") into `<target>/candle-cuda/venv`, build a CUDA home `<target>/candle-cuda/cuda`
+//! - `setup-candle-cuda`: install the nvcc wheels plus cuBLAS, cuRAND and NVRTC ([`CANDLE_WHEELS`])
+//!   into `<target>/candle-cuda/venv`, build a CUDA home `<target>/candle-cuda/cuda`
 //!   (unversioned `lib64/` links and a link-time `libcuda.so` stub generated from cudarc's driver
 //!   bindings) and print its environment: `eval "$(cargo xtask setup-candle-cuda)"`, then
 //!   `cargo build -p attn-candle --features cuda` works on a machine without CUDA.
@@ -24,7 +24,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
-/// The five nvcc wheels of GPU.md, all pinned (nvcc's own dependencies are unpinned upstream).
+/// The five nvcc wheels (CUDA 13.0), all pinned (nvcc's own dependencies are unpinned upstream).
 const NVCC_WHEELS: [&str; 5] = [
     "nvidia-cuda-nvcc==13.0.88",
     "nvidia-cuda-crt==13.0.88",
@@ -33,8 +33,11 @@ const NVCC_WHEELS: [&str; 5] = [
     "nvidia-cuda-cccl==13.0.85",
 ];
 
-/// The test binaries of attn-cuda that need a GPU (each a `tests/*.rs` file). `gpu_bench` and
-/// `gpu_bench_taylor` are kernel stopwatches (`--bench`); without that flag they do nothing.
+/// The test binaries of attn-cuda that need a GPU (each a `tests/*.rs` file), each run once with
+/// `--ignored`: a test that covers several kernel configurations (attn_cuda::KernelConfig) runs its
+/// cases under each of them in-process (attn-cuda/tests/common: `flash_configs`, `taylor_configs`).
+/// `gpu_bench` and `gpu_bench_taylor` are kernel stopwatches (`--bench`); without that flag they do
+/// nothing.
 const GPU_TEST_BINARIES: [&str; 6] = [
     "gpu_softmax_like",
     "gpu_runtime",
@@ -43,14 +46,6 @@ const GPU_TEST_BINARIES: [&str; 6] = [
     "gpu_bench",
     "gpu_bench_taylor",
 ];
-
-/// The test binaries whose flash kernels are the Hopper (wgmma) kernels on an sm_90 GPU: run again
-/// with `ATTN_CUDA_WGMMA=0`, `ATTN_CUDA_WG_FUSED=0`, `ATTN_CUDA_WG_FUSED=1`, `ATTN_CUDA_WG_WS=0`,
-/// `ATTN_CUDA_WG_WS=1` and `ATTN_CUDA_WG_BWD_WS=0`, so the mma.sync kernels, the two-kernel backward
-/// where the fused one is the default, the wgmma fused backward, the wgmma forward where the
-/// warp-specialised one is the default, the warp-specialised one at every head dim it has and the
-/// wgmma backward kernels are tested on the H100 too.
-const FLASH_TEST_BINARIES: [&str; 2] = ["gpu_softmax_like", "gpu_hyperbolic"];
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -168,7 +163,7 @@ fn print_env(nvcc: &Path) {
     println!("export NVCC={}", nvcc.display());
 }
 
-/// The wheels candle's `cuda` feature needs on top of nvcc (GPU.md, "candle with CUDA"): the
+/// The wheels candle's `cuda` feature needs on top of nvcc (with CUDA): the
 /// libraries a candle binary links against. nvidia-cuda-runtime is in the nvcc set already.
 const CANDLE_WHEELS: [&str; 3] = [
     "nvidia-cublas==13.0.2.14",
@@ -418,87 +413,6 @@ fn test_gpu(extra: &[String]) -> Result<()> {
     cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
     cmd.env("ATTN_REQUIRE_NVCC", "1");
     let cuda_tests = run(&mut cmd);
-    let mut cuda_tests = cuda_tests;
-    // The Hopper flash tests, and Taylor's with its state kernels for every call (by default order 2 at
-    // f16/bf16, D = 64 and 128, runs its quadratic form on the flash kernels at the tests' lengths).
-    let taylor: &[&str] = &["gpu_taylor"];
-    for (var, value, what, binaries) in [
-        (
-            "ATTN_CUDA_WGMMA",
-            "0",
-            "the mma.sync kernels",
-            FLASH_TEST_BINARIES.as_slice(),
-        ),
-        (
-            "ATTN_CUDA_WG_FUSED",
-            "0",
-            "the two-kernel backward in place of the fused one",
-            FLASH_TEST_BINARIES.as_slice(),
-        ),
-        (
-            "ATTN_CUDA_WG_FUSED",
-            "1",
-            "the fused Hopper backward everywhere it has a kernel",
-            FLASH_TEST_BINARIES.as_slice(),
-        ),
-        (
-            "ATTN_CUDA_WG_WS",
-            "0",
-            "the wgmma forward in place of the warp-specialised one",
-            FLASH_TEST_BINARIES.as_slice(),
-        ),
-        (
-            "ATTN_CUDA_WG_WS",
-            "1",
-            "the warp-specialised forward at every head dim it has, three blocks each working \
-             through many tiles (ATTN_CUDA_PERSISTENT_BLOCKS=3)",
-            FLASH_TEST_BINARIES.as_slice(),
-        ),
-        (
-            "ATTN_CUDA_WG_BWD_WS",
-            "0",
-            "the wgmma backward kernels in place of the warp-specialised ones",
-            FLASH_TEST_BINARIES.as_slice(),
-        ),
-        (
-            "ATTN_CUDA_TAYLOR_DENSE",
-            "0",
-            "Taylor's state kernels for every call",
-            taylor,
-        ),
-        (
-            "ATTN_CUDA_TAYLOR_WG",
-            "1",
-            "Taylor order 2's wgmma state forward wherever it applies (bf16, D = 64; causal with \
-             128-key segments, so the tests' short sequences have several states), and the order-1 \
-             causal kernels on 128-key segments (the single-pass forward's chain gets many links)",
-            taylor,
-        ),
-        (
-            "ATTN_CUDA_TAYLOR1_CHAIN_RES",
-            "1",
-            "the causal order-1 forward with resident keys wherever the wgmma chain kernel applies \
-             (bf16, D = 64 on Hopper; by default only from 16k keys where DRAM is slower than 4.4 TB/s)",
-            taylor,
-        ),
-    ] {
-        println!("xtask test-gpu: {binaries:?} again with {what} ({var}={value})");
-        let mut cmd = Command::new(cargo());
-        cmd.args(["test", "--release", "-p", "attn-cuda"]);
-        for t in binaries {
-            cmd.args(["--test", t]);
-        }
-        cmd.args(["--", "--ignored", "--test-threads=1"]).args(extra);
-        cmd.env("ATTN_REQUIRE_NVCC", "1").env(var, value);
-        if var == "ATTN_CUDA_TAYLOR_WG" {
-            cmd.env("ATTN_CUDA_TAYLOR_WG_SEG", "128")
-                .env("ATTN_CUDA_TAYLOR1_SEG", "128");
-        }
-        if var == "ATTN_CUDA_WG_WS" && value == "1" {
-            cmd.env("ATTN_CUDA_PERSISTENT_BLOCKS", "3");
-        }
-        cuda_tests = cuda_tests.and(run(&mut cmd));
-    }
 
     // attn-candle's CUDA tests: with the toolchain of setup-candle-cuda, or a CUDA install the
     // environment already describes (CUDA_COMPUTE_CAP set).
@@ -572,11 +486,12 @@ fn cargo_executables(cmd: &mut Command, names: &[&str], what: &str) -> Result<Ve
     Ok(bins)
 }
 
-/// The most extra data a GPU run accepts (GPU.md).
+/// The most extra data the GPU machine accepts with a run (64 MiB).
 const BUNDLE_LIMIT: u64 = 64 << 20;
 
 const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
-# Runs the GPU tests of this bundle (attn-cuda's, and attn-candle's when bundled).
+# Runs the GPU tests of this bundle (attn-cuda's, and attn-candle's when bundled), each binary once; the
+# tests that cover several kernel configurations loop over them in-process and name the failing one.
 # Usage: run.sh [extra test-harness arguments]
 # SANITIZE=memcheck|racecheck runs each binary under compute-sanitizer. ATTN_TEST_DIMS=64 and
 # ATTN_TEST_DTYPES=bf16 (comma lists) narrow the head dims and dtypes of the tests' case lists (each
@@ -601,32 +516,6 @@ for bin in "$here"/bin/*; do
   line="$(echo "$out" | grep -E '^test result:' | tail -n 1)"
   summary="$summary$name${SANITIZE:+ [$SANITIZE]}: rc=$rc $line"$'\n'
   [ $rc -ne 0 ] && status=1
-done
-# On an sm_90 GPU the flash kernels above were the Hopper (wgmma) ones, the backward fused where it
-# has the warp-specialised fused kernel; once more with the mma.sync ones, with the two-kernel
-# backward, with the fused Hopper backward everywhere it has a kernel, with the wgmma forward where the
-# warp-specialised one is the default, with the warp-specialised one at every head dim it has (three
-# persistent blocks, so each works through many tiles), and with the wgmma backward kernels in place of
-# the warp-specialised ones; and the Taylor tests with the state kernels for every call (by default
-# order 2 at f16/bf16, D = 64 and 128, runs its quadratic form on the flash kernels at the tests'
-# lengths) and with order 2's wgmma state forward wherever it applies (bf16, D = 64; by default from
-# 4096 keys, 8192 causal; here causal with 128-key segments, so short sequences have several states;
-# the order-1 causal kernels on 128-key segments too, so the single-pass forward's chain has many links),
-# and with the causal order-1 forward with resident keys wherever the wgmma chain kernel applies (by
-# default only from 16k keys where DRAM is slower than 4.4 TB/s).
-# Each entry: variables (comma-separated) : binaries.
-flash="gpu_softmax_like,gpu_hyperbolic"
-for entry in ATTN_CUDA_WGMMA=0:$flash ATTN_CUDA_WG_FUSED=0:$flash ATTN_CUDA_WG_FUSED=1:$flash ATTN_CUDA_WG_WS=0:$flash ATTN_CUDA_WG_WS=1,ATTN_CUDA_PERSISTENT_BLOCKS=3:$flash ATTN_CUDA_WG_BWD_WS=0:$flash ATTN_CUDA_TAYLOR_DENSE=0:gpu_taylor ATTN_CUDA_TAYLOR_WG=1,ATTN_CUDA_TAYLOR_WG_SEG=128,ATTN_CUDA_TAYLOR1_SEG=128:gpu_taylor ATTN_CUDA_TAYLOR1_CHAIN_RES=1:gpu_taylor; do
-  var="${entry%%:*}"
-  for name in $(echo "${entry#*:}" | tr , ' '); do
-    [ -x "$here/bin/$name" ] || continue
-    out="$(env ${var//,/ } "$here/bin/$name" --ignored --test-threads=1 "$@" 2>&1)"
-    rc=$?
-    echo "$out"
-    line="$(echo "$out" | grep -E '^test result:' | tail -n 1)"
-    summary="$summary$name [$var]: rc=$rc $line"$'\n'
-    [ $rc -ne 0 ] && status=1
-  done
 done
 echo "---- summary"
 printf '%s' "$summary"

@@ -122,10 +122,10 @@ impl Composite {
             }
             FamilySpec::CosineSim {
                 scale,
-                l2norm_qk,
+                qk_l2norm,
                 eps,
             } => {
-                let (q, k) = if l2norm_qk {
+                let (q, k) = if qk_l2norm {
                     (l2_normalise(q, eps)?, l2_normalise(&k, eps)?)
                 } else {
                     (q.clone(), k)

@@ -150,8 +150,9 @@ pub fn cuda_bandwidth_gbs() -> Result<f64, String> {
     }
 }
 
+/// Why attn-cuda cannot run in a build without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
-const NO_CUDA_FEATURE: &str =
+pub(crate) const NO_CUDA_FEATURE: &str =
     "attn-bench was built without the `cuda` feature (rebuild with `--features cuda`)";
 
 /// Set up `id` for a point: allocate and fill the inputs (seeded), and for a backward-only pass run
@@ -192,10 +193,10 @@ pub fn family_params(spec: &AttnSpec) -> String {
         },
         FamilySpec::CosineSim {
             scale,
-            l2norm_qk,
+            qk_l2norm,
             eps,
         } => {
-            format!("scale={scale} l2norm={l2norm_qk} eps={eps:e}")
+            format!("scale={scale} l2norm={qk_l2norm} eps={eps:e}")
         }
         FamilySpec::Taylor {
             order,

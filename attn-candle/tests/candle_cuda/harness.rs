@@ -1,7 +1,7 @@
 //! The GPU check of one call: the op on CUDA tensors through `attention_with_stats` and candle
 //! autograd (loss `Σ o ⊙ R`, R random), against
 //! - the f64 oracle (attn-cpu-ref `forward_f64` / `backward_f64` on the stored values), under
-//!   REFERENCE.md's `err ≤ 2·err(naive) + atol` with the naive baseline of [`crate::naive`] and
+//!   docs/math.md's `err ≤ 2·err(naive) + atol` with the naive baseline of [`crate::naive`] and
 //!   `atol = 4·u·max|ref|` (u: the storage dtype's unit roundoff);
 //! - the same op on CPU tensors (attn-cpu-ref in the storage dtype): within the same bound plus
 //!   the CPU result's own error.

@@ -1,7 +1,7 @@
-//! The naive same-dtype baseline of REFERENCE.md's tolerance, `err(op) ≤ 2·err(naive) + atol`:
-//! attention written as a composite of candle ops on the GPU, in the storage dtype, differentiated
-//! by candle's autograd — what a framework computes without a fused kernel (FlashAttention's
-//! `attention_ref`).
+//! The naive same-dtype baseline of the tolerance `err(op) ≤ 2·err(naive) + atol` (docs/math.md,
+//! "Numerics"): attention written as a composite of candle ops on the GPU, in the storage dtype,
+//! differentiated by candle's autograd — what a framework computes without a fused kernel
+//! (FlashAttention's `attention_ref`).
 //!
 //! Per batch entry: q, k, v in the storage dtype; the kv heads repeated over their GQA group; scores
 //! `S = q kᵀ` by a storage-dtype matmul (f32 accumulate, rounded), then the family's weights in f32
@@ -45,10 +45,10 @@ fn softmax_like_scores(family: &FamilySpec, q: &Tensor, k: &Tensor, dt: DType) -
         }
         FamilySpec::CosineSim {
             scale,
-            l2norm_qk,
+            qk_l2norm,
             eps,
         } => {
-            let (q, k) = if l2norm_qk {
+            let (q, k) = if qk_l2norm {
                 (l2norm(q, eps)?, l2norm(k, eps)?)
             } else {
                 (q.clone(), k.clone())

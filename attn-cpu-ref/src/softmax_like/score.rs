@@ -7,7 +7,7 @@
 //! | family                   | `x̃`                          | `s(q, k)`                                   |
 //! |--------------------------|------------------------------|---------------------------------------------|
 //! | softmax                  | `x`                          | `scale·q·k`, or `cap·tanh(scale·q·k/cap)`   |
-//! | cosine-sim (`l2norm_qk`) | `x̂ = x/max(‖x‖, ε)`          | `scale·q̂·k̂`                                 |
+//! | cosine-sim (`qk_l2norm`) | `x̂ = x/max(‖x‖, ε)`          | `scale·q̂·k̂`                                 |
 //! | cosine-sim (no l2norm)   | `x`                          | `scale·q·k`                                 |
 //! | hyperbolic               | `x/‖x‖` (0 for x = 0)        | `−β d²_L` or `−β arccosh(1 + c d²_L/2)/√c`  |
 //!
@@ -75,7 +75,7 @@ impl Score {
             },
             FamilySpec::CosineSim {
                 scale,
-                l2norm_qk: true,
+                qk_l2norm: true,
                 eps,
             } => Score::Cosine {
                 scale: scale as f64,
@@ -83,7 +83,7 @@ impl Score {
             },
             FamilySpec::CosineSim {
                 scale,
-                l2norm_qk: false,
+                qk_l2norm: false,
                 ..
             } => Score::Dot {
                 scale: scale as f64,

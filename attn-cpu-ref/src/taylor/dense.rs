@@ -1,4 +1,4 @@
-//! The dense quadratic form of Taylor attention, row by row: REFERENCE.md §3's sums taken literally,
+//! The dense quadratic form of Taylor attention, row by row: docs/math.md §3's sums taken literally,
 //! `O(Nq·Nk·D)` time. It is the cross-check for the factorised path and is not used by the public
 //! entry points.
 //!

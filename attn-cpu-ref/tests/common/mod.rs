@@ -49,10 +49,10 @@ pub fn softmax_family() -> impl Strategy<Value = Family> + Clone {
 
 pub fn cosine_family() -> impl Strategy<Value = Family> + Clone {
     let eps = prop_oneof![Just(DEFAULT_L2_EPS), 1e-4f32..1e-2];
-    (0.5f32..12.0, any::<bool>(), eps).prop_map(|(scale, l2norm_qk, eps)| {
+    (0.5f32..12.0, any::<bool>(), eps).prop_map(|(scale, qk_l2norm, eps)| {
         Family::CosineSim(CosineParams {
             scale,
-            l2norm_qk,
+            qk_l2norm,
             eps,
         })
     })

@@ -5,6 +5,7 @@
 //! from a user's call.
 
 use super::*;
+use crate::config::Route;
 use attn_core::{Aggregation, AttnProblem, Family, HypScore};
 
 fn spec(family: Family, dtype: DType, d: usize) -> AttnSpec {
@@ -85,15 +86,11 @@ fn hyperbolic_kernels_carry_their_column_scalars_in_shared_memory() {
 
 const ON: Hopper = Hopper {
     on: true,
-    bwd: true,
-    fused: FusedMode::Everywhere,
-    tile: None,
-    ws: WsMode::Off,
+    fused: Route::Everywhere,
+    ws: Route::Off,
     bwd_ws: false,
-    sms: 0,
-    taylor_dense: crate::runtime::DenseMode::Measured,
-    taylor_wg: crate::runtime::DenseMode::Measured,
-    even: true,
+    taylor_dense: Route::Measured,
+    taylor_wg: Route::Measured,
 };
 
 #[test]
@@ -135,7 +132,7 @@ fn warp_specialised_backward_kernels_unless_turned_off() {
         // The dQ kernel for every score: 100 queries → one block of 128 (384 threads); Q, dO, four
         // K and three V stages of 128 (D = 64) or 64 (D = 128) keys, k0 and log γ with each K
         // stage (bf16 hyperbolic: and a panel of k0's pieces, the tensor-core row sums).
-        // ATTN_CUDA_WG_BWD_WS=0 keeps the wgmma kernels.
+        // `ws_backward` off keeps the wgmma kernels.
         let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
         assert!(dq.name.contains("_bwd_dq_ws_"), "{dq:?}");
         let bn = if d == 128 { 64 } else { 128 };
@@ -167,7 +164,7 @@ fn warp_specialised_backward_kernels_unless_turned_off() {
 #[test]
 fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
     let ws = Hopper {
-        ws: WsMode::Everywhere,
+        ws: Route::Everywhere,
         ..ON
     };
     let hyp = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::EinsteinMidpoint);
@@ -184,20 +181,14 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
         // 100 queries → one block of 128 rows (D = 128: 384 threads) or 192 (D = 64: 512); the
         // wgmma forward's shared memory with 128 keys per stage (plus log γ for the hyperbolic
         // scores).
-        // One block per tile (4 heads × 2 batch entries) by default; persistent with a block
-        // count (ATTN_CUDA_PERSISTENT_BLOCKS) below the tiles; the other kernels keep their grids.
+        // One block per tile (4 heads × 2 batch entries); the other kernels keep their grids.
         let (bm, threads) = if d == 128 { (128, 384) } else { (192, 512) };
         assert_eq!(
             (k.grid, k.threads, k.hopper, k.tiles_q),
             ((8, 1, 1), threads, true, 1),
             "{k:?}"
         );
-        assert!(!k.persistent, "{k:?}");
-        let on_5_sms = flash_kernel(&s, Stage::Forward, Hopper { sms: 5, ..ws }).expect("kernel");
-        assert_eq!((on_5_sms.grid, on_5_sms.persistent), ((5, 1, 1), true));
-        let on_9_sms = flash_kernel(&s, Stage::Forward, Hopper { sms: 9, ..ws }).expect("kernel");
-        assert_eq!((on_9_sms.grid, on_9_sms.persistent), ((8, 1, 1), false));
-        let dq = flash_kernel(&s, Stage::BwdDq, Hopper { sms: 5, ..ws }).expect("kernel");
+        let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
         assert_eq!((dq.grid, dq.tiles_q), ((1, 4, 2), 0));
         // The scalars hold three stages; the hyperbolic scores add three of log γ, and on bf16 the
         // panels of q0's and −k0's pieces (a 128-byte row per query and per key of two K stages).
@@ -211,8 +202,8 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
             k.smem,
             1024 + (bm + 4 * 128) * d * 2 + (2 * 128 + bm) * 4 + lorentz
         );
-        // ATTN_CUDA_WG_WS governs the forward only (ON: no warp-specialised backward); with
-        // ATTN_CUDA_WG_WS=0, the wgmma forward.
+        // `ws_forward` governs the forward only (ON: no warp-specialised backward); with
+        // `Route::Off`, the wgmma forward.
         let dq = flash_kernel(&s, Stage::BwdDq, ws).expect("kernel");
         assert!(dq.name.contains("_bwd_dq_wg_"), "{dq:?}");
         let k = flash_kernel(&s, Stage::Forward, ON).expect("kernel");
@@ -222,7 +213,7 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
     // window cosine-sim and squared Lorentz on bf16 (its q0·k0 panels) at every length, the other
     // scores from 8192 keys; causal, squared Lorentz on bf16 from 16384 keys.
     let measured = Hopper {
-        ws: WsMode::Measured,
+        ws: Route::Measured,
         ..ON
     };
     let geo = Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean);
@@ -274,38 +265,9 @@ fn warp_specialised_forward_where_the_head_dim_allows_unless_turned_off() {
         let k = flash_kernel(&s, Stage::Forward, measured).expect("kernel");
         assert!(k.name.contains(&format!("_fwd_{kind}_")), "causal N = {n}: {k:?}");
     }
-    // D = 96 has only the mma.sync forward; a tile experiment asks for a wgmma one.
+    // D = 96 has only the mma.sync forward.
     let k = flash_kernel(&spec(Family::softmax(), DType::BF16, 96), Stage::Forward, ws).expect("kernel");
     assert!(!k.name.contains("_ws_") && !k.hopper, "{k:?}");
-    let exp = Hopper {
-        tile: Some((64, 64)),
-        ..ws
-    };
-    let k = flash_kernel(&spec(Family::softmax(), DType::BF16, 128), Stage::Forward, exp).expect("kernel");
-    assert_eq!(k.name, "attn_softmax_fwd_wg64x64_bf16_d128");
-}
-
-#[test]
-fn hopper_tile_experiments_apply_to_bf16_softmax_only() {
-    let exp = Hopper {
-        tile: Some((64, 128)),
-        ..ON
-    };
-    let s = spec(Family::softmax(), DType::BF16, 64);
-    let k = flash_kernel(&s, Stage::Forward, exp).expect("kernel");
-    assert_eq!(
-        (k.name.as_str(), k.threads),
-        ("attn_softmax_fwd_wg64x128_bf16_d64", 128)
-    );
-    assert_eq!(k.grid, (2, 4, 2));
-    for (family, dtype, d) in [
-        (Family::cosine_sim(), DType::BF16, 64),
-        (Family::softmax(), DType::F16, 64),
-        (Family::softmax(), DType::BF16, 128),
-    ] {
-        let k = flash_kernel(&spec(family, dtype, d), Stage::Forward, exp).expect("kernel");
-        assert!(k.name.contains("_fwd_wg_"), "{k:?}");
-    }
 }
 
 #[test]
@@ -340,7 +302,7 @@ fn hopper_forward_where_the_device_and_head_dim_allow() {
             );
         }
         // The backward likewise: dQ over 100 queries in one block of 128, dK/dV over 130 keys in
-        // two of 128; both on their own with ATTN_CUDA_WG_BWD=0.
+        // two of 128.
         let dq = flash_kernel(&s, Stage::BwdDq, ON).expect("kernel");
         let dkdv = flash_kernel(&s, Stage::BwdDkdv, ON).expect("kernel");
         assert_eq!(dq.name.contains("_bwd_dq_wg_"), wg, "{dq:?}");
@@ -353,11 +315,6 @@ fn hopper_forward_where_the_device_and_head_dim_allow() {
             assert_eq!(dq.smem, 1024 + (2 * 128 + 5 * bn) * d * 2 + 6 * bn * 4);
             assert_eq!((dkdv.grid, dkdv.threads), ((2, 2, 2), 256));
             assert_eq!(dkdv.smem, 1024 + (2 * 128 + 4 * bm) * d * 2 + 6 * bm * 4);
-        }
-        let fwd_only = Hopper { bwd: false, ..ON };
-        for stage in [Stage::BwdDq, Stage::BwdDkdv] {
-            let k = flash_kernel(&s, stage, fwd_only).expect("kernel");
-            assert!(!k.name.contains("_wg_") && !k.hopper, "{k:?}");
         }
         // Without the Hopper kernels, the mma.sync kernels.
         for stage in [Stage::Forward, Stage::BwdDq, Stage::BwdDkdv] {
@@ -454,9 +411,8 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
     assert!(!fused_backward(&det, ON) && !fused_backward(&bias, ON));
     for off in [
         Hopper::default(),
-        Hopper { bwd: false, ..ON },
         Hopper {
-            fused: FusedMode::Off,
+            fused: Route::Off,
             ..ON
         },
     ] {
@@ -465,7 +421,7 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
     // The default mode: the warp-specialised fused kernel only (softmax, cosine-sim, the hyperbolic
     // scores), never the wgmma one.
     let default = Hopper {
-        fused: FusedMode::WarpSpecialised,
+        fused: Route::Measured,
         bwd_ws: true,
         ..ON
     };
@@ -486,7 +442,7 @@ fn fused_backward_only_where_it_is_exact_and_allowed() {
 #[test]
 fn every_tile_fast_calls_take_the_even_fused_kernel() {
     let hopper = Hopper {
-        fused: FusedMode::WarpSpecialised,
+        fused: Route::Measured,
         bwd_ws: true,
         ..ON
     };
@@ -514,8 +470,8 @@ fn every_tile_fast_calls_take_the_even_fused_kernel() {
     assert!(name(packed, hopper).name.contains("_even_"));
     let padded = problem(sq, DType::BF16, 64, 256, 384).with_key_lens(vec![256, 128]);
     assert!(name(padded, hopper).name.contains("_even_"));
-    // Anything that masks an element or leaves a partial tile, another score, dtype or head dim, or the
-    // switch off: the general fused kernel.
+    // Anything that masks an element or leaves a partial tile, another score, dtype or head dim: the
+    // general fused kernel.
     for (p, hopper) in [
         (
             problem(sq, DType::BF16, 64, 256, 384).with_causal(Causal::TopLeft),
@@ -535,13 +491,6 @@ fn every_tile_fast_calls_take_the_even_fused_kernel() {
         (problem(sq, DType::BF16, 128, 256, 384), hopper),
         (problem(geo, DType::BF16, 64, 256, 384), hopper),
         (problem(sq_mid, DType::BF16, 64, 256, 384), hopper),
-        (
-            problem(sq, DType::BF16, 64, 256, 384),
-            Hopper {
-                even: false,
-                ..hopper
-            },
-        ),
     ] {
         let k = name(p, hopper);
         assert!(!k.name.contains("_even"), "{k:?}");
@@ -552,7 +501,7 @@ fn every_tile_fast_calls_take_the_even_fused_kernel() {
 #[test]
 fn the_wgmma_forward_forms_q0_and_its_row_kernel_reads_only_keys() {
     let hopper = Hopper {
-        ws: WsMode::Measured,
+        ws: Route::Measured,
         ..ON
     };
     let sq = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
@@ -657,11 +606,10 @@ fn unsupported_combinations_are_typed_errors() {
 
 #[test]
 fn taylor_order_2_runs_on_the_hopper_flash_kernels_where_routed() {
-    use crate::runtime::DenseMode;
     use crate::taylor::dense_on_flash;
     let hopper = Hopper {
         bwd_ws: true,
-        fused: FusedMode::WarpSpecialised,
+        fused: Route::Measured,
         ..ON
     };
     let taylor = |order: u8, dtype: DType, d: usize, n: usize, causal: Causal| {
@@ -768,25 +716,25 @@ fn taylor_order_2_runs_on_the_hopper_flash_kernels_where_routed() {
     }
     assert!(!wg_forward(&wg, Hopper::default()));
     let wg_off = Hopper {
-        taylor_wg: DenseMode::Off,
+        taylor_wg: Route::Off,
         ..hopper
     };
     let wg_all = Hopper {
-        taylor_wg: DenseMode::Everywhere,
+        taylor_wg: Route::Everywhere,
         ..hopper
     };
     assert!(!wg_forward(&wg, wg_off) && dense_on_flash(&wg, Pass::Forward, wg_off));
     let tiny = taylor(2, DType::BF16, 64, 100, Causal::None);
     assert!(wg_forward(&tiny, wg_all) && !dense_on_flash(&tiny, Pass::Forward, wg_all));
-    // ATTN_CUDA_TAYLOR_DENSE: 0 never, 1 at every length.
+    // `taylor_dense`: `Off` never, `Everywhere` at every length.
     let long = taylor(2, DType::BF16, 64, 40_000, Causal::None);
     let short = taylor(2, DType::BF16, 64, 100, Causal::None);
     let off = Hopper {
-        taylor_dense: DenseMode::Off,
+        taylor_dense: Route::Off,
         ..hopper
     };
     let all = Hopper {
-        taylor_dense: DenseMode::Everywhere,
+        taylor_dense: Route::Everywhere,
         ..hopper
     };
     assert!(!dense_on_flash(&short, Pass::Forward, off));

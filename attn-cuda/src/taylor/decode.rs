@@ -10,10 +10,12 @@
 
 use super::heuristics::{self, DECODE_FEATURES};
 use super::{check, Call, Forward};
-use crate::backend::{CudaAttn, DeviceElem, ForwardViews};
+use crate::config::KernelConfig;
 use crate::error::Result;
+use crate::views::{DeviceElem, ForwardViews};
 use attn_core::{AttnSpec, Pass};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use std::sync::Arc;
 
 /// What a [`TaylorDecodeState`] was built for (attn-core's, the same type the CPU decode wraps).
 pub use attn_core::DecodeShape;
@@ -50,9 +52,16 @@ impl TaylorDecodeState {
     }
 }
 
-impl CudaAttn {
+/// The decode entry points of `CudaAttn` (`taylor_decode_empty`, `taylor_prefill`,
+/// `taylor_decode_step`, which document them) on a stream under a kernel configuration.
+pub(crate) struct Decode<'s> {
+    pub stream: &'s Arc<CudaStream>,
+    pub config: KernelConfig,
+}
+
+impl Decode<'_> {
     /// A state with no token folded yet, for the family and shapes of `spec` (a Taylor spec).
-    pub fn taylor_decode_empty(&self, spec: &AttnSpec) -> Result<TaylorDecodeState> {
+    pub(crate) fn empty(&self, spec: &AttnSpec) -> Result<TaylorDecodeState> {
         let shape = DecodeShape::of(spec, Pass::Decode)?;
         check_head_dims(spec)?;
         let features = 8 * heuristics::tiles(shape.head_dim, shape.taylor()?.0.as_u8());
@@ -61,21 +70,21 @@ impl CudaAttn {
             shape,
             features,
             lens: vec![0; spec.batch()],
-            sums: self.stream().alloc_zeros::<f32>(n.max(1))?,
+            sums: self.stream.alloc_zeros::<f32>(n.max(1))?,
         })
     }
 
     /// Prefill: the forward of a prompt (any Taylor spec: causal or not, key padding, packed varlen),
     /// writing `o` and the denominators into `io`, and the decode state over each batch entry's valid keys.
-    pub fn taylor_prefill<T: DeviceElem>(
+    pub(crate) fn prefill<T: DeviceElem>(
         &self,
         spec: &AttnSpec,
         io: ForwardViews<'_, T>,
     ) -> Result<TaylorDecodeState> {
         let pass = Pass::Forward;
         check::<T>(spec, pass)?;
-        let mut state = self.taylor_decode_empty(spec)?;
-        let call = Call::new(self, spec, pass)?;
+        let mut state = self.empty(spec)?;
+        let call = Call::new(self.stream, self.config, spec, pass)?;
         let (mut p, _lengths) = call.params()?;
         let ForwardViews {
             q,
@@ -129,7 +138,7 @@ impl CudaAttn {
     /// A decode step: append the tokens `io` holds (described by `spec`: a dense batch of `t` new tokens
     /// per entry, `seq_q = seq_k = t`, causal) to `state`, and write their o and denominators into `io`.
     /// New token `i` sees every key folded before the call and the new keys `0..=i`.
-    pub fn taylor_decode_step<T: DeviceElem>(
+    pub(crate) fn step<T: DeviceElem>(
         &self,
         state: &mut TaylorDecodeState,
         spec: &AttnSpec,
@@ -141,7 +150,7 @@ impl CudaAttn {
         if io.bias.is_some() {
             super::no_bias(spec, pass, "bias", true)?;
         }
-        let call = Call::new(self, spec, pass)?;
+        let call = Call::new(self.stream, self.config, spec, pass)?;
         let (mut p, _lengths) = call.params()?;
         let c = call.checker(pass);
         let (q, _gq) = c.input("q", &io.q, spec.q_len())?;

@@ -646,7 +646,7 @@ mod tests {
     /// The order-1 kernels' schedule ([`order1_sweep`]) on every mask option, forward and backward: the
     /// non-causal forward and backward (whole sums; key padding, an empty packed sequence) and the causal
     /// forward as the kernels run them, and the causal backward as planned (both sweeps in blocks of
-    /// segments; NOTES_taylor.md, "Session 13"), with segments of one chunk, of several, and longer than
+    /// segments), with segments of one chunk, of several, and longer than
     /// every sequence.
     #[test]
     fn emulated_order1_kernels_match_the_reference() {

@@ -1,5 +1,5 @@
 //! Sizes of the Taylor kernels: pure host functions, the mirror of `TaylorTile`, `TaylorDims`,
-//! `TaylorFoldSmem`, `TaylorReadSmem` and the dense kernel's carve-up in `kernels/include/taylor_*.cuh`.
+//! `TaylorFoldSmem`, `TaylorReadSmem` and the dense kernel's carve-up in `kernels/taylor/taylor_*.cuh`.
 
 /// Head dims with Taylor kernels (the value head dim must equal the head dim).
 pub(crate) const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
@@ -23,7 +23,7 @@ const STATE_BUDGET: usize = 8 << 30;
 /// beats the factorised state kernels (N·F·D, F = 2376 features at D = 64, 8.6k at D = 128): for keys
 /// per query (half the keys under a causal mask) up to 32768 at D = 64 and 131072 at D = 128. H100,
 /// bf16, 16k tokens × 2048 / D heads, forward and forward+backward in the same call
-/// (kernels/NOTES_taylor.md, session 20, run s20b): at D = 64 the flash kernels win at 32768 keys
+/// (2026-11-24): at D = 64 the flash kernels win at 32768 keys
 /// (forward 22.3 ms against 25.0, forward+backward 75 against 95) and lose at 65536 (86 against 49);
 /// causal they win at 65536 (46.1 against 47.9, 154 against 193); at D = 128 they win at 65536 (62.7
 /// ms against the state kernels' ≥ 178), 131072 is extrapolated (∝ N² against ∝ N).
@@ -33,7 +33,7 @@ pub(crate) fn dense_faster(d: usize, causal: bool, seq_k: usize) -> bool {
     keys <= limit
 }
 
-/// The head dim (= value head dim) of the wgmma state kernels (kernels/include/taylor_wg.cuh).
+/// The head dim (= value head dim) of the wgmma state kernels (kernels/taylor/taylor_wg.cuh).
 pub(crate) const WG_HEAD_DIM: usize = 64;
 /// Fold blocks per (split, kv head, batch entry): 68 products of 64 × 64, four per block.
 pub(crate) const WG_FOLD_BLOCKS: usize = 17;
@@ -57,10 +57,10 @@ pub(crate) const WG_FOLD_SMEM: usize = 6 * 64 * 64 * 2 + 4 * 72 * 2 + 64 * 4 + 1
 pub(crate) const WG_READ_SMEM: usize = 5 * 8 * 16 * 64 * 2 + 128 * 72 * 2 + WG_VEC * 4 + 64 * 4 + 1024;
 
 /// Whether the wgmma state forward beats the quadratic form on the flash kernels (bf16, D = 64): from
-/// 4096 keys per query without a causal mask. H100, 16k tokens × 32 heads, forward (kernels/NOTES_taylor.md,
-/// session 23, run s23c): 1.24 ms against 1.63 at 4096, 1.07 against 3.06 at 8192; at 2048 the flash
+/// 4096 keys per query without a causal mask. H100, 16k tokens × 32 heads, forward (docs/kernels/taylor-order2.md,
+/// 2026-11-27): 1.24 ms against 1.63 at 4096, 1.07 against 3.06 at 8192; at 2048 the flash
 /// kernels win (0.89 against 1.69: the state costs the same at every N, the quadratic form ∝ N).
-/// Causal (Nq = Nk): from 8192 keys. H100, same shape, forward (NOTES_taylor.md, session 24, run s24c):
+/// Causal (Nq = Nk): from 8192 keys. H100, same shape, forward (2026-11-27):
 /// 1.16 ms against the flash kernels' 1.45 at 8192, 1.35 against 2.81 at 16384, 5.55 against 41.3 at
 /// 65536; at 4096 about level (0.76 with one 4096-key segment, 0.78 on the flash kernels).
 pub(crate) fn wg_state_faster(seq_k: usize, causal: bool) -> bool {
@@ -76,7 +76,8 @@ pub(crate) fn wg_causal_states(seq_k: usize, seg: usize) -> usize {
 /// Keys per segment of the causal wgmma forward (a multiple of the read's 128 queries): the fold
 /// writes one state per segment boundary and stops its sums at the last one, the read takes the keys of
 /// its own segment densely (half a segment per query on average). Longer segments trade the fold's work
-/// and its stops for dense work; run s24c (ms at L = 1024 / 2048 / 4096): 8192 keys 1.20 / 1.16 / 1.19,
+/// and its stops for dense work; H100, forward, 16k tokens × 32 heads (ms at L = 1024 / 2048 / 4096,
+/// 2026-11-27): 8192 keys 1.20 / 1.16 / 1.19,
 /// 16384 1.35 / 1.42 / 1.52, 32768 2.89 / 2.90 / 3.26, 65536 5.55 / 5.89 / 6.57.
 ///
 /// ```text
@@ -479,33 +480,6 @@ pub(crate) fn order1_chain_smem(d: usize) -> usize {
 /// ```
 pub(crate) const ORDER1_CHAIN_WG_SMEM: usize = 2 * 3 * 8192 + 4 * 72 * 128 + 8192 + 1024;
 
-/// Dynamic shared memory of the single-pass causal order-1 forward with resident keys
-/// (`Taylor1ChainRes::kBytes`, bf16, D = 64): K̂ and V of 256 keys, two q stages, the state as bf16 hi and
-/// lo tiles of 72 rows, the ones tile, and 1 KiB to align the sw128 tiles (two blocks per SM).
-///
-/// ```text
-/// 4·2·8192 + 2·8192 + 2·72·128 + 8192 + 1024 = 109 568
-/// ```
-pub(crate) const ORDER1_CHAIN_RES_SMEM: usize = 4 * 2 * 8192 + 2 * 8192 + 2 * 72 * 128 + 8192 + 1024;
-
-/// Keys per segment of the resident-keys forward (`Taylor1ChainRes::SEG`) and blocks per segment
-/// (`Taylor1ChainRes::J`, 256 keys each).
-pub(crate) const ORDER1_CHAIN_RES_SEG: usize = 1024;
-pub(crate) const ORDER1_CHAIN_RES_BLOCKS: usize = 4;
-
-/// Where the causal order-1 forward keeps its keys resident (`crate::taylor::order1::order1_chain_res`):
-/// sequences of at least ORDER1_CHAIN_RES_MIN_N keys on a device whose peak DRAM bandwidth is below
-/// ORDER1_CHAIN_RES_MAX_DRAM bytes/s. On the H200 (4.8 TB/s, 132 SMs) the wgmma chain kernel is faster
-/// (NOTES_taylor.md "Session 34": 120 against 121 µs at 16k, 406 against 438 at 65536): its DRAM
-/// traffic, 1.5× the resident kernel's (397 against 309 MB at 16k; 1.65 against 1.25 GB at 65536),
-/// still fits under its time there. With the same SMs and 70% of that bandwidth (the H100's 3.35 TB/s)
-/// the traffic sets its time (≥ 132 µs at 16k at the H100's 3.0 TB/s copy) while the resident kernel's
-/// fits under its own (~121 µs): a projection, not an H100 measurement. Below 16k the resident kernel
-/// is slower on the H200 (0.132 against 0.115 ms at 4096, run 40), where the wgmma chain kernel's
-/// traffic is small either way.
-pub(crate) const ORDER1_CHAIN_RES_MIN_N: usize = 16_384;
-pub(crate) const ORDER1_CHAIN_RES_MAX_DRAM: f64 = 4.4e12;
-
 /// Floats of one chain state of the single-pass causal order-1 forward on wgmma
 /// (`Taylor1ChainWg::kStateFloats`): its fold's m64n72 accumulators (9 float4 per thread) and the value
 /// sums (1 float4 per thread) of 128 threads.
@@ -519,7 +493,8 @@ pub(crate) const ORDER1_CHAIN_LOOKAHEAD: usize = 2;
 
 /// Segment length of the single-pass causal order-1 forward: a forward block runs its segment's chunks
 /// one after another (each carries the state to the next), a fold block sums the segment for the chain.
-/// 1024 keys at every length (measured against 512 and 2048, NOTES_taylor session 25): one state of
+/// 1024 keys at every length (512 was slower at every N, 16k: 0.339 ms against 0.281; 2048 no faster;
+/// H100, bf16, D = 64, 2026-11-27): one state of
 /// [`order1_chain_state_floats`] per 1024 keys and kv head.
 pub(crate) const ORDER1_CHAIN_SEG_LEN: usize = 1024;
 
@@ -634,9 +609,6 @@ mod tests {
         const { assert!(ORDER1_CHAIN_SEG_LEN % ORDER1_CHUNK == 0) };
         // Its wgmma kernel: two blocks per SM, 5120 floats per state.
         const { assert!(2 * (ORDER1_CHAIN_WG_SMEM + 1024) <= 228 * 1024) };
-        const { assert!(2 * (ORDER1_CHAIN_RES_SMEM + 1024) <= 228 * 1024) };
-        assert_eq!(ORDER1_CHAIN_RES_SMEM, 109_568);
-        assert_eq!(ORDER1_CHAIN_RES_SEG, 256 * ORDER1_CHAIN_RES_BLOCKS);
         assert_eq!(ORDER1_CHAIN_WG_STATE_FLOATS, 5120);
         assert_eq!(seg_len(64, 2, 200, 8, 2, true), Some(64));
         assert_eq!(seg_len(64, 2, 16_384, 32, 2, true), Some(1024));
@@ -723,7 +695,7 @@ mod tests {
 
     /// `(D, C, NT)` of every `template <> struct TaylorTile<D> { ... C = .., NT = ..; };` line.
     fn kernel_tiles() -> Vec<(usize, usize, usize)> {
-        let header = include_str!("../../kernels/include/taylor_common.cuh");
+        let header = include_str!("../../kernels/taylor/taylor_common.cuh");
         header
             .lines()
             .filter_map(|line| line.strip_prefix("template <> struct TaylorTile<"))

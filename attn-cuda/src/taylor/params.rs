@@ -1,5 +1,5 @@
 //! The Taylor kernels' parameter struct: the spec's `AttnParams` followed by the row scalars and f32 sums of a call,
-//! the mirror of `struct TaylorParams` in `kernels/include/taylor_common.cuh`, field for field.
+//! the mirror of `struct TaylorParams` in `kernels/taylor/taylor_common.cuh`, field for field.
 
 use crate::params::AttnParams;
 use attn_core::{AttnSpec, FamilySpec, TaylorOrder};

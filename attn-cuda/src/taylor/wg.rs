@@ -1,64 +1,20 @@
-//! Taylor order 2's forward on the wgmma state kernels (`kernels/include/taylor_wg.cuh`): where a call
-//! runs there ([`wg_forward`]) and the launches (fold, reduce, read; causal: a state per segment, the
+//! Taylor order 2's forward on the wgmma state kernels (`kernels/taylor/taylor_wg.cuh`): where a call
+//! runs there (`route::wg_forward`) and the launches (fold, reduce, read; causal: a state per segment, the
 //! read's segment densely).
 
 use super::launch::Launch;
-use super::{heuristics, query_on_key, Call, TaylorParams};
+use super::{heuristics, Call, TaylorParams};
 use crate::error::Result;
-use crate::runtime::{DenseMode, Hopper};
-use attn_core::{AttnSpec, Causal, DType, FamilySpec, TaylorOrder};
+use attn_core::Causal;
 use cudarc::driver::DevicePtr;
 
-/// Whether a Taylor forward runs on the wgmma state kernels (kernels/include/taylor_wg.cuh: fold,
-/// reduce, read): order 2, bf16, D = Dv = 64, the Hopper kernels on this device, no causal mask or a
-/// causal mask where every sequence has as many queries as keys (dense or packed with equal offsets:
-/// both alignments are then `j ≤ i`), and `hopper.taylor_wg` (by default where
-/// [`heuristics::wg_state_faster`]; `ATTN_CUDA_TAYLOR_WG=1` wherever they apply, `=0` never). They
-/// save the denominators as the other paths do, so the backward may run on either of the others.
-pub(crate) fn wg_forward(spec: &AttnSpec, hopper: Hopper) -> bool {
-    let FamilySpec::Taylor {
-        order: TaylorOrder::Two,
-        ..
-    } = *spec.family()
-    else {
-        return false;
-    };
-    if !hopper.on
-        || spec.dtype() != DType::BF16
-        || spec.head_dim() != heuristics::WG_HEAD_DIM
-        || spec.head_dim_v() != heuristics::WG_HEAD_DIM
-        || spec.window().is_some()
-    {
-        return false;
-    }
-    let causal = spec.causal() != Causal::None;
-    if causal && !query_on_key(spec) {
-        return false;
-    }
-    match hopper.taylor_wg {
-        DenseMode::Off => false,
-        DenseMode::Everywhere => true,
-        DenseMode::Measured => heuristics::wg_state_faster(spec.seq_k(), causal),
-    }
-}
-
-/// The wgmma state kernels (kernels/include/taylor_wg.cuh): `attn_taylor2_wg_{stem}_bf16_d64`.
+/// The wgmma state kernels (kernels/taylor/taylor_wg.cuh): `attn_taylor2_wg_{stem}_bf16_d64`.
 fn wg_kernel(stem: &str) -> String {
     format!("attn_taylor2_wg_{stem}_bf16_d64")
 }
 
-/// `ATTN_CUDA_TAYLOR_WG_SEG=L` (a multiple of 128): the segment length of the causal wgmma forward in
-/// place of `heuristics::wg_causal_seg_len`, for measuring it; anything else is ignored.
-fn wg_causal_seg_override() -> Option<usize> {
-    std::env::var("ATTN_CUDA_TAYLOR_WG_SEG")
-        .ok()?
-        .parse::<usize>()
-        .ok()
-        .filter(|&l| l > 0 && l % heuristics::WG_READ_QUERIES == 0)
-}
-
 impl Call<'_> {
-    /// The forward on the wgmma state kernels ([`wg_forward`]): the fold's per-split sums (f32) and the
+    /// The forward on the wgmma state kernels (`route::wg_forward`): the fold's per-split sums (f32) and the
     /// reduce into the read's bf16 state and f32 vector (with one split the fold writes those itself),
     /// then the read (o, den). Causal: one split whose fold writes the state of the keys before each
     /// segment of `heuristics::wg_causal_seg_len` keys but the first, and a read that takes its
@@ -114,7 +70,11 @@ impl Call<'_> {
     fn wg_forward_causal(&self, p: &mut TaylorParams) -> Result<()> {
         let s = self.spec;
         let heads = s.batch() * s.heads_kv();
-        let seg = wg_causal_seg_override().unwrap_or_else(|| heuristics::wg_causal_seg_len(s.seq_k()));
+        // `KernelConfig::taylor_causal_segment` where set (a multiple of 128, the read's queries per block).
+        let seg = self
+            .config
+            .taylor_causal_segment
+            .unwrap_or_else(|| heuristics::wg_causal_seg_len(s.seq_k()));
         // States of the segments 1 … of the longest sequence.
         let states = heuristics::wg_causal_states(s.seq_k(), seg);
         (p.seg_len, p.n_seg) = (seg as i32, states as i32);

@@ -1,11 +1,15 @@
 //! Shared GPU test harness: one `check` per case compares every output and gradient by name with
-//! the f64 reference (attn-cpu-ref) under REFERENCE.md's tolerance
+//! the f64 reference (attn-cpu-ref) under docs/math.md's tolerance
 //! `err(kernel) ≤ 2·err(naive same-dtype) + atol`, where the naive baseline ([`naive`]) is plain
 //! attention in the storage dtype: inputs rounded, S, P, dP and dS rounded before the next
 //! product, outputs rounded, sums accumulated in f32 (as a framework's matmul would).
 //!
 //! Every output buffer is poisoned with NaN before each launch, so an element the kernels fail to
 //! write cannot pass.
+//!
+//! Kernel configurations: a test runs its cases once per configuration of a list ([`flash_configs`],
+//! [`taylor_configs`]) through [`each_config`], which points [`gpu`] at a backend of that
+//! configuration and names the configuration in every failure.
 
 #![allow(dead_code)] // each test binary uses part of the harness
 
@@ -17,21 +21,158 @@ use attn_core::{AttnSpec, DType, Element, Family, FamilySpec};
 use attn_cpu_ref::testing::{check_close, max_abs, random_case, Case};
 use attn_cpu_ref::{backward_f64, forward_f64, Inputs};
 use attn_cuda::cudarc::driver::CudaSlice;
-use attn_cuda::{BackwardViews, CudaAttn, DeviceElem, ForwardViews};
+use attn_cuda::{BackwardViews, CudaAttn, DeviceElem, ForwardViews, KernelConfig, Route};
 use shapes::{Lengths, Make, Shapes};
+use std::cell::Cell;
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, OnceLock};
 
 pub const GPU_ONLY: &str = "needs a CUDA GPU: cargo xtask test-gpu";
 
-/// The GPU of this test process (device 0). Panics with a clear message when there is none: GPU
-/// tests are `#[ignore]`d and only run when asked for (`--ignored`), on a machine that has one.
+/// A kernel configuration the tests run under, and its name in their output and failures.
+pub type Config = (&'static str, KernelConfig);
+
+/// The configurations of the flash tests (gpu_softmax_like, gpu_hyperbolic): the default, and each
+/// variant the default leaves out on an H200, so every flash kernel the crate ships is tested there.
+pub fn flash_configs() -> Vec<Config> {
+    let d = KernelConfig::default();
+    vec![
+        ("default", d),
+        // The mma.sync kernels (the sm_80 path).
+        ("portable", KernelConfig::portable()),
+        // The two-kernel backward where the fused one is the default.
+        (
+            "fused-backward-off",
+            KernelConfig {
+                fused_backward: Route::Off,
+                ..d
+            },
+        ),
+        // The wgmma fused backward (D = 128) too.
+        (
+            "fused-backward-everywhere",
+            KernelConfig {
+                fused_backward: Route::Everywhere,
+                ..d
+            },
+        ),
+        // The wgmma forward where the warp-specialised one is the default.
+        (
+            "ws-forward-off",
+            KernelConfig {
+                ws_forward: Route::Off,
+                ..d
+            },
+        ),
+        // The warp-specialised forward at every head dim it has.
+        (
+            "ws-forward-everywhere",
+            KernelConfig {
+                ws_forward: Route::Everywhere,
+                ..d
+            },
+        ),
+        // The wgmma dQ and dK/dV kernels in place of the warp-specialised ones.
+        (
+            "ws-backward-off",
+            KernelConfig {
+                ws_backward: false,
+                ..d
+            },
+        ),
+    ]
+}
+
+/// The configurations of the Taylor tests (gpu_taylor): the default; the state kernels for every call
+/// (by default order 2 at f16/bf16, D = 64 and 128, runs its quadratic form on the flash kernels at
+/// the tests' lengths); order 2's wgmma state forward wherever it applies (bf16, D = 64; by default
+/// from 4096 keys, 8192 causal) with 128-key causal segments, so short sequences have several states
+/// and the order-1 single-pass forward's chain has many links.
+pub fn taylor_configs() -> Vec<Config> {
+    let d = KernelConfig::default();
+    vec![
+        ("default", d),
+        (
+            "taylor-dense-off",
+            KernelConfig {
+                taylor_dense: Route::Off,
+                ..d
+            },
+        ),
+        (
+            "taylor-wg-everywhere-segment-128",
+            KernelConfig {
+                taylor_wg: Route::Everywhere,
+                taylor_causal_segment: Some(128),
+                ..d
+            },
+        ),
+    ]
+}
+
+thread_local! {
+    /// The configuration [`gpu`] serves on this thread: [`each_config`]'s current one, else the
+    /// environment's default ([`KernelConfig::from_env`]).
+    static CURRENT: Cell<Option<Config>> = const { Cell::new(None) };
+}
+
+/// The name of the configuration the current test thread runs under.
+pub fn config_name() -> &'static str {
+    CURRENT.with(|c| c.get()).map_or("default", |(name, _)| name)
+}
+
+/// The GPU of this test process (device 0) under the current thread's configuration (one backend per
+/// configuration, all on device 0's default stream). Panics with a clear message when there is no
+/// GPU: GPU tests are `#[ignore]`d and only run when asked for (`--ignored`), on a machine that has one.
 pub fn gpu() -> &'static CudaAttn {
-    static GPU: OnceLock<CudaAttn> = OnceLock::new();
-    GPU.get_or_init(|| match CudaAttn::new(0) {
+    static BASE: OnceLock<CudaAttn> = OnceLock::new();
+    static BACKENDS: Mutex<Vec<(KernelConfig, &'static CudaAttn)>> = Mutex::new(Vec::new());
+    let base = BASE.get_or_init(|| match CudaAttn::new(0) {
         Ok(g) => g,
         Err(e) => panic!("GPU tests need a CUDA GPU: {e}"),
-    })
+    });
+    let Some((name, config)) = CURRENT.with(|c| c.get()) else {
+        return base;
+    };
+    let mut backends = BACKENDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, b)) = backends.iter().find(|(c, _)| *c == config) {
+        return b;
+    }
+    let backend = match CudaAttn::with_config(base.stream().clone(), config) {
+        Ok(b) => &*Box::leak(Box::new(b)),
+        Err(e) => panic!("kernel configuration `{name}`: {e}"),
+    };
+    backends.push((config, backend));
+    backend
+}
+
+/// Run `body` once under each configuration of `configs` ([`gpu`] serves that configuration's
+/// backend meanwhile); a failure under one configuration does not stop the others, and the test fails
+/// at the end naming every configuration that failed and why.
+pub fn each_config(configs: &[Config], mut body: impl FnMut()) {
+    let mut failed = Vec::new();
+    for &(name, config) in configs {
+        println!("---- kernel configuration `{name}`");
+        let previous = CURRENT.with(|c| c.replace(Some((name, config))));
+        let result = catch_unwind(AssertUnwindSafe(&mut body));
+        CURRENT.with(|c| c.set(previous));
+        if let Err(panic) = result {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(a panic without a message)");
+            failed.push(format!("kernel configuration `{name}`: {why}"));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} kernel configurations failed:\n{}",
+        failed.len(),
+        configs.len(),
+        failed.join("\n")
+    );
 }
 
 fn round<T: Element>(x: &[f64]) -> (Vec<T>, Vec<f64>) {
@@ -285,9 +426,9 @@ pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Ou
         FamilySpec::Softmax { scale, softcap } => (scale, softcap, None),
         FamilySpec::CosineSim {
             scale,
-            l2norm_qk,
+            qk_l2norm,
             eps,
-        } => (scale, None, l2norm_qk.then_some(eps)),
+        } => (scale, None, qk_l2norm.then_some(eps)),
         ref other => panic!("no naive baseline for {other:?}"),
     };
     // Prepared rows: x̂ = x / max(‖x‖, eps) rounded to T (cosine-sim), else x; and ‖x‖.
@@ -560,9 +701,10 @@ pub fn case_selected(d: usize, dtype: DType) -> bool {
 }
 
 impl Cases {
+    /// The cases of test `name` under the current kernel configuration ([`config_name`]).
     pub fn new(name: &str) -> Self {
         Cases {
-            name: name.to_string(),
+            name: format!("{name} [{}]", config_name()),
             count: 0,
             skipped: 0,
             failures: Vec::new(),
