@@ -55,6 +55,7 @@ fuzz_target!(|data: &[u8]| {
         causal,
         window,
         device: CheckDevice::Cpu,
+        reference: false,
     };
     let input = scratch().join("in.safetensors");
     let output = scratch().join("out.safetensors");

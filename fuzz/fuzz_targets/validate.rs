@@ -62,7 +62,7 @@ enum FamilyIn {
     },
     Cosine {
         scale: f32,
-        l2norm_qk: bool,
+        qk_l2norm: bool,
         eps: f32,
     },
     Taylor {
@@ -85,11 +85,11 @@ impl FamilyIn {
             FamilyIn::Softmax { scale, softcap } => Family::Softmax(SoftmaxParams { scale, softcap }),
             FamilyIn::Cosine {
                 scale,
-                l2norm_qk,
+                qk_l2norm,
                 eps,
             } => Family::CosineSim(CosineParams {
                 scale,
-                l2norm_qk,
+                qk_l2norm,
                 eps,
             }),
             FamilyIn::Taylor {
