@@ -124,6 +124,10 @@ fn features(order: TaylorOrder, d: usize) -> usize {
 
 /// `x̂` of a row (l2-normalised when `qk_l2norm`), as the forward computes it.
 fn normalised(row: &[f64], l2norm: bool, eps: f64) -> Vec<f64> {
+    // A non-finite entry makes the row NaN, as in the forward (taylor.rs, `Params::load`).
+    if row.iter().any(|x| !x.is_finite()) {
+        return vec![f64::NAN; row.len()];
+    }
     if !l2norm {
         return row.to_vec();
     }

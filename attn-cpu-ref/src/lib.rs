@@ -18,6 +18,8 @@
 use attn_core::{AttnBackend, AttnError, AttnSpec, BackwardIo, Element, ForwardIo, Pass, Result};
 
 pub mod decode;
+#[cfg(test)]
+mod proptest_config;
 mod softmax_like;
 mod taylor;
 pub mod testing;

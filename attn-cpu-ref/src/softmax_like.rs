@@ -68,9 +68,19 @@ fn blocks(spec: &AttnSpec, heads: usize, len: impl Fn(usize) -> usize, size: usi
 fn log_gamma(c: f64, v: &[f64]) -> (f64, f64) {
     let n2 = c * dot(v, v);
     let clamped = n2 > KLEIN_MAX_NORM2;
-    let n2 = n2.min(KLEIN_MAX_NORM2);
+    // Not `f64::min`, which returns the bound for a NaN norm: a NaN value row keeps a NaN log γ.
+    let n2 = if clamped { KLEIN_MAX_NORM2 } else { n2 };
     let dfactor = if clamped { 0.0 } else { c / (1.0 - n2) };
     (-0.5 * (-n2).ln_1p(), dfactor)
+}
+
+/// `max(a, b)`, NaN when either is NaN.
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
 }
 
 /// Everything a task reads: the spec, the score and the prepared rows.
@@ -158,7 +168,13 @@ impl<'a> Ctx<'a> {
         }
         let s = &mut s[..keys.len()];
         self.logits(b, h, i, keys.clone(), s, None);
-        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        // The running max propagates NaN (`f64::max` would skip it, and an all-NaN row would then
+        // look fully masked: o = 0, LSE = −∞). A NaN score makes the row's o and LSE NaN.
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, nan_max);
+        if m.is_nan() {
+            o.fill(f64::NAN);
+            return f64::NAN;
+        }
         if m == f64::NEG_INFINITY {
             return f64::NEG_INFINITY;
         }

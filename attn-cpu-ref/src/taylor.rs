@@ -119,6 +119,12 @@ impl Params {
 
     /// Copy `row` into `dst` as `x̂` (l2-normalised when `qk_l2norm`); returns `‖x‖`.
     fn load(&self, row: &[f64], dst: &mut [f64]) -> f64 {
+        // A NaN or ±∞ entry makes the whole row NaN (as in the softmax-like families): every
+        // weight f(s) it enters is NaN, never an ∞·0 that depends on the other operand.
+        if row.iter().any(|x| !x.is_finite()) {
+            dst.fill(f64::NAN);
+            return f64::NAN;
+        }
         dst.copy_from_slice(row);
         let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
         if self.l2norm {
@@ -390,6 +396,12 @@ fn slice_backward(
     )
     .grad;
     for (p, dqp) in dq.chunks_exact_mut(d).enumerate() {
+        if sl.hi[p] == 0 {
+            // No allowed key: dq = 0. The sweep probed the (empty) states with this row anyway, and
+            // a NaN in its q would come out of 0·NaN.
+            dqp.fill(0.0);
+            continue;
+        }
         dqp.iter_mut().for_each(|x| *x *= par.scale);
         par.unload(&sl.qh[p * d..(p + 1) * d], sl.q_norm[p], dqp);
     }
@@ -435,6 +447,10 @@ fn slice_backward(
     let mut dk = vec![0.0; nk * d];
     let mut dvv = vec![0.0; nk * dv];
     for j in 0..nk {
+        if i0[j] == nq {
+            // No query sees key j: dk_j = dv_j = 0, whatever its (possibly NaN) k and v hold.
+            continue;
+        }
         let r = nk - 1 - j;
         dvv[j * dv..(j + 1) * dv].copy_from_slice(&swept.value[r * m..r * m + dv]);
         let dkj = &mut dk[j * d..(j + 1) * d];
@@ -514,7 +530,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 1024, failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(crate::proptest_config::config(1024))]
 
         /// Small problems with chunks of 1..=8 keys: the states carry most of every sum.
         #[test]
@@ -528,7 +544,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(crate::proptest_config::config(32))]
 
         /// Sequences longer than the default chunk, through the public entry points' chunk length.
         #[test]

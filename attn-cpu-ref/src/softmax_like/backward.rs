@@ -94,6 +94,8 @@ impl Grad<'_> {
         let mut dk = vec![0.0; n * d];
         let mut dvs = vec![0.0; n * dv];
         let mut colsum = vec![0.0; n];
+        // Whether any query sees key j: one no query sees keeps dk_j = dv_j = 0 whatever it holds.
+        let mut seen = vec![false; n];
         let mut t = Scratch::new(spec.seq_k());
         let k = self.ctx.k.get(blk.b, blk.h);
         let v = self.ctx.v.get(blk.b, blk.h);
@@ -116,13 +118,14 @@ impl Grad<'_> {
                         .score
                         .accumulate(dkj, ds * sigma, k.row(j), k.aux(j), qt, qs);
                     colsum[jj] += ds;
+                    seen[jj] = true;
                 }
             }
         }
         for (jj, (dk, dvj)) in dk.chunks_exact_mut(d).zip(dvs.chunks_exact_mut(dv)).enumerate() {
             let j = j0 + jj;
             self.ctx.score.finish(dk, k.row(j), k.aux(j));
-            if let Some(c) = self.ctx.midpoint {
+            if let (Some(c), true) = (self.ctx.midpoint, seen[jj]) {
                 // dv_j += (Σ_i dS_ij) c γ_j² v_j
                 axpy(dvj, colsum[jj] * log_gamma(c, v.row(j)).1, v.row(j));
             }

@@ -108,6 +108,17 @@ impl Score {
 
     /// Write the prepared row `x̃` of `x` to `out` and return its scalars.
     pub(super) fn prepare(&self, x: &[f64], out: &mut [f64]) -> RowScalars {
+        // A NaN or ±∞ entry has no score: ∞·0, ∞ − ∞ and the softcap's tanh would turn it into NaN,
+        // ±∞, 0 or a finite value depending on the other row. The whole row becomes NaN, so every
+        // score it enters is NaN and so is every output that score reaches (docs/nan.md).
+        if x.iter().any(|v| !v.is_finite()) {
+            out.fill(f64::NAN);
+            return RowScalars {
+                norm: f64::NAN,
+                x0: f64::NAN,
+                gap: f64::NAN,
+            };
+        }
         match *self {
             Score::Dot { .. } => {
                 out.copy_from_slice(x);

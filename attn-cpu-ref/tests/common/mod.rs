@@ -12,22 +12,25 @@ use attn_core::{
 use attn_cpu_ref::testing::{max_abs, max_abs_diff, random_case, Case};
 use attn_cpu_ref::{backward_f64, forward_f64, Forward, Gradients};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{TestCaseError, TestRunner};
 use std::cell::Cell;
 use std::fmt::Debug;
 
-/// Run `test` on `cases` values of `strategy`, print how many cases ran, and fail the test with the
-/// shrunk counterexample if one fails.
+#[path = "../../src/proptest_config.rs"]
+mod proptest_config;
+
+/// Run `test` on `cases` values of `strategy` (from the fixed seed of `src/proptest_config.rs`),
+/// print how many cases ran, and fail the test with the shrunk counterexample if one fails; the
+/// failing seed is saved under `proptest-regressions/tests/<calling file>.txt`.
+#[track_caller]
 pub fn run_cases<S>(name: &str, cases: u32, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
 where
     S: Strategy,
     S::Value: Debug,
 {
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let caller = std::path::Path::new(std::panic::Location::caller().file());
+    let file = caller.file_stem().and_then(|s| s.to_str()).unwrap_or("common");
+    let mut runner = TestRunner::new(proptest_config::config_for_test_file(cases, file));
     let ran = Cell::new(0u32);
     let result = runner.run(&strategy, |value| {
         ran.set(ran.get() + 1);
