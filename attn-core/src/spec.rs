@@ -48,6 +48,8 @@ pub struct Strides {
 
 impl Strides {
     /// Strides of a contiguous tensor with `seq` tokens per batch, `heads` heads and `dim` features.
+    /// The products saturate at `usize::MAX` instead of wrapping, so sizes whose strides do not fit
+    /// give strides that [`AttnProblem::validate`] rejects as [`AttnError::TooLarge`](crate::AttnError::TooLarge).
     ///
     /// ```
     /// use attn_core::{Layout, Strides};
@@ -57,15 +59,15 @@ impl Strides {
     pub fn contiguous(layout: Layout, seq: usize, heads: usize, dim: usize) -> Self {
         match layout {
             Layout::Bnhd => Strides {
-                batch: seq * heads * dim,
-                seq: heads * dim,
+                batch: seq.saturating_mul(heads).saturating_mul(dim),
+                seq: heads.saturating_mul(dim),
                 head: dim,
                 dim: 1,
             },
             Layout::Bhnd => Strides {
-                batch: heads * seq * dim,
+                batch: heads.saturating_mul(seq).saturating_mul(dim),
                 seq: dim,
-                head: seq * dim,
+                head: seq.saturating_mul(dim),
                 dim: 1,
             },
         }

@@ -164,3 +164,19 @@ fn taylor_order1_with_zero_coefficients_is_rejected() {
     assert!(taylor([1.0, -0.5, 0.0]).is_ok());
     assert!(taylor([0.0, 1.0, 0.0]).is_ok());
 }
+
+#[test]
+fn contiguous_strides_of_huge_sizes_saturate_and_are_rejected() {
+    // seq · heads · dim overflows usize: the strides saturate instead of wrapping (no panic in a
+    // debug build) and validate names the tensor whose extent no longer fits.
+    let s = Strides::contiguous(Layout::Bnhd, 1 << 40, 1 << 20, 1 << 10);
+    assert_eq!(s.batch, usize::MAX);
+    let s = Strides::contiguous(Layout::Bhnd, 1 << 40, 1 << 20, 1 << 10);
+    assert_eq!(s.batch, usize::MAX);
+    assert_eq!(s.head, 1 << 50);
+    let p = softmax(1, 1, 1, 16);
+    let err = with_q_strides(p, Strides::contiguous(Layout::Bnhd, 1 << 62, 1 << 62, 16))
+        .validate()
+        .expect_err("saturated strides must not validate");
+    assert!(matches!(err, AttnError::TooLarge { .. }), "{err:?}");
+}
