@@ -25,6 +25,7 @@ mod decode;
 mod dtype;
 mod error;
 mod family;
+mod kv_cache;
 mod spec;
 
 pub use backend::{AttnBackend, BackwardIo, ForwardIo};
@@ -36,6 +37,7 @@ pub use family::{
     TaylorParams, ACOSH_EPS, DEFAULT_L2_EPS, KLEIN_MAX_NORM2,
 };
 pub use half::{bf16, f16};
+pub use kv_cache::{KvCacheProblem, KvCacheSpec, KvLayout, PAGE_SIZES};
 pub use spec::{
     AttnProblem, AttnSpec, BiasShape, Causal, InputStrides, Layout, SeqLengths, SeqLens, Strides, Window,
     MAX_HEAD_DIM,

@@ -23,7 +23,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 /// Largest size, row count, sequence offset or window bound a spec may hold: the kernels' parameters
 /// carry them as 32-bit `int` (attn-cuda's `AttnParams`; strides and element offsets are 64-bit).
-const MAX_INDEX: usize = i32::MAX as usize;
+pub(crate) const MAX_INDEX: usize = i32::MAX as usize;
 
 /// Order of the three outer dims of q, k, v, o.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
