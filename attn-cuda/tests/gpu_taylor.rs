@@ -1089,3 +1089,122 @@ fn taylor_decode_state_from_another_backend_or_device() {
         other => panic!("a state of device 1 stepped on device 0: expected an error, got {other:?}"),
     }
 }
+
+/// One poisoned spot of the NaN/Inf contract: tensor, row (b, n, head) and column, and the value.
+#[derive(Clone, Copy, Debug)]
+enum Poisoned {
+    Q,
+    K,
+    V,
+    DO,
+}
+
+/// The poisoned case: element `c` of row (b, n, h) of `t` set to `bad`.
+fn poison(
+    spec: &AttnSpec,
+    case: &Case,
+    t: Poisoned,
+    (b, n, h): (usize, usize, usize),
+    c: usize,
+    bad: f64,
+) -> Case {
+    let mut x = case.clone();
+    match t {
+        Poisoned::Q => x.q[spec.q_offset(b, n, h) + c] = bad,
+        Poisoned::K => x.k[spec.k_offset(b, n, h) + c] = bad,
+        Poisoned::V => x.v[spec.v_offset(b, n, h) + c] = bad,
+        Poisoned::DO => x.d_o[spec.o_offset(b, n, h) + c] = bad,
+    }
+    x
+}
+
+/// docs/nan.md on the GPU against the reference, elementwise: an element the reference makes NaN is NaN
+/// on the GPU; every other element is bit-for-bit the GPU's result without the poison.
+fn nan_contract<T: DeviceElem>(spec: &AttnSpec, seed: u64) -> Result<(), String> {
+    let mut case = random_case(spec, seed);
+    round_all::<T>(&mut case, 1.0);
+    let clean = run_gpu::<T>(spec, &case, 0)?;
+    let (b, n, hq, hk) = (1, spec.seq_lens(1).q / 2, 1, 1);
+    let mut spots = vec![
+        (Poisoned::Q, (b, n, hq), f64::NAN),
+        (Poisoned::K, (b, n, hk), f64::NAN),
+        (Poisoned::V, (b, n, hk), f64::NAN),
+        (Poisoned::DO, (b, n, hq), f64::NAN),
+        (Poisoned::Q, (b, n, hq), f64::INFINITY),
+        (Poisoned::K, (b, n, hk), f64::NEG_INFINITY),
+        // The first key of entry 0: every row of its heads' group sees it under a causal mask.
+        (Poisoned::K, (0, 0, 0), f64::NAN),
+    ];
+    if spec.seq_lens(1).k > n + 1 {
+        spots.push((Poisoned::K, (b, spec.seq_lens(1).k - 1, hk), f64::NAN)); // the last key
+    }
+    for (t, at, bad) in spots {
+        let x = poison(spec, &case, t, at, 3, bad);
+        let want = forward_f64(spec, x.inputs()).map_err(|e| e.to_string())?;
+        let grads =
+            backward_f64(spec, x.inputs(), &want.o, &x.d_o, &want.stats).map_err(|e| e.to_string())?;
+        let got = run_gpu::<T>(spec, &x, 0)?;
+        for (name, g, r, c) in [
+            ("o", &got.o, &want.o, &clean.o),
+            ("den", &got.lse, &want.stats, &clean.lse),
+            ("dq", &got.dq, &grads.dq, &clean.dq),
+            ("dk", &got.dk, &grads.dk, &clean.dk),
+            ("dv", &got.dv, &grads.dv, &clean.dv),
+        ] {
+            let missing = (0..r.len()).filter(|&i| r[i].is_nan() && !g[i].is_nan()).count();
+            let changed: Vec<usize> = (0..r.len())
+                .filter(|&i| !r[i].is_nan() && g[i].to_bits() != c[i].to_bits())
+                .collect();
+            if missing > 0 || !changed.is_empty() {
+                return Err(format!(
+                    "{bad} in {t:?} row {at:?} col 3: {name}: {missing} of {} elements NaN in the reference are not NaN; \
+                     {} elements the reference leaves alone changed (first: {:?})",
+                    r.iter().filter(|v| v.is_nan()).count(),
+                    changed.len(),
+                    changed.first().map(|&i| (i, c[i], g[i]))
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The NaN/Inf contract of docs/nan.md (the Taylor row) on every Taylor kernel path: orders 1 (with and
+/// without the l2-norm) and 2, f32/f16/bf16, head dims 32 and 64, causal (the single-pass order-1
+/// forward where Nq = Nk) and not, with GQA; a NaN or ±∞ in a q or k row, a NaN in v or dO. Each
+/// element the reference makes NaN must be NaN, every other element bit-for-bit the unpoisoned run.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_nan_and_inf_follow_the_contract() {
+    common::each_config(&common::taylor_configs(), || {
+        let mut cases = Cases::new("taylor_nan_and_inf_follow_the_contract");
+        for fam in [ORDERS[0], ORDER1_PLAIN, ORDERS[1]] {
+            for d in [32, 64] {
+                for dtype in [DType::BF16, DType::F16, DType::F32] {
+                    for (label, causal, nq) in [
+                        ("causal Nq = Nk", Causal::TopLeft, 300),
+                        ("bottom-right Nq < Nk", Causal::BottomRight, 200),
+                        ("no mask", Causal::None, 300),
+                    ] {
+                        if !case_selected(d, dtype) {
+                            cases.skip();
+                            continue;
+                        }
+                        let spec = AttnProblem::new(fam, dtype, 2, 4, 2, nq, 300, d)
+                            .with_causal(causal)
+                            .validate()
+                            .expect("valid");
+                        let label = format!("{} D={d} {dtype} {label}", spec.family().label());
+                        let r = match dtype {
+                            DType::F32 => nan_contract::<f32>(&spec, 77),
+                            DType::F16 => nan_contract::<f16>(&spec, 77),
+                            DType::BF16 => nan_contract::<bf16>(&spec, 77),
+                        };
+                        cases.record(label, r);
+                    }
+                }
+            }
+        }
+        cases.finish();
+    });
+}
