@@ -2,8 +2,9 @@
 # Fuzz the two parsers of user input for a while each (the cargo-fuzz targets in fuzz/):
 # - validate: attn-core's AttnProblem::validate on arbitrary shapes, strides, lengths, windows and
 #   family parameters (a typed error or a spec whose buffers fit, never a panic);
-# - check_safetensors: `attn-bench check` on arbitrary input files (safetensors parsing, shape
-#   extraction, validation, the CPU reference on whatever validates).
+# - check_safetensors: `attn-bench check`'s parser on arbitrary bytes in memory
+#   (`attn_bench::check::parse`: the size limit, safetensors parsing, shape extraction, validation),
+#   and `check_bytes` on the CPU reference for whatever validates and is small.
 # Any crash, panic, overflow or failed assertion fails the script; libFuzzer saves the input under
 # fuzz/artifacts/<target>/ and prints the command that replays it. New inputs go to a scratch
 # folder; fuzz/corpus/<target>/ (the committed seeds) is only read.

@@ -27,9 +27,11 @@ fn point(family: FamilyId, pass: PassKind, n: usize) -> GridPoint {
         batch: 1,
         heads_q: 1,
         heads_kv: 1,
+        seq_q: n,
         seq: n,
         head_dim: 64,
         causal: false,
+        page_size: None,
     }
 }
 

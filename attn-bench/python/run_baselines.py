@@ -17,6 +17,16 @@ FLOP formulas and row fields as attn-bench. Baselines per family:
   on materialised B·H·N² tensors (Lorentz product by a matmul in the storage dtype, score and
   softmax in f32, P·V in the storage dtype), as a user would write it without a fused kernel.
 
+Decode points (`attn-bench plan --preset decode`: fewer queries than keys, q [B, Hq, Nq, D] against
+k, v [B, Hkv, T, D], causal bottom-right): the three SDPA backends on the same shapes, with
+`enable_gqa=True` where Hq > Hkv, or, where a backend rejects it, the kv heads repeated with
+repeat_interleave before the timed calls (the row's `params` says which: `gqa=enable_gqa` or
+`gqa=repeat_interleave`). One query sees every key, so Nq = 1 runs without a mask; more queries take
+torch's `causal_lower_right` bias (`mask=causal_lower_right`). Each decode row carries
+`bytes_moved` (k, v, q and o once, the statistics) and `bandwidth_pct` of the copy bandwidth measured
+at the start (a device-to-device copy of 1 GiB, best of ten). Paged points (`page_size`) have no SDPA
+counterpart: the contiguous row of the same shape is their baseline, so they get no work here.
+
 With `--check-bin attn-bench`, each baseline first runs once at a small shape on the inputs that
 `attn-bench check` (the CPU reference) gets, and the largest output difference is printed and kept
 in `baseline_checks`: a ratio is only meaningful between two computations of the same function.
@@ -72,27 +82,42 @@ def batch_heads(args, n, d):
 
 def softmax_fwd_flops(b, h, nq, nk, d, dv, causal):
     f = 2.0 * b * h * nq * nk * (d + dv)
-    return f / 2 if causal else f
+    if not causal:
+        return f
+    if nq < nk:
+        # Bottom-right (decode): query i of nq sees nk - nq + 1 + i keys.
+        return f * (nq * nk - nq * (nq - 1) / 2) / (nq * nk)
+    return f / 2
 
 
 def taylor_features(order, d):
     return 1 + d if order == 1 else 1 + d + d * (d + 1) // 2
 
 
-def pass_flops(family, pass_, b, h, n, d, causal):
+def pass_flops(family, pass_, b, h, n, d, causal, nq=None):
+    """FLOPs of a pass at n keys and nq queries (default n), as flops.rs."""
+    nq = n if nq is None else nq
     if family in LINEAR:
-        fwd = 2.0 * b * h * (n + n) * taylor_features(LINEAR[family], d) * (d + 1)
+        fwd = 2.0 * b * h * (nq + n) * taylor_features(LINEAR[family], d) * (d + 1)
         return fwd * {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0}[pass_]
-    fwd = softmax_fwd_flops(b, h, n, n, d, d, causal)
+    fwd = softmax_fwd_flops(b, h, nq, n, d, d, causal)
     return fwd * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[pass_]
 
 
-def bytes_moved(pass_, b, h, n, d, elem):
-    q = k = v = o = b * n * h * d * elem
-    stats = b * h * n * 4
+def bytes_moved(pass_, b, h, n, d, elem, nq=None, hkv=None):
+    """Compulsory bytes at n keys, nq queries (default n), h query heads and hkv kv heads (default h)."""
+    nq = n if nq is None else nq
+    hkv = h if hkv is None else hkv
+    q = o = b * nq * h * d * elem
+    k = v = b * n * hkv * d * elem
+    stats = b * h * nq * 4
     fwd = q + k + v + o + stats
     bwd = q + k + v + 2 * o + stats + q + k + v
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[pass_]
+
+
+def is_decode(p):
+    return p.get("nq", p["n"]) < p["n"]
 
 
 def plan(args):
@@ -119,7 +144,7 @@ def plan(args):
                             continue
                         for pass_ in args.passes:
                             p = dict(family=family, dtype=dtype, pass_=pass_, batch=bh[0], heads=bh[1],
-                                     n=n, d=d, causal=causal)
+                                     hkv=bh[1], nq=n, n=n, d=d, causal=causal, page_size=None)
                             (long_ if is_long else regular).append(p)
     points = regular + long_
     return points, bad
@@ -131,16 +156,26 @@ def load_points(path):
         data = json.load(f)
     points = []
     for q in data["points"]:
+        # `seq` is the keys per sequence; `seq_q` (decode plans) the queries, else the same.
+        nk = q.get("seq_k", q["seq"])
         points.append(dict(family=q["family"], dtype=q["dtype"], pass_=q["pass"], batch=q["batch"],
-                           heads=q["heads_q"], n=q["seq"], d=q["head_dim"], causal=q["causal"],
+                           heads=q["heads_q"], hkv=q.get("heads_kv", q["heads_q"]), nq=q.get("seq_q", nk), n=nk,
+                           d=q["head_dim"], causal=q["causal"], page_size=q.get("page_size"),
                            section=q.get("section", "")))
-        if q["heads_kv"] != q["heads_q"]:
-            raise ValueError("point with heads_kv != heads_q: the baselines run self-attention with equal heads")
+        p = points[-1]
+        if p["heads"] % p["hkv"]:
+            raise ValueError("point with heads_q %d not a multiple of heads_kv %d" % (p["heads"], p["hkv"]))
+        if p["nq"] > p["n"] or (p["hkv"] != p["heads"] and not is_decode(p)):
+            raise ValueError("point with Nq > Nk, or GQA outside a decode point: the baselines do not run it")
     return points, list(data.get("bad_points", []))
 
 
 def baselines_for(p, long_softmax_impls):
     fam = p["family"]
+    if p.get("page_size"):
+        return []  # no paged SDPA: the contiguous row of the shape is the baseline
+    if is_decode(p):
+        return ["sdpa_cudnn", "sdpa_flash", "sdpa_efficient"] if fam == "softmax" else []
     if fam == "softmax":
         impls = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
         if p["n"] > 16384:
@@ -157,8 +192,8 @@ def baselines_for(p, long_softmax_impls):
 
 def memory_proxy(impl, p):
     """Grows with the memory a baseline needs at a point: B·H·N² for quadratic ones, B·H·N else."""
-    n = p["n"]
-    return p["batch"] * p["heads"] * n * (n if impl in QUADRATIC else 1)
+    n, nq = p["n"], p.get("nq", p["n"])
+    return p["batch"] * p["heads"] * (nq * n if impl in QUADRATIC else n)
 
 
 def oom_key(impl, p):
@@ -178,6 +213,8 @@ def make_fns(torch, F, impl, p, q, k, v, d_o):
     backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
                 "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
     causal, d = p["causal"], p["d"]
+    if impl in backends and is_decode(p):
+        return decode_fn(torch, F, sdpa_kernel, backends[impl], p, q, k, v)
     if impl in backends:
         be = backends[impl]
 
@@ -226,6 +263,40 @@ def make_fns(torch, F, impl, p, q, k, v, d_o):
                                            **kw).transpose(1, 2)), "fla layout=bnhd"
         return (lambda: parallel_based(q, k, v, **kw)), "fla head_first"
     raise Skip("no implementation `%s`" % impl)
+
+
+def decode_fn(torch, F, sdpa_kernel, be, p, q, k, v):
+    """SDPA on a decode point: q [B, Hq, Nq, D] against k, v [B, Hkv, T, D], causal bottom-right.
+    GQA by enable_gqa=True, or by kv heads repeated beforehand where the backend rejects it (tried once,
+    untimed). Returns (forward, params); raises Skip when the backend takes neither."""
+    kw, mask_note = {}, "mask=none (Nq=1 sees every key)"
+    if p["causal"] and p["nq"] > 1:
+        from torch.nn.attention.bias import causal_lower_right
+        kw["attn_mask"] = causal_lower_right(p["nq"], p["n"])
+        mask_note = "mask=causal_lower_right"
+    scale = "scale=%g" % (1 / math.sqrt(p["d"]))
+    if p["hkv"] == p["heads"]:
+        variants = [("", k, v, {})]
+    else:
+        g = p["heads"] // p["hkv"]
+        variants = [("gqa=enable_gqa", k, v, {"enable_gqa": True}),
+                    ("gqa=repeat_interleave", k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1), {})]
+    errors = []
+    for note, kk, vv, extra in variants:
+        def fwd(kk=kk, vv=vv, extra=extra):
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(q, kk, vv, **kw, **extra)
+        try:
+            with torch.no_grad():
+                fwd()
+        except RuntimeError as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "out of memory" in msg.lower():
+                raise
+            errors.append("%s: %s" % (note or "sdpa", msg[:150]))
+            continue
+        return fwd, " ".join(x for x in (scale, mask_note, note) if x)
+    raise Skip("backend rejects the decode call: " + "; ".join(errors))
 
 
 def hyperbolic_eager(torch, q, k, v, score, causal):
@@ -374,6 +445,7 @@ def measure(dev, F, impl, p, args):
     torch = dev.torch
     dt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[p["dtype"]]
     b, h, n, d = p["batch"], p["heads"], p["n"], p["d"]
+    hkv, nq = p["hkv"], p["nq"]
     base = dev.start_peak()
     g = torch.Generator(device=dev.kind).manual_seed(args.seed)
     need_grad = p["pass_"] != "fwd"
@@ -381,8 +453,9 @@ def measure(dev, F, impl, p, args):
     def rand(*shape):
         return (torch.rand(*shape, device=dev.kind, dtype=torch.float32, generator=g) * 2 - 1).to(dt)
 
-    q, k, v = (rand(b, h, n, d).requires_grad_(need_grad) for _ in range(3))
-    d_o = rand(b, h, n, d)
+    q = rand(b, h, nq, d).requires_grad_(need_grad)
+    k, v = (rand(b, hkv, n, d).requires_grad_(need_grad) for _ in range(2))
+    d_o = rand(b, h, nq, d)
     fwd, params = make_fns(torch, F, impl, p, q, k, v, d_o)
     if p["pass_"] == "fwd":
         def call():
@@ -422,6 +495,9 @@ def measure(dev, F, impl, p, args):
 
 
 def oom_reason(p):
+    if is_decode(p):
+        return "out of memory at Nq=%d Nk=%d (B=%d, Hq=%d, Hkv=%d, D=%d)" % (
+            p["nq"], p["n"], p["batch"], p["heads"], p["hkv"], p["d"])
     return "out of memory at N=%d (B=%d, H=%d, D=%d)" % (p["n"], p["batch"], p["heads"], p["d"])
 
 
@@ -521,26 +597,27 @@ def git_commit():
 
 def key_fields(impl, p):
     return {"impl": impl, "family": p["family"], "dtype": p["dtype"], "pass": p["pass_"], "batch": p["batch"],
-            "heads_q": p["heads"], "heads_kv": p["heads"], "seq_q": p["n"], "seq_k": p["n"], "head_dim": p["d"],
-            "causal": p["causal"]}
+            "heads_q": p["heads"], "heads_kv": p.get("hkv", p["heads"]), "seq_q": p.get("nq", p["n"]),
+            "seq_k": p["n"], "head_dim": p["d"], "causal": p["causal"]}
 
 
 def make_row(impl, p, samples, peak, params, ctx):
     s = sorted(samples)
     med = quantile(s, 0.5)
     b, h, n, d = p["batch"], p["heads"], p["n"], p["d"]
-    flops = pass_flops(p["family"], p["pass_"], b, h, n, d, p["causal"])
+    nq, hkv = p.get("nq", n), p.get("hkv", h)
+    flops = pass_flops(p["family"], p["pass_"], b, h, n, d, p["causal"], nq=nq)
     row = {"impl": impl, "family": p["family"], "params": params}
     row.update({k: v for k, v in key_fields(impl, p).items() if k not in row})
     row.update({"ms_median": med, "ms_min": s[0], "tflops": flops / (med * 1e-3) / 1e12,
-                "tokens_per_s": b * n / (med * 1e-3), "peak_mib": peak, "gpu": ctx["device"],
+                "tokens_per_s": b * nq / (med * 1e-3), "peak_mib": peak, "gpu": ctx["device"],
                 "commit": ctx["commit"], "date": ctx["date"], "ms_spread": quantile(s, 0.75) - quantile(s, 0.25),
                 "runs": len(s), "timer": ctx.get("timer", "cuda_event")})
     if peak is not None:
         row["peak_source"] = "torch_max_allocated"
-    if p["family"] in LINEAR:
+    if p["family"] in LINEAR or nq < n:
         elem = {"f32": 4, "f16": 2, "bf16": 2}[p["dtype"]]
-        moved = bytes_moved(p["pass_"], b, h, n, d, elem)
+        moved = bytes_moved(p["pass_"], b, h, n, d, elem, nq=nq, hkv=hkv)
         row["bytes_moved"] = moved
         if ctx.get("bandwidth_gbs"):
             row["bandwidth_pct"] = 100 * moved / (med * 1e-3) / (ctx["bandwidth_gbs"] * 1e9)
@@ -654,6 +731,8 @@ def main(argv):
     for i, (impl, p) in enumerate(work):
         label = "%s %s %s %s N=%d D=%d B=%d H=%d%s" % (impl, p["family"], p["pass_"], p["dtype"], p["n"], p["d"],
                                                       p["batch"], p["heads"], " causal" if p["causal"] else "")
+        if is_decode(p):
+            label += " Nq=%d Hkv=%d" % (p["nq"], p["hkv"])
         if time.perf_counter() - start > args.deadline_s:
             out["skipped"].append({**key_fields(impl, p), "reason": "past the %g s deadline of this run"
                                    % args.deadline_s})

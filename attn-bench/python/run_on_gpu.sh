@@ -3,9 +3,14 @@
 # fla baselines (run_baselines.py) on the same plan, the launch-overhead bench, then one merged table.
 # Run from the repository root. The last thing printed is a short summary table.
 #
-#   bash attn-bench/python/run_on_gpu.sh [--sections flash,taylor,memory] [--budget-s 540]
-#        [--merge earlier.json ...] [--no-launch-bench] [--families taylor1,...] [--device cpu]
+#   bash attn-bench/python/run_on_gpu.sh [--preset h100|decode] [--sections flash,taylor,memory]
+#        [--budget-s 540] [--merge earlier.json ...] [--no-launch-bench] [--families taylor1,...]
+#        [--device cpu]
 #
+# --preset      h100 (the default: sections flash, taylor, memory) or decode (sections decode and
+#               decode-paged: few queries against a KV cache, with the SDPA backends on the same
+#               shapes and each row's share of the measured copy bandwidth; --device cpu runs
+#               decode-smoke)
 # --sections    sections of the h100 plan (default all three; split across two calls with e.g.
 #               `--sections flash`, then `--sections taylor,memory --merge <first call's JSON>`)
 # --budget-s    wall-clock budget of the whole call; ours gets about 40% of it (attn-bench
@@ -34,7 +39,8 @@
 # `attn-bench run --impls none --merge <stem>.json`.
 set -uo pipefail
 
-SECTIONS="flash,taylor,memory"
+SECTIONS=""
+PLAN=h100
 BUDGET_S=540
 DEVICE=cuda
 LAUNCH_BENCH=1
@@ -43,6 +49,7 @@ FAMILIES=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --sections) SECTIONS="$2"; shift 2 ;;
+    --preset) PLAN="$2"; shift 2 ;;
     --budget-s) BUDGET_S="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     --no-launch-bench) LAUNCH_BENCH=0; shift ;;
@@ -77,10 +84,15 @@ if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then
   exit 1
 fi
 
+case "$PLAN" in
+  h100) [ -n "$SECTIONS" ] || SECTIONS="flash,taylor,memory"; SMOKE=gpu-smoke ;;
+  decode) [ -n "$SECTIONS" ] || SECTIONS="decode,decode-paged"; SMOKE=decode-smoke ;;
+  *) say "run_on_gpu.sh: unknown --preset $PLAN (h100 or decode)"; exit 2 ;;
+esac
 if [ "$DEVICE" = cpu ]; then
-  PRESET=gpu-smoke; IMPLS=attn-cpu-ref,attn-cuda; RUNS=3; WARMUP=2
+  PRESET=$SMOKE; IMPLS=attn-cpu-ref,attn-cuda; RUNS=3; WARMUP=2
 else
-  PRESET=h100; IMPLS=attn-cuda; RUNS=30; WARMUP=3
+  PRESET=$PLAN; IMPLS=attn-cuda; RUNS=30; WARMUP=3
 fi
 
 {

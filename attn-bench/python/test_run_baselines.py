@@ -126,6 +126,69 @@ class PlanAndFormulas(unittest.TestCase):
                       rb.describe_check(skipped))
         self.assertIn("taylor2 causal", rb.describe_check(ok))
 
+    DECODE_PLAN = {"preset": "decode", "sections": ["decode", "decode-paged"], "bad_points": [], "points": [
+        {"section": "decode", "family": "softmax", "dtype": "bf16", "pass": "fwd", "batch": 1, "heads_q": 32,
+         "heads_kv": 8, "seq": 32768, "seq_q": 1, "seq_k": 32768, "head_dim": 128, "causal": True},
+        {"section": "decode", "family": "softmax", "dtype": "bf16", "pass": "fwd", "batch": 1, "heads_q": 32,
+         "heads_kv": 8, "seq": 16384, "seq_q": 128, "seq_k": 16384, "head_dim": 128, "causal": True},
+        {"section": "decode-paged", "family": "softmax", "dtype": "bf16", "pass": "fwd", "batch": 1,
+         "heads_q": 32, "heads_kv": 8, "seq": 32768, "seq_q": 1, "seq_k": 32768, "head_dim": 128,
+         "causal": True, "page_size": 16}]}
+
+    def load_decode_plan(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "plan.json")
+            with open(path, "w") as f:
+                json.dump(self.DECODE_PLAN, f)
+            return rb.load_points(path)
+
+    def test_decode_points_of_attn_bench_plan(self):
+        points, bad = self.load_decode_plan()
+        self.assertEqual(bad, [])
+        self.assertEqual([(p["batch"], p["heads"], p["hkv"], p["nq"], p["n"], p["d"], p["page_size"]) for p in points],
+                         [(1, 32, 8, 1, 32768, 128, None), (1, 32, 8, 128, 16384, 128, None),
+                          (1, 32, 8, 1, 32768, 128, 16)])
+        self.assertTrue(all(rb.is_decode(p) for p in points))
+        # The three SDPA backends on every contiguous point, whatever T; none on a paged one.
+        for p in points[:2]:
+            self.assertEqual(rb.baselines_for(p, ["sdpa_cudnn"]), ["sdpa_cudnn", "sdpa_flash", "sdpa_efficient"])
+        self.assertEqual(rb.baselines_for(points[2], ["sdpa_cudnn"]), [])
+        k = rb.key_fields("sdpa_cudnn", points[1])
+        self.assertEqual((k["heads_q"], k["heads_kv"], k["seq_q"], k["seq_k"]), (32, 8, 128, 16384))
+
+    def test_decode_formulas_follow_flops_rs(self):
+        # One query against 32768 keys sees every key; 128 queries bottom-right lose 128·127/2 pairs.
+        self.assertEqual(rb.pass_flops("softmax", "fwd", 1, 32, 32768, 128, True, nq=1), 4 * 32 * 32768 * 128)
+        f = rb.pass_flops("softmax", "fwd", 1, 32, 16384, 128, True, nq=128)
+        self.assertEqual(f, 4 * 32 * 128 * 128 * (16384 - 127 / 2))
+        # K and V of 8 kv heads once, q and o of 32 query heads, the LSE (as the Rust plan test).
+        kv = 2 * 8 * 32768 * 128 * 2
+        self.assertEqual(rb.bytes_moved("fwd", 1, 32, 32768, 128, 2, nq=1, hkv=8), kv + 2 * 32 * 128 * 2 + 32 * 4)
+
+    def test_decode_row_reports_the_copy_bandwidth_share(self):
+        points, _ = self.load_decode_plan()
+        ctx = {"device": "gpu", "commit": "c", "date": "d", "bandwidth_gbs": 4000.0}
+        row = rb.make_row("sdpa_cudnn", points[0], [0.04, 0.04, 0.05], 10.0, "scale=0.0884 gqa=enable_gqa", ctx)
+        moved = rb.bytes_moved("fwd", 1, 32, 32768, 128, 2, nq=1, hkv=8)
+        self.assertEqual(row["bytes_moved"], moved)
+        self.assertAlmostEqual(row["bandwidth_pct"], 100 * moved / 0.04e-3 / 4000e9)
+        self.assertEqual((row["seq_q"], row["seq_k"], row["heads_kv"]), (1, 32768, 8))
+        self.assertEqual(row["tokens_per_s"], 1 / 0.04e-3)
+
+    def test_decode_plan_without_torch_skips_each_backend_with_the_reason(self):
+        if importlib.util.find_spec("torch") is not None:
+            self.skipTest("torch is installed here")
+        with tempfile.TemporaryDirectory() as d:
+            path, out = os.path.join(d, "plan.json"), os.path.join(d, "b.json")
+            with open(path, "w") as f:
+                json.dump(self.DECODE_PLAN, f)
+            rb.main(["--points", path, "--device", "cpu", "--out", out])
+            with open(out) as f:
+                data = json.load(f)
+        self.assertEqual(len(data["skipped"]), 2 * 3)
+        self.assertEqual(sorted({(s["seq_q"], s["seq_k"], s["heads_kv"]) for s in data["skipped"]}),
+                         [(1, 32768, 8), (128, 16384, 8)])
+
     def test_quantile_matches_timing_rs(self):
         self.assertEqual(rb.quantile([1.0, 2.0, 3.0, 4.0], 0.5), 2.5)
         self.assertEqual(rb.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.25), 2.0)

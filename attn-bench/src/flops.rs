@@ -56,6 +56,9 @@ impl Shape {
 /// assert_eq!(softmax_fwd_flops(&Shape::square(1, 8, 1024, 64, false)), 4.0 * 8.0 * 1024.0 * 1024.0 * 64.0);
 /// // Causal counts half.
 /// assert_eq!(softmax_fwd_flops(&Shape::square(1, 8, 1024, 64, true)), 2.0 * 8.0 * 1024.0 * 1024.0 * 64.0);
+/// // One query against 4096 keys (decode, bottom-right): every key.
+/// let decode = Shape { seq_q: 1, seq_k: 4096, ..Shape::square(1, 8, 4096, 64, true) };
+/// assert_eq!(softmax_fwd_flops(&decode), 4.0 * 8.0 * 4096.0 * 64.0);
 /// ```
 pub fn softmax_fwd_flops(s: &Shape) -> f64 {
     let full = 2.0
@@ -64,10 +67,16 @@ pub fn softmax_fwd_flops(s: &Shape) -> f64 {
         * s.seq_q as f64
         * s.seq_k as f64
         * (s.head_dim + s.head_dim_v) as f64;
-    if s.causal {
-        full / 2.0
-    } else {
-        full
+    match (s.causal, s.seq_q < s.seq_k) {
+        (false, _) => full,
+        // Bottom-right with fewer queries than keys (decode): query i of Nq sees Nk − Nq + 1 + i
+        // keys, Nq·Nk − Nq(Nq − 1)/2 pairs of the Nq·Nk.
+        (true, true) => {
+            let (nq, nk) = (s.seq_q as f64, s.seq_k as f64);
+            full * (nq * nk - nq * (nq - 1.0) / 2.0) / (nq * nk)
+        }
+        // FlashAttention's convention for self-attention: half.
+        (true, false) => full / 2.0,
     }
 }
 

@@ -134,7 +134,10 @@ impl FromStr for PassKind {
     }
 }
 
-/// One point of the grid. Self-attention (`Nq = Nk`), `Dv = D`, top-left causal when causal.
+/// One point of the grid, `Dv = D`. The convention grids are self-attention (`seq_q = seq`); the
+/// decode points ([`GridPoint::decode`]) have a few queries against `seq` keys. Causal is top-left where
+/// `seq_q = seq` (the same mask as bottom-right there) and bottom-right otherwise (the queries are the
+/// last `seq_q` positions, as in decoding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GridPoint {
     pub family: FamilyId,
@@ -143,18 +146,64 @@ pub struct GridPoint {
     pub batch: usize,
     pub heads_q: usize,
     pub heads_kv: usize,
+    /// Queries per sequence (`Nq`).
+    pub seq_q: usize,
+    /// Keys per sequence (`Nk`; the sequence length of a self-attention point).
     pub seq: usize,
     pub head_dim: usize,
     pub causal: bool,
+    /// A paged KV cache of this page size (decode points); `None`: dense k and v.
+    pub page_size: Option<usize>,
 }
 
 impl GridPoint {
+    /// A decode point: `seq_q` queries per sequence against `seq_k` keys, causal bottom-right, forward.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode(
+        family: FamilyId,
+        dtype: DType,
+        batch: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        seq_q: usize,
+        seq_k: usize,
+        head_dim: usize,
+        page_size: Option<usize>,
+    ) -> Self {
+        GridPoint {
+            family,
+            dtype,
+            pass: PassKind::Fwd,
+            batch,
+            heads_q,
+            heads_kv,
+            seq_q,
+            seq: seq_k,
+            head_dim,
+            causal: true,
+            page_size,
+        }
+    }
+
+    /// Fewer queries than keys: a decode or chunked-prefill point.
+    pub fn is_decode(&self) -> bool {
+        self.seq_q < self.seq
+    }
+
+    /// The implementation label of this point's rows: `id`'s, with `-paged<size>` for a paged cache.
+    pub fn impl_label(&self, id: &str) -> String {
+        match self.page_size {
+            Some(ps) => format!("{id}-paged{ps}"),
+            None => id.to_string(),
+        }
+    }
+
     /// The attention call this point measures.
     pub fn problem(&self) -> AttnProblem {
-        let causal = if self.causal {
-            Causal::TopLeft
-        } else {
-            Causal::None
+        let causal = match (self.causal, self.seq_q == self.seq) {
+            (false, _) => Causal::None,
+            (true, true) => Causal::TopLeft,
+            (true, false) => Causal::BottomRight,
         };
         AttnProblem::new(
             self.family.family(),
@@ -162,7 +211,7 @@ impl GridPoint {
             self.batch,
             self.heads_q,
             self.heads_kv,
-            self.seq,
+            self.seq_q,
             self.seq,
             self.head_dim,
         )
@@ -178,7 +227,7 @@ impl GridPoint {
             batch: self.batch,
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
-            seq_q: self.seq,
+            seq_q: self.seq_q,
             seq_k: self.seq,
             head_dim: self.head_dim,
             head_dim_v: self.head_dim,
@@ -189,18 +238,38 @@ impl GridPoint {
 
 impl fmt::Display for GridPoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.seq_q == self.seq && self.heads_q == self.heads_kv && self.page_size.is_none() {
+            return write!(
+                f,
+                "{} {} {} B={} H={} N={} D={}{}",
+                self.family,
+                self.pass,
+                self.dtype,
+                self.batch,
+                self.heads_q,
+                self.seq,
+                self.head_dim,
+                if self.causal { " causal" } else { "" }
+            );
+        }
         write!(
             f,
-            "{} {} {} B={} H={} N={} D={}{}",
+            "{} {} {} B={} Hq={} Hkv={} Nq={} Nk={} D={}{}",
             self.family,
             self.pass,
             self.dtype,
             self.batch,
             self.heads_q,
+            self.heads_kv,
+            self.seq_q,
             self.seq,
             self.head_dim,
             if self.causal { " causal" } else { "" }
-        )
+        )?;
+        match self.page_size {
+            Some(ps) => write!(f, " paged {ps}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -344,9 +413,11 @@ impl GridConfig {
                                     batch,
                                     heads_q: heads,
                                     heads_kv: heads,
+                                    seq_q: seq,
                                     seq,
                                     head_dim,
                                     causal,
+                                    page_size: None,
                                 };
                                 match p.spec() {
                                     Ok(_) => good.push(p),

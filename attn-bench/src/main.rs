@@ -358,8 +358,8 @@ fn resolve_device(arg: Option<&str>) -> Result<RunDevice, BenchError> {
 /// The implementations a run measures without `--impls`.
 fn default_impls(preset: Preset, device: RunDevice) -> Vec<ImplId> {
     match (preset, device) {
-        (Preset::H100, _) => vec![ImplId::AttnCuda],
-        (Preset::GpuSmoke, _) => vec![ImplId::AttnCpuRef, ImplId::AttnCuda],
+        (Preset::H100 | Preset::Decode, _) => vec![ImplId::AttnCuda],
+        (Preset::GpuSmoke | Preset::DecodeSmoke, _) => vec![ImplId::AttnCpuRef, ImplId::AttnCuda],
         // The host implementations would take hours at the flash grid's sizes.
         (Preset::Flash, RunDevice::Cuda) => vec![ImplId::AttnCuda],
         (Preset::CpuSmall, RunDevice::Cuda) => ImplId::ALL.to_vec(),
@@ -531,9 +531,16 @@ struct PlanPoint<'a> {
     batch: usize,
     heads_q: usize,
     heads_kv: usize,
+    /// Keys per sequence (`seq_k`; kept for readers of the self-attention plans).
     seq: usize,
+    seq_q: usize,
+    seq_k: usize,
     head_dim: usize,
+    /// Causal: top-left where `seq_q = seq_k`, bottom-right otherwise.
     causal: bool,
+    /// The page size of a paged KV cache (decode-paged points only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    page_size: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -554,8 +561,11 @@ fn plan_point<'a>(section: &'a str, p: &GridPoint) -> PlanPoint<'a> {
         heads_q: p.heads_q,
         heads_kv: p.heads_kv,
         seq: p.seq,
+        seq_q: p.seq_q,
+        seq_k: p.seq,
         head_dim: p.head_dim,
         causal: p.causal,
+        page_size: p.page_size,
     }
 }
 

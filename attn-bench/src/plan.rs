@@ -14,6 +14,19 @@
 //!
 //! `gpu-smoke` has the same sections at toy sizes, so the GPU script's whole path can be exercised
 //! on a CPU. A point that appears in two sections is measured once, in the first.
+//!
+//! The `decode` preset measures attention against a KV cache (bf16, softmax, causal bottom-right,
+//! forward), in its own sections:
+//!
+//! - `decode`: one query per sequence, (B, Hq, Hkv, T, D) = (1, 32, 8, 32k, 128), (1, 32, 8, 128k, 128),
+//!   (8, 32, 8, 8k, 128), (32, 32, 8, 4k, 128), (64, 32, 8, 2k, 128), (1, 32, 32, 16k, 64),
+//!   (16, 32, 32, 4k, 64); and 8 and 128 queries against 16k and 32k keys (B = 1, Hq = 32, Hkv = 8,
+//!   D = 128: speculative decoding, chunked prefill). Dense `[B, N, H, D]` k and v: attn-cuda's
+//!   ordinary forward;
+//! - `decode-paged`: the one-query shapes with the keys in a paged cache of 16 and 256 tokens per
+//!   page (attn-cuda's kv-cache API; `impls::prepare_paged`).
+//!
+//! `decode-smoke` has the same sections at toy sizes.
 
 use crate::grid::{BadPoint, FamilyId, GridConfig, GridPoint, PassKind};
 use attn_core::DType;
@@ -31,10 +44,21 @@ pub enum Preset {
     H100,
     /// The H100 sections at toy sizes, for a dry run of the GPU script on a CPU.
     GpuSmoke,
+    /// Decode against a KV cache: sections `decode` and `decode-paged` (module doc).
+    Decode,
+    /// The decode sections at toy sizes.
+    DecodeSmoke,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 4] = [Preset::Flash, Preset::CpuSmall, Preset::H100, Preset::GpuSmoke];
+    pub const ALL: [Preset; 6] = [
+        Preset::Flash,
+        Preset::CpuSmall,
+        Preset::H100,
+        Preset::GpuSmoke,
+        Preset::Decode,
+        Preset::DecodeSmoke,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -42,6 +66,8 @@ impl Preset {
             Preset::CpuSmall => "cpu-small",
             Preset::H100 => "h100",
             Preset::GpuSmoke => "gpu-smoke",
+            Preset::Decode => "decode",
+            Preset::DecodeSmoke => "decode-smoke",
         }
     }
 }
@@ -56,11 +82,12 @@ impl FromStr for Preset {
     }
 }
 
-/// A named part of a plan.
+/// A named part of a plan: grids, and points listed one by one (the decode shapes).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Section {
     pub name: String,
     pub grids: Vec<GridConfig>,
+    pub points: Vec<GridPoint>,
 }
 
 /// A point of a plan with the section it belongs to.
@@ -139,6 +166,52 @@ const SOFTMAX_LIKE: [FamilyId; 4] = [
 const TAYLOR_AND_SOFTMAX: [FamilyId; 3] = [FamilyId::Taylor1, FamilyId::Taylor2, FamilyId::Softmax];
 const TAYLOR: [FamilyId; 2] = [FamilyId::Taylor1, FamilyId::Taylor2];
 
+/// One query against a KV cache: (B, Hq, Hkv, T, D).
+const DECODE_SHAPES: [(usize, usize, usize, usize, usize); 7] = [
+    (1, 32, 8, 32 << 10, 128),
+    (1, 32, 8, 128 << 10, 128),
+    (8, 32, 8, 8 << 10, 128),
+    (32, 32, 8, 4 << 10, 128),
+    (64, 32, 8, 2 << 10, 128),
+    (1, 32, 32, 16 << 10, 64),
+    (16, 32, 32, 4 << 10, 64),
+];
+/// Several queries against a cache (B = 1, Hq = 32, Hkv = 8, D = 128): (Nq, T).
+const MULTI_QUERY: [(usize, usize); 4] = [(8, 16 << 10), (8, 32 << 10), (128, 16 << 10), (128, 32 << 10)];
+const PAGE_SIZES: [usize; 2] = [16, 256];
+
+/// The decode sections from the one-query shapes `one`, the several-query points `multi` (B, Hq,
+/// Hkv, D of the first one-query shape) and the page sizes.
+fn decode_sections(
+    one: &[(usize, usize, usize, usize, usize)],
+    multi: &[(usize, usize)],
+    pages: &[usize],
+) -> Vec<Section> {
+    let point = |(b, hq, hkv, t, d): (usize, usize, usize, usize, usize), nq, page| {
+        GridPoint::decode(FamilyId::Softmax, DType::BF16, b, hq, hkv, nq, t, d, page)
+    };
+    let mut dense: Vec<GridPoint> = one.iter().map(|&s| point(s, 1, None)).collect();
+    if let Some(&(_, hq, hkv, _, d)) = one.first() {
+        dense.extend(multi.iter().map(|&(nq, t)| point((1, hq, hkv, t, d), nq, None)));
+    }
+    let paged = pages
+        .iter()
+        .flat_map(|&ps| one.iter().map(move |&s| point(s, 1, Some(ps))))
+        .collect();
+    vec![
+        Section {
+            name: "decode".into(),
+            grids: Vec::new(),
+            points: dense,
+        },
+        Section {
+            name: "decode-paged".into(),
+            grids: Vec::new(),
+            points: paged,
+        },
+    ]
+}
+
 impl Plan {
     /// A plan of one section, `grid`.
     pub fn single(grid: GridConfig) -> Self {
@@ -146,6 +219,7 @@ impl Plan {
             sections: vec![Section {
                 name: "grid".into(),
                 grids: vec![grid],
+                points: Vec::new(),
             }],
         }
     }
@@ -161,6 +235,7 @@ impl Plan {
         let section = |name: &str, grids: Vec<GridConfig>| Section {
             name: name.into(),
             grids,
+            points: Vec::new(),
         };
         match preset {
             Preset::Flash => Plan::single(GridConfig::flash()),
@@ -209,6 +284,16 @@ impl Plan {
                     ),
                 ],
             },
+            Preset::Decode => Plan {
+                sections: decode_sections(&DECODE_SHAPES, &MULTI_QUERY, &PAGE_SIZES),
+            },
+            Preset::DecodeSmoke => Plan {
+                sections: decode_sections(
+                    &[(1, 4, 2, 256, 64), (2, 4, 2, 128, 64), (1, 4, 4, 128, 32)],
+                    &[(8, 256), (32, 256)],
+                    &PAGE_SIZES,
+                ),
+            },
         }
     }
 
@@ -238,6 +323,16 @@ impl Plan {
             keep(&mut g.causal, &f.causal);
             keep(&mut g.passes, &f.passes);
         }
+        let allowed = |v, list: &Option<Vec<_>>| list.as_ref().is_none_or(|l: &Vec<_>| l.contains(&v));
+        for s in &mut self.sections {
+            s.points.retain(|p| {
+                allowed(p.family, &f.families)
+                    && f.dtypes.as_ref().is_none_or(|l| l.contains(&p.dtype))
+                    && f.head_dims.as_ref().is_none_or(|l| l.contains(&p.head_dim))
+                    && f.causal.as_ref().is_none_or(|l| l.contains(&p.causal))
+                    && f.passes.as_ref().is_none_or(|l| l.contains(&p.pass))
+            });
+        }
     }
 
     /// Every point in measurement order (sections in order, each grid's own order), a point that
@@ -247,16 +342,27 @@ impl Plan {
         let mut good = Vec::new();
         let mut bad = Vec::new();
         for s in &self.sections {
+            let mut listed = Vec::new();
+            for p in &s.points {
+                match p.spec() {
+                    Ok(_) => listed.push(*p),
+                    Err(e) => bad.push(BadPoint {
+                        what: p.to_string(),
+                        reason: e.to_string(),
+                    }),
+                }
+            }
             for g in &s.grids {
                 let (points, b) = g.points();
                 bad.extend(b);
-                for p in points {
-                    if seen.insert(p) {
-                        good.push(PlannedPoint {
-                            section: &s.name,
-                            point: p,
-                        });
-                    }
+                listed.extend(points);
+            }
+            for p in listed {
+                if seen.insert(p) {
+                    good.push(PlannedPoint {
+                        section: &s.name,
+                        point: p,
+                    });
                 }
             }
         }
@@ -406,6 +512,72 @@ mod tests {
             assert_eq!(fam(&pts), fam(&h100.points().0), "{name}");
         }
         assert!(pts.iter().all(|p| p.point.seq <= 2048));
+    }
+
+    #[test]
+    fn decode_preset_has_the_issue_shapes_and_paged_variants() {
+        let plan = Plan::preset(Preset::Decode);
+        assert_eq!(plan.section_names(), vec!["decode", "decode-paged"]);
+        let (pts, bad) = plan.points();
+        assert!(bad.is_empty(), "{bad:?}");
+        let dense = in_section(&pts, "decode");
+        let got: Vec<(usize, usize, usize, usize, usize, usize)> = dense
+            .iter()
+            .map(|p| (p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq, p.head_dim))
+            .collect();
+        let k = 1024;
+        assert_eq!(
+            got,
+            vec![
+                (1, 32, 8, 1, 32 * k, 128),
+                (1, 32, 8, 1, 128 * k, 128),
+                (8, 32, 8, 1, 8 * k, 128),
+                (32, 32, 8, 1, 4 * k, 128),
+                (64, 32, 8, 1, 2 * k, 128),
+                (1, 32, 32, 1, 16 * k, 64),
+                (16, 32, 32, 1, 4 * k, 64),
+                (1, 32, 8, 8, 16 * k, 128),
+                (1, 32, 8, 8, 32 * k, 128),
+                (1, 32, 8, 128, 16 * k, 128),
+                (1, 32, 8, 128, 32 * k, 128),
+            ]
+        );
+        for p in &dense {
+            assert_eq!(
+                (p.family, p.dtype, p.pass),
+                (FamilyId::Softmax, DType::BF16, PassKind::Fwd)
+            );
+            assert!(p.causal && p.is_decode() && p.page_size.is_none());
+            let spec = p.spec().expect("valid");
+            assert_eq!(spec.causal(), attn_core::Causal::BottomRight, "{p}");
+        }
+        let paged = in_section(&pts, "decode-paged");
+        assert_eq!(paged.len(), 2 * 7);
+        for ps in PAGE_SIZES {
+            assert_eq!(paged.iter().filter(|p| p.page_size == Some(ps)).count(), 7);
+        }
+        assert!(paged.iter().all(|p| p.seq_q == 1));
+        assert_eq!(paged[0].impl_label("attn-cuda"), "attn-cuda-paged16");
+        // The smoke preset mirrors the sections at sizes a CPU runs.
+        let smoke = Plan::preset(Preset::DecodeSmoke);
+        assert_eq!(smoke.section_names(), plan.section_names());
+        let (pts, bad) = smoke.points();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert!(pts.iter().all(|p| p.point.seq <= 256 && p.point.is_decode()));
+    }
+
+    #[test]
+    fn decode_bytes_are_the_cache_read_once_and_flops_count_every_key() {
+        let p = GridPoint::decode(FamilyId::Softmax, DType::BF16, 1, 32, 8, 1, 32768, 128, None);
+        let s = p.shape();
+        // K and V: 2 · 8·32768·128 bf16 = 128 MiB; q and o 2 · 32·128 bf16; the LSE 32 f32.
+        let kv = 2.0 * 8.0 * 32768.0 * 128.0 * 2.0;
+        let qo = 2.0 * 32.0 * 128.0 * 2.0;
+        assert_eq!(bytes_moved(PassKind::Fwd, &s, 2), kv + qo + 32.0 * 4.0);
+        assert_eq!(
+            pass_flops(FamilyId::Softmax, PassKind::Fwd, &s),
+            4.0 * 32.0 * 32768.0 * 128.0
+        );
     }
 
     #[test]

@@ -93,6 +93,10 @@ pub fn markdown(file: &BenchFile) -> String {
         family_table(&mut out, file, family);
     }
     crossover_table(&mut out, file);
+    let decode = crate::summary::decode_table(file);
+    if !decode.is_empty() {
+        let _ = writeln!(out, "## decode\n\n{decode}");
+    }
     skips(&mut out, file);
     out
 }
@@ -143,7 +147,9 @@ fn family_table(out: &mut String, file: &BenchFile, family: &str) {
         .collect();
     let primary = ours.first().copied();
     let baselines: Vec<&str> = impls.iter().copied().filter(|i| !is_ours_label(i)).collect();
-    let linear = family.starts_with("taylor");
+    // `% BW` where memory bounds the call: the linear family and the decode rows (fewer queries
+    // than keys: the KV cache read once).
+    let linear = family.starts_with("taylor") || rows.iter().any(|r| r.bandwidth_pct.is_some());
 
     let mut by_key: BTreeMap<PointKey, BTreeMap<&str, &Row>> = BTreeMap::new();
     for r in &rows {

@@ -157,14 +157,14 @@ fn past_budget(cfg: &RunConfig) -> String {
 
 fn skipped(id: ImplId, p: &GridPoint, reason: String) -> Skipped {
     Skipped {
-        implementation: id.label().into(),
+        implementation: p.impl_label(id.label()),
         family: p.family.label().into(),
         dtype: p.dtype.name().into(),
         pass: p.pass.label().into(),
         batch: p.batch,
         heads_q: p.heads_q,
         heads_kv: p.heads_kv,
-        seq_q: p.seq,
+        seq_q: p.seq_q,
         seq_k: p.seq,
         head_dim: p.head_dim,
         causal: p.causal,
@@ -177,12 +177,11 @@ pub fn make_row(ctx: &RunContext, id: ImplId, p: &GridPoint, spec: &AttnSpec, m:
     let stats = summarize(&m.samples)?;
     let shape = p.shape();
     let flops = pass_flops(p.family, p.pass, &shape);
-    let bytes = p
-        .family
-        .is_linear()
-        .then(|| bytes_moved(p.pass, &shape, p.dtype.size()));
+    // Compulsory bytes where memory bounds the call: the linear family, and decode points (the KV
+    // cache read once, q read and o written: % of the copy bandwidth).
+    let bytes = (p.family.is_linear() || p.is_decode()).then(|| bytes_moved(p.pass, &shape, p.dtype.size()));
     Some(Row {
-        implementation: id.label().into(),
+        implementation: p.impl_label(id.label()),
         family: p.family.label().into(),
         params: match id {
             ImplId::AttnCuda if !ctx.cuda_overrides.is_empty() => {
@@ -195,7 +194,7 @@ pub fn make_row(ctx: &RunContext, id: ImplId, p: &GridPoint, spec: &AttnSpec, m:
         batch: p.batch,
         heads_q: p.heads_q,
         heads_kv: p.heads_kv,
-        seq_q: p.seq,
+        seq_q: p.seq_q,
         seq_k: p.seq,
         head_dim: p.head_dim,
         causal: p.causal,

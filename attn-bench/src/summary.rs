@@ -58,11 +58,15 @@ pub fn summary(file: &BenchFile) -> String {
             let _ = writeln!(out, "| {family} | {reason} |");
             continue;
         };
+        // Decode rows (fewer queries than keys) have their own table below.
         let mine: Vec<&Row> = file
             .rows
             .iter()
-            .filter(|r| r.family == family && r.implementation == ours)
+            .filter(|r| r.family == family && r.implementation == ours && r.seq_q >= r.seq_k)
             .collect();
+        if mine.is_empty() {
+            continue;
+        }
         // (pass, D) → (largest-N non-causal row, largest-N row).
         let mut slices: BTreeMap<(&str, usize), (Option<&Row>, &Row)> = BTreeMap::new();
         for r in &mine {
@@ -103,6 +107,10 @@ pub fn summary(file: &BenchFile) -> String {
             );
         }
     }
+    let decode = decode_table(file);
+    if !decode.is_empty() {
+        let _ = writeln!(out, "decode:\n{decode}");
+    }
     let ours_rows = file
         .rows
         .iter()
@@ -117,6 +125,74 @@ pub fn summary(file: &BenchFile) -> String {
         file.skipped.len(),
         file.bad_points.len()
     );
+    out
+}
+
+/// The decode rows (fewer queries than keys), one line per point of ours: time, `% copy` (the
+/// compulsory bytes, the KV cache read once plus q and o, per median time as a percentage of the
+/// file's measured copy bandwidth), the fastest baseline on the same point and `×best = t_best /
+/// t_ours`, and each paged-cache row of the same shape with its time relative to the contiguous call
+/// (`paged/contig`, 1.10 = 10% slower). Empty when the file has no decode row.
+pub fn decode_table(file: &BenchFile) -> String {
+    let mut out = String::new();
+    let mut rows: Vec<&Row> = file
+        .rows
+        .iter()
+        .filter(|r| r.seq_q < r.seq_k && is_ours_label(&r.implementation))
+        .collect();
+    if rows.is_empty() {
+        return out;
+    }
+    rows.sort_by_key(|r| {
+        (
+            r.family.clone(),
+            r.head_dim,
+            r.seq_q,
+            r.seq_k,
+            r.batch,
+            r.heads_q,
+            r.implementation.clone(),
+        )
+    });
+    let _ = writeln!(
+        out,
+        "| family | B | Hq/Hkv | Nq | Nk | D | ours | ms | % copy | best baseline | ms | ×best | paged/contig |"
+    );
+    let _ = writeln!(out, "|{}", "---|".repeat(13));
+    for r in rows {
+        let contiguous = file.rows.iter().find(|c| {
+            c.key() == r.key()
+                && c.implementation != r.implementation
+                && OURS_ORDER.contains(&c.implementation.as_str())
+        });
+        let paged = r.implementation.contains("-paged");
+        let (base, base_ms, ratio) = match best_baseline(file, r) {
+            Some(b) => (
+                b.implementation.clone(),
+                sig3(b.ms_median),
+                sig3(b.ms_median / r.ms_median),
+            ),
+            None => ("—".into(), "—".into(), "—".into()),
+        };
+        let vs = match (paged, contiguous) {
+            (true, Some(c)) => sig3(r.ms_median / c.ms_median),
+            _ => "—".into(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {base} | {base_ms} | {ratio} | {vs} |",
+            r.family,
+            r.batch,
+            r.heads_q,
+            r.heads_kv,
+            r.seq_q,
+            r.seq_k,
+            r.head_dim,
+            r.implementation,
+            sig3(r.ms_median),
+            r.bandwidth_pct.map(sig3).unwrap_or_else(|| "—".into()),
+        );
+    }
     out
 }
 
@@ -174,5 +250,45 @@ mod tests {
         );
         assert!(lines[3].contains("attn-cuda skipped: unsupported"), "{s}");
         assert!(s.contains("8 rows (4 ours, 4 baselines), 1 skipped"), "{s}");
+    }
+
+    #[test]
+    fn decode_rows_get_their_own_table_with_copy_bandwidth_and_paged_ratio() {
+        let mut f = BenchFile::new("gpu".into(), "c".into(), "d".into());
+        let decode = |imp: &str, ms: f64| Row {
+            batch: 1,
+            heads_q: 32,
+            heads_kv: 8,
+            seq_q: 1,
+            seq_k: 32768,
+            head_dim: 128,
+            causal: true,
+            bandwidth_pct: Some(88.0),
+            ..row(imp, "softmax", "fwd", 32768, true, ms)
+        };
+        f.rows.push(decode("attn-cuda", 0.040));
+        f.rows.push(decode("attn-cuda-paged16", 0.044));
+        f.rows.push(Row {
+            bandwidth_pct: None,
+            ..decode("sdpa_cudnn", 0.0405)
+        });
+        f.rows.push(row("attn-cuda", "softmax", "fwd", 16384, false, 8.0));
+        let s = summary(&f);
+        let table = decode_table(&f);
+        let lines: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(lines.len(), 2, "{table}");
+        assert!(
+            lines[0].contains("| attn-cuda | 0.0400 | 88.0 | sdpa_cudnn | 0.0405 | 1.01 | — |"),
+            "{table}"
+        );
+        assert!(
+            lines[1].contains("| attn-cuda-paged16 | 0.0440 |") && lines[1].ends_with("| 1.10 |"),
+            "{table}"
+        );
+        // The regular table keeps its own row; the decode table follows it.
+        assert!(
+            s.contains("| 16384 | attn-cuda | 8.00 |") && s.contains("decode:\n| family | B |"),
+            "{s}"
+        );
     }
 }

@@ -21,6 +21,10 @@ pub enum CudaAttnError {
         smem: u32,
         source: DriverError,
     },
+    /// A kernel's bounded wait for another block ran out (a bug in the kernel or its launch; reported
+    /// under `ATTN_CUDA_CHECK_LAUNCHES=1`, a trap otherwise).
+    #[error("{op}: {kernel} stopped: a block waited {waited_ms} ms for another block's flag (a kernel bug; please report it)")]
+    Stalled { op: Op, kernel: String, waited_ms: u64 },
     /// A size the crate computed does not fit the driver's types (a bug, reported rather than wrapped).
     #[error("attn-cuda internal error: {what}")]
     Internal { what: String },

@@ -50,5 +50,7 @@ pub use backend::{kernels_built, CudaAttn};
 pub use config::{KernelConfig, Route};
 pub use cudarc;
 pub use error::{CudaAttnError, Result};
+#[doc(hidden)]
+pub use taylor::chain_stall_for_tests;
 pub use taylor::{DecodeShape, TaylorDecodeState};
 pub use views::{BackwardViews, DeviceElem, ForwardViews};

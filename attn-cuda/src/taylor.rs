@@ -67,6 +67,8 @@ mod wg;
 
 pub(crate) use decode::Decode;
 pub use decode::{DecodeShape, TaylorDecodeState};
+#[doc(hidden)]
+pub use order1::chain_stall_for_tests;
 pub(crate) use route::dense_on_flash;
 #[cfg(test)]
 pub(crate) use route::wg_forward;

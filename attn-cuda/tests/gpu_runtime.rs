@@ -5,7 +5,7 @@
 mod common;
 
 use attn_core::{
-    Aggregation, AttnBackend, AttnError, AttnProblem, AttnSpec, DType, Family, ForwardIo, HypScore,
+    Aggregation, AttnBackend, AttnError, AttnProblem, AttnSpec, Causal, DType, Family, ForwardIo, HypScore,
     InputStrides, Strides,
 };
 use attn_cuda::cudarc::driver::CudaSlice;
@@ -228,4 +228,221 @@ fn slice_backend_and_views_agree_bit_for_bit() {
     let b: Vec<bf16> = gpu().stream().clone_dtoh(&o2).expect("download");
     assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
     assert!(a.iter().any(|x| x.to_f32() != 0.5), "o was not written");
+}
+
+/// The families of the runtime tests below, as the family suites run them (Taylor order 1 with its
+/// l2-norm and `f > 0`).
+fn every_family() -> Vec<(&'static str, Family)> {
+    vec![
+        ("softmax", Family::softmax()),
+        ("cosine_sim", Family::cosine_sim()),
+        (
+            "hyperbolic geodesic",
+            Family::hyperbolic(HypScore::Geodesic, Aggregation::Euclidean),
+        ),
+        (
+            "hyperbolic sq_lorentz",
+            Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean),
+        ),
+        ("taylor1", common::taylor_family(1)),
+        ("taylor2", common::taylor_family(2)),
+    ]
+}
+
+/// Zero-length sequences on every family, dtype and mask, forward and backward: key lengths of 0 (some,
+/// all), packed sequences with no query, no key or neither, a packed batch with no query or no key at
+/// all. Each call either follows the reference (o = 0 and LSE −∞ / den 0 on rows with no key, zero
+/// gradients for them and for keys no query sees; `common::check`, outputs poisoned first) or is a
+/// typed error of attn-core (printed); a driver error (a zero grid, a fault) fails the test. `B = 0`,
+/// `Nq = 0` and `Nk = 0` never reach a backend: `validate` rejects them (attn-cpu-ref's
+/// tests/zero_lengths.rs).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn empty_sequences_follow_the_reference_or_are_typed_errors() {
+    let mut cases = common::Cases::new("empty_sequences_follow_the_reference_or_are_typed_errors");
+    for (fam, family) in every_family() {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+                let problems = [
+                    (
+                        "key_lens [0, 130, 0]",
+                        AttnProblem::new(family, dtype, 3, 4, 2, 70, 130, 64).with_key_lens(vec![0, 130, 0]),
+                    ),
+                    (
+                        "key_lens [0, 0]",
+                        AttnProblem::new(family, dtype, 2, 4, 2, 70, 130, 64).with_key_lens(vec![0, 0]),
+                    ),
+                    (
+                        "varlen (0,64) (70,0) (0,0) (65,129)",
+                        AttnProblem::new(family, dtype, 4, 4, 2, 70, 129, 64).with_varlen(
+                            common::shapes::cu_seqlens(&[0, 70, 0, 65]),
+                            common::shapes::cu_seqlens(&[64, 0, 0, 129]),
+                        ),
+                    ),
+                    (
+                        "varlen without queries",
+                        AttnProblem::new(family, dtype, 2, 4, 2, 1, 100, 64)
+                            .with_varlen(vec![0, 0, 0], vec![0, 100, 164]),
+                    ),
+                    (
+                        "varlen without keys",
+                        AttnProblem::new(family, dtype, 2, 4, 2, 77, 1, 64)
+                            .with_varlen(vec![0, 77, 100], vec![0, 0, 0]),
+                    ),
+                ];
+                for (label, p) in problems {
+                    let spec = p.with_causal(causal).validate().expect("a valid problem");
+                    let label = format!("{fam} {dtype} {causal:?} {label}");
+                    match typed_error_or_ok(&spec) {
+                        Ok(None) => cases.record(label, common::check_dtype(&spec, 17, 0)),
+                        Ok(Some(e)) => {
+                            println!("{label}: a typed error: {e}");
+                            cases.record(label, Ok(()));
+                        }
+                        Err(e) => cases.record(label, Err(format!("not a typed error: {e}"))),
+                    }
+                }
+            }
+        }
+    }
+    cases.finish();
+}
+
+/// Forward and backward of `spec` on zero inputs of its dtype: `Ok(None)` where both ran, `Ok(Some)` an
+/// attn-core error (a typed refusal), `Err` any other error.
+fn typed_error_or_ok(spec: &AttnSpec) -> Result<Option<AttnError>, CudaAttnError> {
+    fn go<T: attn_cuda::DeviceElem>(spec: &AttnSpec) -> Result<(), CudaAttnError> {
+        let s = gpu().stream();
+        let z = |n: usize| s.alloc_zeros::<T>(n.max(1)).expect("alloc");
+        let (q, k, v, d_o) = (z(spec.q_len()), z(spec.k_len()), z(spec.v_len()), z(spec.o_len()));
+        let (mut o, mut dq, mut dk, mut dv) = (
+            z(spec.o_len()),
+            z(spec.dq_len()),
+            z(spec.dk_len()),
+            z(spec.dv_len()),
+        );
+        let mut lse = s.alloc_zeros::<f32>(spec.stats_len().max(1)).expect("alloc");
+        gpu().forward_views(
+            spec,
+            ForwardViews {
+                q: q.slice(..),
+                k: k.slice(..),
+                v: v.slice(..),
+                bias: None,
+                o: o.slice_mut(..),
+                lse: lse.slice_mut(..),
+            },
+        )?;
+        gpu().backward_views(
+            spec,
+            attn_cuda::BackwardViews {
+                q: q.slice(..),
+                k: k.slice(..),
+                v: v.slice(..),
+                bias: None,
+                o: o.slice(..),
+                d_o: d_o.slice(..),
+                lse: lse.slice(..),
+                dq: dq.slice_mut(..),
+                dk: dk.slice_mut(..),
+                dv: dv.slice_mut(..),
+                dbias: None,
+            },
+        )?;
+        s.synchronize()?;
+        Ok(())
+    }
+    let r = match spec.dtype() {
+        DType::BF16 => go::<bf16>(spec),
+        DType::F16 => go::<half::f16>(spec),
+        DType::F32 => go::<f32>(spec),
+    };
+    match r {
+        Ok(()) => Ok(None),
+        Err(CudaAttnError::Attn(e)) => Ok(Some(e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Eight host threads, each with its own `CudaAttn` on its own stream of the one context, run forward
+/// and backward of different families at once (softmax, cosine-sim, hyperbolic, Taylor orders 1 and 2;
+/// bf16, deterministic backward), three rounds each; every output and gradient is bit-identical to
+/// the same call run on one thread. Covers the shared per-context module and function cache under
+/// concurrent first loads, and each call's scratch on its own stream.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn eight_threads_on_their_own_streams_match_a_serial_run() {
+    use common::bench::Bufs;
+    let families = every_family();
+    let specs: Vec<(String, AttnSpec)> = (0..8)
+        .map(|t| {
+            let (name, family) = families[t % families.len()];
+            let (n, causal) = if t < families.len() {
+                (1000, Causal::BottomRight)
+            } else {
+                (777, Causal::None)
+            };
+            let spec = AttnProblem::new(family, DType::BF16, 2, 4, 2, n, n + 64 * t, 64)
+                .with_causal(causal)
+                .with_deterministic(true)
+                .validate()
+                .expect("valid");
+            (format!("thread {t}: {name} {causal:?} N = {n}"), spec)
+        })
+        .collect();
+    let run = |g: &CudaAttn, spec: &AttnSpec| -> Vec<Vec<u16>> {
+        let mut b = Bufs::new(g, spec);
+        common::bench::forward_backward(g, spec, &mut b);
+        let s = g.stream();
+        let bits = |x: &CudaSlice<bf16>| -> Vec<u16> {
+            let v: Vec<bf16> = s.clone_dtoh(x).expect("download");
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        let stats: Vec<f32> = s.clone_dtoh(&b.stats).expect("download");
+        let mut out = vec![bits(&b.o), bits(&b.dq), bits(&b.dk), bits(&b.dv)];
+        out.push(
+            stats
+                .iter()
+                .flat_map(|x| {
+                    let u = x.to_bits();
+                    [(u >> 16) as u16, u as u16]
+                })
+                .collect(),
+        );
+        out
+    };
+    let serial: Vec<Vec<Vec<u16>>> = specs.iter().map(|(_, s)| run(gpu(), s)).collect();
+    let ctx = gpu().stream().context().clone();
+    let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = specs
+            .iter()
+            .zip(&serial)
+            .map(|((label, spec), want)| {
+                let ctx = ctx.clone();
+                scope.spawn(move || -> Result<(), String> {
+                    let stream = ctx.new_stream().map_err(|e| format!("{label}: {e}"))?;
+                    let g = CudaAttn::with_stream(stream);
+                    for round in 0..3 {
+                        let got = run(&g, spec);
+                        for (name, (x, y)) in ["o", "dq", "dk", "dv", "stats"].iter().zip(got.iter().zip(want)) {
+                            let diff = x.iter().zip(y).filter(|(a, b)| a != b).count();
+                            if diff > 0 {
+                                return Err(format!(
+                                    "{label} round {round}: {diff} of {} elements of {name} differ from the serial run",
+                                    y.len()
+                                ));
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect()
+    });
+    let failures: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -479,11 +479,8 @@ pub fn cuda_ready() -> Result<(), BenchError> {
     }
 }
 
-/// Write `outs` to `path`, creating its folder if missing.
-fn write_file(path: &Path, outs: &[Out], metadata: HashMap<String, String>) -> Result<(), BenchError> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
-    }
+/// `outs` as a safetensors file (`path` names it in errors).
+fn serialize(path: &Path, outs: &[Out], metadata: HashMap<String, String>) -> Result<Vec<u8>, BenchError> {
     let write_err = |reason: String| BenchError::Safetensors {
         path: path.to_path_buf(),
         reason,
@@ -496,7 +493,16 @@ fn write_file(path: &Path, outs: &[Out], metadata: HashMap<String, String>) -> R
                 .map_err(|e| write_err(e.to_string()))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    safetensors::tensor::serialize_to_file(views, Some(metadata), path).map_err(|e| write_err(e.to_string()))
+    safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| write_err(e.to_string()))
+}
+
+/// Write `outs` to `path`, creating its folder if missing.
+fn write_file(path: &Path, outs: &[Out], metadata: HashMap<String, String>) -> Result<(), BenchError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
+    }
+    let file = serialize(path, outs, metadata)?;
+    std::fs::write(path, file).map_err(|e| BenchError::io(path, e))
 }
 
 fn tensor_lines(outs: &[Out]) -> Vec<String> {
@@ -505,33 +511,99 @@ fn tensor_lines(outs: &[Out]) -> Vec<String> {
         .collect()
 }
 
-/// Read `input`, run the call on `opts.device`, write `output`.
-///
-/// On [`CheckDevice::Cuda`] the device is checked before the file is read: a build without the
-/// `cuda` feature, a machine without a GPU or a build without attn-cuda's kernels is a
-/// [`BenchError::Unavailable`] saying which.
-pub fn check(
-    input: &Path,
-    output: &Path,
-    opts: &CheckOptions,
-    commit: &str,
-) -> Result<CheckSummary, BenchError> {
-    if opts.device == CheckDevice::Cuda {
-        cuda_ready()?;
+/// The largest input `check` reads: 16 GiB, above any call attn-cpu-ref or one GPU runs (q, k, v and
+/// dO of B·H·N·D = 2^31 bf16 elements each are 16 GiB together). A larger file, or a file whose
+/// tensors would need more, is an error before anything is allocated for it.
+pub const MAX_INPUT_BYTES: u64 = 16 << 30;
+
+/// A call read from a safetensors input and validated: what [`parse`] returns.
+#[derive(Clone, Debug)]
+pub struct ParsedCall {
+    /// The validated call the tensors describe.
+    pub spec: AttnSpec,
+    /// Whether the file holds `do`, so that the backward runs too.
+    pub backward: bool,
+}
+
+/// Parse a safetensors input held in memory: the size limit ([`MAX_INPUT_BYTES`]), the safetensors
+/// header and offsets, the tensors `check` reads (names, dtypes, ranks, shapes), the integer vectors
+/// (`cu_seqlens_*`, `key_lens`), and [`AttnProblem::validate`] on the call they describe. Every
+/// malformed input is a [`BenchError`] naming what is wrong; nothing is computed and no file is read or
+/// written. `opts` supplies what the tensors do not say (family, layout, mask, window).
+pub fn parse(bytes: &[u8], opts: &CheckOptions) -> Result<ParsedCall, BenchError> {
+    let (r, dtype) = reader(Path::new("<input>"), bytes, MAX_INPUT_BYTES)?;
+    parsed(&r, opts, dtype)
+}
+
+/// The size limit (`limit` bytes), then the safetensors header of `bytes` (read from `path`, for errors) and q's dtype.
+fn reader<'a>(path: &'a Path, bytes: &'a [u8], limit: u64) -> Result<(Reader<'a>, DType), BenchError> {
+    if bytes.len() as u64 > limit {
+        return Err(too_large(path, bytes.len() as u64));
     }
-    let bytes = std::fs::read(input).map_err(|e| BenchError::io(input, e))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| BenchError::Safetensors {
-        path: input.to_path_buf(),
+    let st = SafeTensors::deserialize(bytes).map_err(|e| BenchError::Safetensors {
+        path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
-    let r = Reader { path: input, st };
+    let r = Reader { path, st };
     let dtype = match r.require("q")?.dtype() {
         StDtype::F32 => DType::F32,
         StDtype::F16 => DType::F16,
         StDtype::BF16 => DType::BF16,
         other => return Err(r.err(format!("q is {other:?}; supported: F32, F16, BF16"))),
     };
-    let spec = build_spec(&r, opts, dtype)?;
+    Ok((r, dtype))
+}
+
+/// The validated call of `r` (q's dtype `dtype`): its shapes, and every tensor the call reads in q's
+/// dtype (checked here rather than when the values are read, so that a parsed call runs).
+fn parsed(r: &Reader<'_>, opts: &CheckOptions, dtype: DType) -> Result<ParsedCall, BenchError> {
+    let spec = build_spec(r, opts, dtype)?;
+    let q_dtype = r.require("q")?.dtype();
+    for name in ["k", "v", "bias", "do"] {
+        if let Some(t) = r.get(name) {
+            if t.dtype() != q_dtype {
+                return Err(r.err(format!("`{name}` is {:?}, but q is {q_dtype:?}", t.dtype())));
+            }
+        }
+    }
+    Ok(ParsedCall {
+        spec,
+        backward: r.get("do").is_some(),
+    })
+}
+
+fn too_large(path: &Path, len: u64) -> BenchError {
+    BenchError::Safetensors {
+        path: path.to_path_buf(),
+        reason: format!(
+            "{len} bytes is more than the {MAX_INPUT_BYTES}-byte limit of `check` (MAX_INPUT_BYTES)"
+        ),
+    }
+}
+
+/// Run the call a safetensors input in memory describes ([`parse`], then `opts.device`) and return what
+/// [`check`] would write: the summary (its `output` is `output`) and the output file's bytes.
+pub fn check_bytes(
+    bytes: &[u8],
+    output: &Path,
+    opts: &CheckOptions,
+    commit: &str,
+) -> Result<(CheckSummary, Vec<u8>), BenchError> {
+    run_bytes(Path::new("<input>"), bytes, output, opts, commit)
+}
+
+fn run_bytes(
+    input: &Path,
+    bytes: &[u8],
+    output: &Path,
+    opts: &CheckOptions,
+    commit: &str,
+) -> Result<(CheckSummary, Vec<u8>), BenchError> {
+    if opts.device == CheckDevice::Cuda {
+        cuda_ready()?;
+    }
+    let (r, dtype) = reader(input, bytes, MAX_INPUT_BYTES)?;
+    let spec = parsed(&r, opts, dtype)?.spec;
     let (implementation, outs, comparisons) = match opts.device {
         CheckDevice::Cpu => {
             let outs = match dtype {
@@ -560,8 +632,8 @@ pub fn check(
             .collect();
         metadata.insert("max_abs_diff_vs_f64_reference".into(), diffs.join(", "));
     }
-    write_file(output, &outs, metadata)?;
-    Ok(CheckSummary {
+    let file = serialize(output, &outs, metadata)?;
+    let summary = CheckSummary {
         output: output.to_path_buf(),
         tensors: tensor_lines(&outs),
         description: format!(
@@ -575,7 +647,38 @@ pub fn check(
             spec.causal()
         ),
         comparisons,
-    })
+    };
+    Ok((summary, file))
+}
+
+/// Read `input`, run the call on `opts.device`, write `output`.
+///
+/// On [`CheckDevice::Cuda`] the device is checked before the file is read: a build without the
+/// `cuda` feature, a machine without a GPU or a build without attn-cuda's kernels is a
+/// [`BenchError::Unavailable`] saying which. A file larger than [`MAX_INPUT_BYTES`] is an error before
+/// it is read.
+pub fn check(
+    input: &Path,
+    output: &Path,
+    opts: &CheckOptions,
+    commit: &str,
+) -> Result<CheckSummary, BenchError> {
+    if opts.device == CheckDevice::Cuda {
+        cuda_ready()?;
+    }
+    let len = std::fs::metadata(input)
+        .map_err(|e| BenchError::io(input, e))?
+        .len();
+    if len > MAX_INPUT_BYTES {
+        return Err(too_large(input, len));
+    }
+    let bytes = std::fs::read(input).map_err(|e| BenchError::io(input, e))?;
+    let (summary, file) = run_bytes(input, &bytes, output, opts, commit)?;
+    if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
+    }
+    std::fs::write(output, file).map_err(|e| BenchError::io(output, e))?;
+    Ok(summary)
 }
 
 /// Shape of the example input: `B = 2`, `Hq = 4` over `Hk = 2` (GQA), `Nq = 100`, `Nk = 128`
@@ -822,5 +925,221 @@ mod tests {
         assert_eq!((c[0].name, c[0].not_finite), ("o", 1));
         assert_eq!(c[0].max_abs_diff, f64::INFINITY);
         assert_eq!((c[1].name, c[1].not_finite), ("den", 0));
+    }
+
+    /// A safetensors file of `tensors` (name, dtype, shape, bytes).
+    fn file(tensors: &[(&str, StDtype, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
+        let views: Vec<(&str, TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| {
+                (
+                    *n,
+                    TensorView::new(*d, s.clone(), b).expect("a consistent tensor"),
+                )
+            })
+            .collect();
+        safetensors::tensor::serialize(views, None).expect("serialize")
+    }
+
+    fn f32s(shape: &[usize]) -> (StDtype, Vec<usize>, Vec<u8>) {
+        let n: usize = shape.iter().product();
+        (StDtype::F32, shape.to_vec(), vec![0; 4 * n])
+    }
+
+    fn i64s(values: &[i64]) -> (StDtype, Vec<usize>, Vec<u8>) {
+        (
+            StDtype::I64,
+            vec![values.len()],
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        )
+    }
+
+    fn qkv(q: &[usize], k: &[usize], v: &[usize]) -> Vec<(&'static str, StDtype, Vec<usize>, Vec<u8>)> {
+        let t = |n, (d, s, b)| (n, d, s, b);
+        vec![t("q", f32s(q)), t("k", f32s(k)), t("v", f32s(v))]
+    }
+
+    fn opts() -> CheckOptions {
+        CheckOptions {
+            family: Family::softmax(),
+            layout: Layout::Bnhd,
+            causal: Causal::None,
+            window: None,
+            device: CheckDevice::Cpu,
+            reference: false,
+        }
+    }
+
+    /// The error's message; a panic if `r` is not an error.
+    fn message(r: Result<ParsedCall, BenchError>) -> String {
+        match r {
+            Ok(p) => panic!("expected an error, parsed {:?}", p.spec.q_shape()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_file_parses_to_its_call() {
+        let mut t = qkv(&[2, 5, 4, 8], &[2, 7, 2, 8], &[2, 7, 2, 8]);
+        let (d, s, b) = f32s(&[2, 5, 4, 8]);
+        t.push(("do", d, s, b));
+        let p = parse(&file(&t), &opts()).expect("a valid call");
+        assert_eq!(p.spec.q_shape(), vec![2, 5, 4, 8]);
+        assert_eq!((p.spec.heads_kv(), p.spec.seq_k()), (2, 7));
+        assert!(p.backward);
+        let (summary, out) =
+            check_bytes(&file(&t), Path::new("out.safetensors"), &opts(), "test").expect("runs");
+        assert!(
+            summary.tensors.iter().any(|l| l.starts_with("dq ")),
+            "{:?}",
+            summary.tensors
+        );
+        let st = SafeTensors::deserialize(&out).expect("the output is a safetensors file");
+        assert_eq!(st.tensor("o").expect("o").shape(), &[2, 5, 4, 8]);
+    }
+
+    #[test]
+    fn bytes_that_are_not_safetensors_are_errors() {
+        for bytes in [
+            Vec::new(),
+            vec![1, 2, 3],
+            // A header length past the end of the file.
+            (1u64 << 60).to_le_bytes().to_vec(),
+            // A header that is not JSON.
+            [8u64.to_le_bytes().to_vec(), b"not json".to_vec()].concat(),
+            // A tensor whose offsets run past the data.
+            {
+                let h = br#"{"q":{"dtype":"F32","shape":[1,1,1,4],"data_offsets":[0,16]}}"#;
+                [(h.len() as u64).to_le_bytes().to_vec(), h.to_vec(), vec![0; 8]].concat()
+            },
+            // Offsets that disagree with the shape.
+            {
+                let h = br#"{"q":{"dtype":"F32","shape":[1,1,1,4],"data_offsets":[0,8]}}"#;
+                [(h.len() as u64).to_le_bytes().to_vec(), h.to_vec(), vec![0; 8]].concat()
+            },
+        ] {
+            let msg = message(parse(&bytes, &opts()));
+            assert!(msg.starts_with("safetensors <input>"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn a_file_over_the_size_limit_is_an_error_before_parsing() {
+        let bytes = file(&qkv(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8]));
+        let err = reader(Path::new("<input>"), &bytes, 64)
+            .map(drop)
+            .expect_err("over the limit");
+        assert!(err.to_string().contains("limit"), "{err}");
+        assert!(reader(Path::new("<input>"), &bytes, bytes.len() as u64).is_ok());
+    }
+
+    #[test]
+    fn missing_or_mistyped_tensors_name_the_tensor() {
+        let t = qkv(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8]);
+        let msg = message(parse(&file(&t[..2]), &opts()));
+        assert!(msg.contains("missing tensor `v`"), "{msg}");
+        let mut ints = t.clone();
+        ints[0] = ("q", StDtype::I32, vec![1, 4, 1, 8], vec![0; 4 * 32]);
+        assert!(message(parse(&file(&ints), &opts())).contains("q is I32"));
+        let mut half = t.clone();
+        half[1] = ("k", StDtype::F16, vec![1, 4, 1, 8], vec![0; 2 * 32]);
+        assert!(message(parse(&file(&half), &opts())).contains("`k` is F16"));
+        let mut d_o = t.clone();
+        d_o.push(("do", StDtype::BF16, vec![1, 4, 1, 8], vec![0; 2 * 32]));
+        assert!(message(parse(&file(&d_o), &opts())).contains("`do` is BF16"));
+    }
+
+    #[test]
+    fn wrong_ranks_and_shapes_are_shape_errors() {
+        for (q, k, v, what) in [
+            (vec![4, 1, 8], vec![1, 4, 1, 8], vec![1, 4, 1, 8], "q"),
+            (vec![1, 4, 1, 8], vec![2, 4, 1, 8], vec![2, 4, 1, 8], "k"),
+            (vec![1, 4, 3, 8], vec![1, 4, 2, 8], vec![1, 4, 2, 8], "k"),
+            (vec![1, 4, 1, 8], vec![1, 4, 1, 8], vec![1, 5, 1, 8], "v"),
+            (vec![1, 0, 1, 8], vec![1, 4, 1, 8], vec![1, 4, 1, 8], "seq_q"),
+        ] {
+            let msg = message(parse(&file(&qkv(&q, &k, &v)), &opts()));
+            assert!(msg.contains(what), "{q:?} {k:?} {v:?}: {msg}");
+        }
+        let mut t = qkv(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8]);
+        let (d, s, b) = f32s(&[1, 4, 1, 9]);
+        t.push(("do", d, s, b));
+        assert!(message(parse(&file(&t), &opts())).contains("do"));
+    }
+
+    #[test]
+    fn bad_lengths_are_errors_never_panics() {
+        let packed = |cu_q: &[i64], cu_k: &[i64]| {
+            let mut t = qkv(&[6, 2, 8], &[6, 2, 8], &[6, 2, 8]);
+            let (d, s, b) = i64s(cu_q);
+            t.push(("cu_seqlens_q", d, s, b));
+            let (d, s, b) = i64s(cu_k);
+            t.push(("cu_seqlens_k", d, s, b));
+            file(&t)
+        };
+        assert!(parse(&packed(&[0, 2, 6], &[0, 3, 6]), &opts()).is_ok());
+        for (cu_q, cu_k) in [
+            (vec![0, -1, 6], vec![0, 3, 6]),
+            (vec![0, 1 << 62], vec![0, 6]),
+            (vec![0, 4, 2], vec![0, 3, 6]),
+            (vec![0, 2, 7], vec![0, 3, 6]),
+            (vec![1, 6], vec![0, 6]),
+            (vec![0], vec![0]),
+            (vec![0, i64::MAX, 6], vec![0, 3, 6]),
+        ] {
+            let r = parse(&packed(&cu_q, &cu_k), &opts());
+            assert!(r.is_err(), "cu_seqlens_q {cu_q:?} cu_seqlens_k {cu_k:?} parsed");
+        }
+        // Only one of the two offsets.
+        let mut t = qkv(&[6, 2, 8], &[6, 2, 8], &[6, 2, 8]);
+        let (d, s, b) = i64s(&[0, 6]);
+        t.push(("cu_seqlens_q", d, s, b));
+        assert!(message(parse(&file(&t), &opts())).contains("or neither"));
+        // Key lengths: 2-d, too long, and a float tensor.
+        let dense = || qkv(&[2, 4, 1, 8], &[2, 4, 1, 8], &[2, 4, 1, 8]);
+        for lens in [
+            (
+                StDtype::I64,
+                vec![1, 2],
+                [2i64, 3].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+            (
+                StDtype::I64,
+                vec![2],
+                [2i64, 9].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+            (StDtype::F32, vec![2], vec![0u8; 8]),
+            (
+                StDtype::I64,
+                vec![3],
+                [1i64, 1, 1].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+        ] {
+            let mut t = dense();
+            t.push(("key_lens", lens.0, lens.1.clone(), lens.2.clone()));
+            assert!(
+                parse(&file(&t), &opts()).is_err(),
+                "key_lens {:?} {:?} parsed",
+                lens.0,
+                lens.1
+            );
+        }
+    }
+
+    #[test]
+    fn a_bias_of_the_wrong_rank_or_family_is_an_error() {
+        let mut t = qkv(&[1, 4, 2, 8], &[1, 5, 2, 8], &[1, 5, 2, 8]);
+        let (d, s, b) = f32s(&[2, 4, 5]);
+        t.push(("bias", d, s, b));
+        assert!(message(parse(&file(&t), &opts())).contains("bias"));
+        let mut t = qkv(&[1, 4, 2, 8], &[1, 5, 2, 8], &[1, 5, 2, 8]);
+        let (d, s, b) = f32s(&[1, 2, 4, 5]);
+        t.push(("bias", d, s, b));
+        assert!(parse(&file(&t), &opts()).is_ok());
+        let taylor = CheckOptions {
+            family: Family::taylor(2),
+            ..opts()
+        };
+        assert!(parse(&file(&t), &taylor).is_err());
     }
 }

@@ -76,7 +76,12 @@ impl FromStr for ImplId {
 
 /// Whether a row's `impl` is one of ours; every other name is a baseline.
 pub fn is_ours_label(label: &str) -> bool {
-    label.parse::<ImplId>().map(ImplId::is_ours).unwrap_or(false)
+    // A paged-cache row's label is its implementation's with `-paged<size>` (GridPoint::impl_label).
+    let base = match label.rsplit_once("-paged") {
+        Some((base, size)) if size.parse::<usize>().is_ok() => base,
+        _ => label,
+    };
+    base.parse::<ImplId>().map(ImplId::is_ours).unwrap_or(false)
 }
 
 /// Peak memory of set-up plus one call, as an implementation measured it.
@@ -163,6 +168,9 @@ pub fn prepare(
     spec: &AttnSpec,
     seed: u64,
 ) -> Result<Box<dyn Runner>, BenchError> {
+    if let Some(page_size) = point.page_size {
+        return prepare_paged(id, point, spec, page_size);
+    }
     match id {
         ImplId::AttnCpuRef => cpu_ref::prepare(spec, point.pass, seed),
         ImplId::CandleNaive => candle_naive::prepare(spec, point.pass, seed),
@@ -185,6 +193,32 @@ pub fn prepare(
 /// assert_eq!(family_params(&spec), "a=1,1,0.5 scale=0.125");
 /// # Ok::<(), attn_core::AttnError>(())
 /// ```
+/// PAGED KV-CACHE HOOK (decode-paged section). A paged point's k and v live in a paged cache
+/// (`[num_pages, page_size, Hkv, D]` pages and a `[B, max_pages]` i32 block table, the vLLM /
+/// FlashInfer layout) that attn-cuda's kv-cache API reads. Until this function builds such a cache
+/// and calls that API, every paged point is a skipped row with this reason, never a contiguous call
+/// under a paged label. To wire it: for [`ImplId::AttnCuda`], allocate the pages and a block table
+/// (pages in a shuffled order, so that the table is exercised), fill them from the same draw as the
+/// contiguous runner, and return a [`Runner`] whose `call` runs the kv-cache forward on `spec`'s q.
+pub fn prepare_paged(
+    id: ImplId,
+    _point: &GridPoint,
+    _spec: &AttnSpec,
+    page_size: usize,
+) -> Result<Box<dyn Runner>, BenchError> {
+    let reason = match id {
+        ImplId::AttnCuda => format!(
+            "paged KV cache (page size {page_size}): attn-bench does not call attn-cuda's kv-cache API yet \
+             (impls::prepare_paged)"
+        ),
+        _ => format!("paged KV cache (page size {page_size}): {id} has no paged cache"),
+    };
+    Err(BenchError::Unavailable {
+        implementation: id.label(),
+        reason,
+    })
+}
+
 pub fn family_params(spec: &AttnSpec) -> String {
     match *spec.family() {
         FamilySpec::Softmax { scale, softcap } => match softcap {

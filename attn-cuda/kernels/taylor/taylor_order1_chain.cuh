@@ -22,6 +22,12 @@
 // done, and a fold block waits only for an earlier fold block, so every wait ends. A forward block reads
 // the keys that the fold block la rounds before it read: from L2 when la is small (la = 0: its own
 // round's), and its wait is short when la is large (the fold of round r − 1 started la + 1 rounds earlier).
+// Every wait is bounded (taylor1_chain_wait): a flag not raised within kChainWaitNs of global time ends
+// the block, so a broken chain fails instead of hanging. The status word after the ticket counter says
+// how: 0 (the default) traps, which fails the launch (the next synchronisation on the context returns a
+// launch failure); kChainReport (set by the host under ATTN_CUDA_CHECK_LAUNCHES=1) records kChainTimedOut
+// there, the block raises its own flag as kChainFailed so that the blocks after it end at once, and the
+// host, which synchronises after every launch in that mode, returns a typed error naming the kernel.
 // The states I_r are the fold's accumulators in thread order ([NPW][MT][threads] float4: each thread
 // writes and reads its own), so they move in 16-byte coalesced accesses and need no layout of their own.
 #pragma once
@@ -61,15 +67,58 @@ __device__ __forceinline__ void st_release_gpu(int* p, int v) {
     asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
-// The calling thread waits until *flag is set (acquire); a barrier after it passes its view on.
-__device__ __forceinline__ void taylor1_chain_poll(const int* flag) {
-    while (ld_acquire_gpu(flag) == 0) __nanosleep(64);
+// A chain flag: 0 until its fold block raises it, then 1, or kChainFailed where that block gave up.
+constexpr int kChainRaised = 1, kChainFailed = 2;
+// The status word (after the ticket counter): 0 traps on a timed-out wait; kChainReport records
+// kChainTimedOut instead (ATTN_CUDA_CHECK_LAUNCHES=1); kChainReportStall also keeps round 0's flags
+// down, so that a test sees the bound end a wait (the host sets it only for that test).
+constexpr int kChainTrap = 0, kChainReport = 1, kChainTimedOut = 2, kChainReportStall = 3;
+// How long a block waits for a flag, in ns of %globaltimer: 2 s. A link of the chain takes microseconds
+// (a 1024-key segment's fold); the bound is there to turn a bug into an error, and stays far above the
+// slowdown of compute-sanitizer.
+constexpr unsigned long long kChainWaitNs = 2000000000ull;
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
-// Thread 0 waits until *flag is set (acquire), then the barrier passes its view to the block.
-__device__ __forceinline__ void taylor1_chain_wait(const int* flag) {
-    if (threadIdx.x == 0) taylor1_chain_poll(flag);
+// The calling thread waits until *flag is set (acquire) or kChainWaitNs have passed (then kChainFailed);
+// a barrier after it passes its view on. The clock is read only while the flag is down.
+__device__ __forceinline__ int taylor1_chain_poll(const int* flag) {
+    int v = ld_acquire_gpu(flag);
+    if (v != 0) return v;
+    const unsigned long long t0 = global_ns();
+    while ((v = ld_acquire_gpu(flag)) == 0) {
+        __nanosleep(64);
+        if (global_ns() - t0 > kChainWaitNs) return kChainFailed;
+    }
+    return v;
+}
+
+// The status word of the chain kernels' launch: after the flags [B][Hkv][R] and the ticket counter.
+__device__ __forceinline__ int* taylor1_chain_status(const TaylorParams& tp) {
+    const AttnParams& P = tp.base;
+    return tp.chain_flags() + (long long)P.batch * P.heads_kv * tp.n_seg + 1;
+}
+
+// Thread 0 waits until *flag is set (acquire), then the barrier passes its view to the block. False where
+// the wait failed (timed out, or the flag was raised as failed): the caller ends the block. In the default
+// mode a timeout traps here.
+__device__ __forceinline__ bool taylor1_chain_wait(const TaylorParams& tp, const int* flag) {
+    __shared__ int sFlag;
+    if (threadIdx.x == 0) {
+        const int v = taylor1_chain_poll(flag);
+        if (v != kChainRaised) {
+            int* status = taylor1_chain_status(tp);
+            if (*status == kChainTrap) __trap();
+            atomicExch(status, kChainTimedOut);
+        }
+        sFlag = v;
+    }
     __syncthreads();
+    return sFlag == kChainRaised;
 }
 
 // The chain state I of (b, hk, r) and its flag; the ticket counter sits after the flags.
@@ -78,12 +127,19 @@ __device__ __forceinline__ long long taylor1_chain_index(const TaylorParams& tp,
 }
 
 // A chain state's publication: `store` writes it, then the block raises flags[at] (the state visible
-// first: fence, barrier, release).
-template <class Store> __device__ __forceinline__ void taylor1_chain_publish(int* flags, long long at, Store store) {
-    store();
+// first: fence, barrier, release). `ok` false: the block's own wait failed; it raises the flag as failed,
+// without a state.
+template <class Store>
+__device__ __forceinline__ void taylor1_chain_publish(const TaylorParams& tp, long long at, bool ok, Store store) {
+    if (ok) store();
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) st_release_gpu(flags + at, 1);
+    if (threadIdx.x == 0) {
+        int* flags = tp.chain_flags();
+        // The test of the bound (kChainReportStall): round 0's flags stay down.
+        if (ok && at % tp.n_seg == 0 && *taylor1_chain_status(tp) == kChainReportStall) return;
+        st_release_gpu(flags + at, ok ? kChainRaised : kChainFailed);
+    }
 }
 
 // This block's ticket, the order in which it started (thread 0 takes it; every thread reads it after the
@@ -139,9 +195,11 @@ template <typename T> struct Taylor1ChainWork {
           v0(static_cast<const T*>(tp.base.v) + si.v_off(tp.base, 0, role.hk)) {
         if (si.len_q != len) __trap();
     }
-    // A fold block's end: `store` writes I_round into its chain state, then flag `at` is raised.
-    template <class Store> __device__ __forceinline__ void release(const TaylorParams& tp, Store store) const {
-        taylor1_chain_publish(tp.chain_flags(), at, store);
+    // A fold block's end: `store` writes I_round into its chain state, then flag `at` is raised (as failed
+    // where `ok` is false: the block's wait failed).
+    template <class Store>
+    __device__ __forceinline__ void release(const TaylorParams& tp, bool ok, Store store) const {
+        taylor1_chain_publish(tp, at, ok, store);
     }
 };
 
@@ -310,11 +368,9 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
             Blk::fold(acc_s, x, stage_y(c % FS), warp, lane);
         }
         cp_async_wait<0>();
-        if (round > 0) {
-            taylor1_chain_wait(flags + at - 1);
-            Blk::load_state(acc_s, tp.st + (at - 1) * L::kStateFloats, warp, tid, true);
-        }
-        w.release(tp, [&] { Blk::store_state(acc_s, tp.st + at * L::kStateFloats, warp, tid); });
+        const bool ok = round == 0 || taylor1_chain_wait(tp, flags + at - 1);
+        if (round > 0 && ok) Blk::load_state(acc_s, tp.st + (at - 1) * L::kStateFloats, warp, tid, true);
+        w.release(tp, ok, [&] { Blk::store_state(acc_s, tp.st + at * L::kStateFloats, warp, tid); });
         return;
     }
 
@@ -343,7 +399,10 @@ __device__ __forceinline__ void taylor1_forward_chain(const TaylorParams& tp) {
     Blk::init_y(stage_y(0), tid);
     Blk::init_y(stage_y(1), tid);
     if (round > 0) {
-        taylor1_chain_wait(flags + at - 1);
+        if (!taylor1_chain_wait(tp, flags + at - 1)) {
+            cp_async_wait<0>();  // (chunk 0's copies land before the block ends)
+            return;
+        }
         Blk::load_state(acc_s, tp.st + (at - 1) * L::kStateFloats, warp, tid, false);
     }
     Blk::publish(acc_s, sr(0), sC[0], warp, lane);  // (rows v past M: zero, as the accumulators' are)

@@ -315,11 +315,9 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
             fence_regs(sv);
         }
         cp_async_wait<0>();
-        if (round > 0) {
-            taylor1_chain_wait(flags + at - 1);
-            Ops::load_state(F, sv, tp.st + (at - 1) * L::kStateFloats, tid);
-        }
-        w.release(tp, [&] { Ops::store_state(F, sv, tp.st + at * L::kStateFloats, tid); });
+        const bool ok = round == 0 || taylor1_chain_wait(tp, flags + at - 1);
+        if (round > 0 && ok) Ops::load_state(F, sv, tp.st + (at - 1) * L::kStateFloats, tid);
+        w.release(tp, ok, [&] { Ops::store_state(F, sv, tp.st + at * L::kStateFloats, tid); });
         return;
     }
 
@@ -341,7 +339,10 @@ __device__ __forceinline__ void taylor1_forward_chain_wg(const TaylorParams& tp)
     issue(0);
     Ops::init_ones(ones, tid);
     if (round > 0) {
-        taylor1_chain_wait(flags + at - 1);
+        if (!taylor1_chain_wait(tp, flags + at - 1)) {
+            cp_async_wait<0>();  // (chunk 0's copies land before the block ends)
+            return;
+        }
         Ops::load_state(F, sv, tp.st + (at - 1) * L::kStateFloats, tid);
     }
     const uint32_t sr0 = smem_addr(base + L::kSr);

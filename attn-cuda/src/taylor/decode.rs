@@ -13,7 +13,7 @@ use super::{check, Call, Forward};
 use crate::config::KernelConfig;
 use crate::error::Result;
 use crate::views::{DeviceElem, ForwardViews};
-use attn_core::{AttnSpec, Pass};
+use attn_core::{AttnError, AttnSpec, Pass};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
@@ -147,6 +147,7 @@ impl Decode<'_> {
         let pass = Pass::Decode;
         check::<T>(spec, pass)?;
         state.shape.check_step(spec)?;
+        check_state_device(state, spec, self.stream)?;
         if io.bias.is_some() {
             super::no_bias(spec, pass, "bias", true)?;
         }
@@ -192,6 +193,28 @@ impl Decode<'_> {
         state.lens.iter_mut().for_each(|l| *l += spec.seq_q());
         Ok(())
     }
+}
+
+/// The state's sums live in the context of the call's stream: a state built on another device (another
+/// context) is an error naming it, never a foreign pointer handed to a kernel. A state built by another
+/// `CudaAttn` of the same context (another stream) is fine: its last use is ordered before the step by
+/// the buffer's stream events.
+fn check_state_device(state: &TaylorDecodeState, spec: &AttnSpec, stream: &CudaStream) -> Result<()> {
+    let built = state.sums.stream().context();
+    let here = stream.context();
+    if built.cu_ctx() != here.cu_ctx() {
+        return Err(AttnError::InvalidArgument {
+            op: spec.op(Pass::Decode),
+            arg: "state",
+            reason: format!(
+                "the decode state was built on CUDA device {} (another context) but the step runs on device {}",
+                built.ordinal(),
+                here.ordinal()
+            ),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// A decode state exists for the head dims the kernels support (the family is `DecodeShape::of`'s).

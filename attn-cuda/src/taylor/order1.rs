@@ -5,8 +5,30 @@
 use super::launch::Launch;
 use super::{heuristics, Call, TaylorParams};
 use crate::dispatch::dtype_tag;
-use crate::error::Result;
+use crate::error::{CudaAttnError, Result};
+use crate::runtime;
 use cudarc::driver::DevicePtr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The chain kernels' status word (`taylor_order1_chain.cuh`: `kChainReport`, `kChainTimedOut`,
+/// `kChainReportStall`) and their bound on a wait (`kChainWaitNs`).
+const CHAIN_REPORT: i32 = 1;
+const CHAIN_TIMED_OUT: i32 = 2;
+const CHAIN_REPORT_STALL: i32 = 3;
+const CHAIN_WAIT_MS: u64 = 2000;
+
+/// Test hook: under `ATTN_CUDA_CHECK_LAUNCHES=1`, the chain kernels' round-0 fold blocks keep their
+/// flags down, so every wait on them runs into the bound ([`chain_stall_for_tests`]).
+static STALL_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// Test hook of the chain kernels' bounded wait: while `on`, and only under
+/// `ATTN_CUDA_CHECK_LAUNCHES=1`, the single-pass causal order-1 forward's first fold blocks never raise
+/// their flags, so the call returns [`CudaAttnError::Stalled`] after the kernels' bound (2 s) instead of
+/// a result. Process-wide; for the GPU test of the bound only.
+#[doc(hidden)]
+pub fn chain_stall_for_tests(on: bool) {
+    STALL_FOR_TESTS.store(on, Ordering::Relaxed);
+}
 
 impl Call<'_> {
     /// The single-pass causal order-1 forward: one launch of fold and forward blocks per segment round
@@ -53,7 +75,14 @@ impl Call<'_> {
     }
 
     /// One launch of a single-pass chain kernel with `slots` chain states of `state_floats` each and as
-    /// many flags in scratch (`st`, `chain_flags()`; the flags and the ticket counter after them zeroed).
+    /// many flags in scratch (`st`, `chain_flags()`; the flags, the ticket counter and the status word
+    /// after them zeroed).
+    ///
+    /// The kernels bound every wait for a flag (`taylor1_chain_wait`, 2 s). By default a wait that runs
+    /// out traps: the launch fails and the next synchronisation on the context returns the driver's
+    /// error. Under `ATTN_CUDA_CHECK_LAUNCHES=1` the status word asks the kernel to record the timeout
+    /// and end its blocks instead; the launch path has synchronised, and a recorded timeout is
+    /// [`CudaAttnError::Stalled`] naming the kernel. No host work is added to the default path.
     fn run_chain(
         &self,
         p: &mut TaylorParams,
@@ -64,11 +93,32 @@ impl Call<'_> {
         // SAFETY (uninitialised): a block reads a chain state only after its flag is raised, which the
         // writing block does after writing every slot of it (the flags and the counter: zeroed).
         let states = unsafe { self.stream.alloc::<f32>(slots.max(1) * state_floats) }?;
-        let flags = self.stream.alloc_zeros::<i32>(slots + 1)?;
+        let mut flags = self.stream.alloc_zeros::<i32>(slots + 2)?;
+        let report = runtime::check_launches();
+        if report {
+            let mode = if STALL_FOR_TESTS.load(Ordering::Relaxed) {
+                CHAIN_REPORT_STALL
+            } else {
+                CHAIN_REPORT
+            };
+            self.stream
+                .memcpy_htod(&[mode], &mut flags.slice_mut(slots + 1..))?;
+        }
         p.set_st(states.device_ptr(self.stream).0);
         p.set_chain_flags(flags.device_ptr(self.stream).0);
         launch.grid.0 = launch.grid.0.max(1);
-        self.run(launch, p)
+        self.run(launch.clone(), p)?;
+        if report {
+            let status = self.stream.clone_dtoh(&flags.slice(slots + 1..))?;
+            if status.first() == Some(&CHAIN_TIMED_OUT) {
+                return Err(CudaAttnError::Stalled {
+                    op: self.op,
+                    kernel: launch.name,
+                    waited_ms: CHAIN_WAIT_MS,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The order-1 backward after prep_grads, per sweep (dq; then dk and dv from the reversed one, both
