@@ -51,6 +51,7 @@ mod decoder;
 mod error;
 mod kv_cache;
 mod layer;
+pub mod llama;
 mod model;
 pub mod mqar;
 mod op;
