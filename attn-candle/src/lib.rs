@@ -16,6 +16,11 @@
 //! - [`flash_attn`] and [`flash_attn_varlen`] have exactly candle-flash-attn's signatures and
 //!   layout semantics (bottom-right causal), so a candle-transformers model switches with one line,
 //!   and unlike candle-flash-attn they train.
+//! - Generation: [`flash_attn_with_kvcache`] (FlashAttention's KV-cache step: the new tokens
+//!   written into a contiguous or paged cache in place, then attention over the real lengths), the
+//!   caches [`KvCache`], [`PagedKvCache`] and [`TaylorCache`] behind [`AttnCache`], and
+//!   [`DecoderAttention`], a decoder's attention block with rotary embeddings that prefills and
+//!   decodes through any of them (`examples/generate.rs`: greedy generation with a Llama model).
 //! - [`MultiHeadAttention`] is a layer built from a `VarBuilder`; [`TransformerLm`] stacks it into a
 //!   small causal language model, and [`mqar`] trains one on multi-query associative recall.
 //!
@@ -41,14 +46,21 @@
 #![warn(missing_docs)]
 
 mod api;
+mod cache;
+mod decoder;
 mod error;
+mod kv_cache;
 mod layer;
+pub mod llama;
 mod model;
 pub mod mqar;
 mod op;
 
 pub use api::{attention, attention_with_stats, flash_attn, flash_attn_varlen, AttnOptions};
+pub use cache::{AttnCache, KvCache, PagedKvCache, TaylorCache};
+pub use decoder::{DecoderAttention, DecoderAttentionConfig, Rotary};
 pub use error::to_candle;
+pub use kv_cache::{flash_attn_with_kvcache, kv_cache_attention, KvAttnOptions};
 pub use layer::{AttentionConfig, MultiHeadAttention};
 pub use model::{seeded_var_builder, LmConfig, TransformerLm};
 

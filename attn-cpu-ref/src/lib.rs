@@ -11,13 +11,15 @@
 //!
 //! Two entry points per pass: [`forward`] / [`backward`] on storage dtypes (statistics in f32, as the
 //! kernels save them), and [`forward_f64`] / [`backward_f64`] on f64 data, which tests use as the
-//! exact oracle. [`CpuRef`] implements [`attn_core::AttnBackend`] on host slices.
+//! exact oracle. [`CpuRef`] implements [`attn_core::AttnBackend`] on host slices. [`decode`] is
+//! Taylor's recurrent decode; [`kv_cache`] a softmax-like step against a contiguous or paged KV cache.
 
 #![warn(missing_docs)]
 
 use attn_core::{AttnBackend, AttnError, AttnSpec, BackwardIo, Element, ForwardIo, Pass, Result};
 
 pub mod decode;
+pub mod kv_cache;
 #[cfg(test)]
 mod proptest_config;
 mod softmax_like;
