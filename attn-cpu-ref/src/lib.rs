@@ -18,6 +18,7 @@
 use attn_core::{AttnBackend, AttnError, AttnSpec, BackwardIo, Element, ForwardIo, Pass, Result};
 
 pub mod decode;
+pub mod fast;
 #[cfg(test)]
 mod proptest_config;
 mod softmax_like;
