@@ -4,7 +4,7 @@
 //! task's own dQ partial `+= (dS⊙σ) K̃` (GEMMs). With a bias, dbias runs as a second pass per
 //! (bias batch, bias head, query tile), summing the (b, h) that broadcast onto it in order.
 
-use super::tile::{dot, log_gamma, matmul, Kind, Mat, BK, BQ};
+use super::tile::{dot, exp, log_gamma, matmul, Kind, Mat, BK, BQ};
 use super::Ctx;
 use crate::Gradients;
 use attn_core::Element;
@@ -104,11 +104,7 @@ impl<E: Element> Grad<'_, '_, E> {
             }
             for c in row {
                 let x = p[c];
-                let pc = if x == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    (x - lse).exp()
-                };
+                let pc = if x == f32::NEG_INFINITY { 0.0 } else { exp(x - lse) };
                 p[c] = pc;
                 ds[c] = if pc == 0.0 { 0.0 } else { pc * (dp[c] - delta) };
             }

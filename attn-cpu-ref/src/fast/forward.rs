@@ -1,7 +1,7 @@
 //! The forward sweep: online softmax over key tiles, GEMM for `Q̃K̃ᵀ` and `P·V`, split-KV with an
 //! LSE merge when the (batch, head, query tile) tasks are too few to fill the threads.
 
-use super::tile::{matmul, nan_max, Mat, BK, BQ};
+use super::tile::{exp, matmul, nan_max, sum, Mat, BK, BQ};
 use super::Ctx;
 use crate::Forward;
 use attn_core::Element;
@@ -127,12 +127,8 @@ fn run_task<E: Element>(ctx: &Ctx<'_, E>, t: &Task) -> Part {
             if alpha != 1.0 {
                 o.iter_mut().for_each(|x| *x *= alpha);
             }
-            let mut sum = 0.0;
-            for x in row.iter_mut() {
-                *x = (*x - m_new).exp();
-                sum += *x;
-            }
-            part.l[r] = part.l[r] * alpha + sum;
+            row.iter_mut().for_each(|x| *x = exp(*x - m_new));
+            part.l[r] = part.l[r] * alpha + sum(row);
         }
         matmul(
             m,

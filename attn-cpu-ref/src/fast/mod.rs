@@ -173,26 +173,44 @@ impl<'a, E: Element> Ctx<'a, E> {
                 .zip(self.spec.bias_index(b, h, i, j0))
                 .map(|(x, at)| &x[at..at + n]);
             let qs = &q.s[i];
-            for (c, x) in row.iter_mut().enumerate() {
-                let j = j0 + c;
-                if !range.contains(&j) {
-                    *x = f32::NEG_INFINITY;
-                    if let Some(sg) = sigma.as_deref_mut() {
-                        sg[r * n + c] = 0.0;
+            // Columns of the tile inside the row's key range; the rest is masked.
+            let lo = range.start.clamp(j0, j0 + n) - j0;
+            let hi = range.end.clamp(j0, j0 + n) - j0;
+            let hi = hi.max(lo);
+            row[..lo].fill(f32::NEG_INFINITY);
+            row[hi..].fill(f32::NEG_INFINITY);
+            let sig = sigma.as_deref_mut().map(|sg| &mut sg[r * n..(r + 1) * n]);
+            if let Some(sg) = sig {
+                sg[..lo].fill(0.0);
+                sg[hi..].fill(0.0);
+                for c in lo..hi {
+                    let (sc, g) = self.kind.score(row[c], qs, &k.s[j0 + c]);
+                    row[c] = sc;
+                    sg[c] = g;
+                }
+            } else {
+                match self.kind {
+                    Kind::Dot { scale, softcap: None } | Kind::Cosine { scale, .. } => {
+                        row[lo..hi].iter_mut().for_each(|x| *x *= scale)
                     }
-                    continue;
+                    kind => {
+                        for c in lo..hi {
+                            row[c] = kind.score(row[c], qs, &k.s[j0 + c]).0;
+                        }
+                    }
                 }
-                let (mut sc, sg) = self.kind.score(*x, qs, &k.s[j]);
-                if let Some(bias) = bias {
-                    sc += bias[c].to_f32();
-                }
-                if self.midpoint.is_some() {
-                    sc += v.extra[j];
-                }
-                *x = sc;
-                if let Some(sigma) = sigma.as_deref_mut() {
-                    sigma[r * n + c] = sg;
-                }
+            }
+            if let Some(bias) = bias {
+                row[lo..hi]
+                    .iter_mut()
+                    .zip(&bias[lo..hi])
+                    .for_each(|(x, b)| *x += b.to_f32());
+            }
+            if self.midpoint.is_some() {
+                row[lo..hi]
+                    .iter_mut()
+                    .zip(&v.extra[j0 + lo..j0 + hi])
+                    .for_each(|(x, g)| *x += g);
             }
         }
     }
