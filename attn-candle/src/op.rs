@@ -18,7 +18,8 @@
 //!
 //! Inputs are read in place: the spec's strides come from each tensor's layout and the data from
 //! the layout's start offset, so transposed views are never copied. The CPU path runs
-//! attn-cpu-ref on the storage dtype; with the `cuda` feature, CUDA tensors run attn-cuda on
+//! attn-cpu-ref on the storage dtype (its f32 `fast` path for the softmax-like families, the reference for
+//! Taylor); with the `cuda` feature, CUDA tensors run attn-cuda on
 //! candle's stream ([`cuda`]), forward and backward. Metal tensors get candle's "no metal
 //! implementation" error.
 
@@ -179,7 +180,13 @@ impl Call {
             v: cpu_elems(v.0, v.1)?,
             bias,
         };
-        let f = attn_cpu_ref::forward::<E>(spec, x).map_err(to_candle)?;
+        // The f32-accumulating fast path for the softmax-like families; Taylor on the reference.
+        let f = if attn_cpu_ref::fast::supports(spec) {
+            attn_cpu_ref::fast::forward::<E>(spec, x)
+        } else {
+            attn_cpu_ref::forward::<E>(spec, x)
+        }
+        .map_err(to_candle)?;
         let stats = Tensor::from_vec(f.stats, self.stats_shape(), &Device::Cpu)?;
         *lock(&self.stats) = Some(stats);
         Ok(E::to_cpu_storage_owned(f.o))
@@ -232,7 +239,12 @@ impl Call {
         let o_host = host(spec, pass, "o", &os, ol)?;
         let d_o_host = host(spec, pass, "d_o", &gs, gl)?;
         let stats_host = host::<f32>(spec, pass, "stats", &ss, sl)?;
-        let g = attn_cpu_ref::backward::<E>(spec, x, o_host, d_o_host, stats_host).map_err(to_candle)?;
+        let g = if attn_cpu_ref::fast::supports(spec) {
+            attn_cpu_ref::fast::backward::<E>(spec, x, o_host, d_o_host, stats_host)
+        } else {
+            attn_cpu_ref::backward::<E>(spec, x, o_host, d_o_host, stats_host)
+        }
+        .map_err(to_candle)?;
         let dev = self.q.device();
         let dbias = match (g.dbias, &self.bias) {
             (Some(d), Some(b)) => Some(Tensor::from_vec(d, b.shape(), dev)?),

@@ -19,6 +19,7 @@
 use attn_core::{AttnBackend, AttnError, AttnSpec, BackwardIo, Element, ForwardIo, Pass, Result};
 
 pub mod decode;
+pub mod fast;
 pub mod kv_cache;
 #[cfg(test)]
 mod proptest_config;

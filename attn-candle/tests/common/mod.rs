@@ -109,7 +109,8 @@ impl Stored {
     }
 }
 
-/// attn-cpu-ref in the storage dtype `E` on the stored values.
+/// attn-cpu-ref in the storage dtype `E` on the stored values, on the path the CPU op takes: the
+/// f32 `fast` path for the softmax-like families, the reference for Taylor.
 pub fn reference<E: Element>(spec: &AttnSpec, s: &Stored) -> Outcome {
     let narrow = |x: &[f64]| x.iter().map(|&v| E::from_f64(v)).collect::<Vec<E>>();
     let widen = |x: &[E]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
@@ -121,8 +122,15 @@ pub fn reference<E: Element>(spec: &AttnSpec, s: &Stored) -> Outcome {
         v: &v,
         bias: bias.as_deref(),
     };
-    let f = attn_cpu_ref::forward::<E>(spec, x).expect("reference forward");
-    let g = attn_cpu_ref::backward::<E>(spec, x, &f.o, &d_o, &f.stats).expect("reference backward");
+    let (f, g) = if attn_cpu_ref::fast::supports(spec) {
+        let f = attn_cpu_ref::fast::forward::<E>(spec, x).expect("fast forward");
+        let g = attn_cpu_ref::fast::backward::<E>(spec, x, &f.o, &d_o, &f.stats).expect("fast backward");
+        (f, g)
+    } else {
+        let f = attn_cpu_ref::forward::<E>(spec, x).expect("reference forward");
+        let g = attn_cpu_ref::backward::<E>(spec, x, &f.o, &d_o, &f.stats).expect("reference backward");
+        (f, g)
+    };
     Outcome {
         o: widen(&f.o),
         stats: f.stats.iter().map(|&x| x as f64).collect(),

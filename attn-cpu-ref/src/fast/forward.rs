@@ -1,0 +1,203 @@
+//! The forward sweep: online softmax over key tiles, GEMM for `Q̃K̃ᵀ` and `P·V`, split-KV with an
+//! LSE merge when the (batch, head, query tile) tasks are too few to fill the threads.
+
+use super::tile::{exp, matmul, nan_max, sum, Mat, BK, BQ};
+use super::Ctx;
+use crate::Forward;
+use attn_core::Element;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Keys a split must hold at least (below it the merge costs more than the parallelism gains).
+const MIN_SPLIT_KEYS: usize = 512;
+
+/// One unit of work: query rows `rows` of (b, h), against the keys in `keys`.
+struct Task {
+    b: usize,
+    h: usize,
+    rows: Range<usize>,
+    keys: Range<usize>,
+}
+
+/// A task's unnormalised result: `acc = Σ_j exp(s_ij − m_i) v_j`, the running max `m_i` and sum
+/// `l_i` of each row.
+struct Part {
+    acc: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+/// How many parts the keys of every slice are split into.
+fn splits<E: Element>(ctx: &Ctx<'_, E>, tiles: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    if tiles >= 2 * threads {
+        return 1;
+    }
+    let want = (2 * threads).div_ceil(tiles.max(1));
+    let most = (ctx.spec.seq_k() / MIN_SPLIT_KEYS).max(1);
+    want.min(most)
+}
+
+fn tasks<E: Element>(ctx: &Ctx<'_, E>) -> Vec<Task> {
+    let spec = ctx.spec;
+    let mut tiles = Vec::new();
+    for b in 0..spec.batch() {
+        let n = spec.seq_lens(b).q;
+        for h in 0..spec.heads_q() {
+            tiles.extend((0..n).step_by(BQ).map(|r0| (b, h, r0..(r0 + BQ).min(n))));
+        }
+    }
+    let parts = splits(ctx, tiles.len());
+    let mut out = Vec::with_capacity(tiles.len() * parts);
+    for (b, h, rows) in tiles {
+        let nk = spec.seq_lens(b).k;
+        let step = nk.div_ceil(parts).max(1);
+        for p in 0..parts {
+            let k0 = (p * step).min(nk);
+            let k1 = ((p + 1) * step).min(nk);
+            out.push(Task {
+                b,
+                h,
+                rows: rows.clone(),
+                keys: k0..k1,
+            });
+        }
+    }
+    out
+}
+
+fn run_task<E: Element>(ctx: &Ctx<'_, E>, t: &Task) -> Part {
+    let spec = ctx.spec;
+    let (d, dv) = (spec.head_dim(), spec.head_dim_v());
+    let hk = spec.kv_head(t.h);
+    let (q, k, v) = (ctx.q(t.b, t.h), ctx.k(t.b, hk), ctx.v(t.b, hk));
+    let (i0, m) = (t.rows.start, t.rows.len());
+    let mut part = Part {
+        acc: vec![0.0; m * dv],
+        m: vec![f32::NEG_INFINITY; m],
+        l: vec![0.0; m],
+    };
+    // The keys any row of the tile may see, within this task's split.
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    for i in t.rows.clone() {
+        let r = spec.key_range(t.b, i);
+        if !r.is_empty() {
+            lo = lo.min(r.start);
+            hi = hi.max(r.end);
+        }
+    }
+    let (lo, hi) = (lo.max(t.keys.start), hi.min(t.keys.end));
+    if lo >= hi {
+        return part;
+    }
+    let qt = &q.data[i0 * d..(i0 + m) * d];
+    let mut s = vec![0f32; m * BK];
+    for j0 in (lo..hi).step_by(BK) {
+        let n = (hi - j0).min(BK);
+        let s = &mut s[..m * n];
+        matmul(
+            m,
+            n,
+            d,
+            s,
+            n,
+            false,
+            Mat::rows(qt, d),
+            Mat::t(&k.data[j0 * d..(j0 + n) * d], d),
+        );
+        ctx.logits(t.b, t.h, i0, m, j0, n, s, None);
+        for r in 0..m {
+            let row = &mut s[r * n..(r + 1) * n];
+            let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, nan_max);
+            let m_old = part.m[r];
+            let m_new = nan_max(m_old, tile_max);
+            part.m[r] = m_new;
+            let o = &mut part.acc[r * dv..(r + 1) * dv];
+            if m_new.is_nan() {
+                row.fill(0.0);
+                o.fill(f32::NAN);
+                part.l[r] = f32::NAN;
+                continue;
+            }
+            if m_new == f32::NEG_INFINITY {
+                row.fill(0.0);
+                continue;
+            }
+            let alpha = (m_old - m_new).exp();
+            if alpha != 1.0 {
+                o.iter_mut().for_each(|x| *x *= alpha);
+            }
+            row.iter_mut().for_each(|x| *x = exp(*x - m_new));
+            part.l[r] = part.l[r] * alpha + sum(row);
+        }
+        matmul(
+            m,
+            dv,
+            n,
+            &mut part.acc,
+            dv,
+            true,
+            Mat::rows(s, n),
+            Mat::rows(&v.data[j0 * dv..(j0 + n) * dv], dv),
+        );
+    }
+    part
+}
+
+/// Merge the parts of one row into `(o, LSE)`.
+fn merge(parts: &[&Part], r: usize, dv: usize, o: &mut [f32]) -> f32 {
+    o.fill(0.0);
+    let mmax = parts.iter().map(|p| p.m[r]).fold(f32::NEG_INFINITY, nan_max);
+    if mmax.is_nan() {
+        o.fill(f32::NAN);
+        return f32::NAN;
+    }
+    if mmax == f32::NEG_INFINITY {
+        return f32::NEG_INFINITY;
+    }
+    let mut l = 0.0;
+    for p in parts {
+        if p.m[r] == f32::NEG_INFINITY {
+            continue;
+        }
+        let w = (p.m[r] - mmax).exp();
+        l += p.l[r] * w;
+        o.iter_mut()
+            .zip(&p.acc[r * dv..(r + 1) * dv])
+            .for_each(|(o, a)| *o += w * a);
+    }
+    let inv = 1.0 / l;
+    o.iter_mut().for_each(|x| *x *= inv);
+    mmax + l.ln()
+}
+
+pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>) -> Forward<E, f32> {
+    let spec = ctx.spec;
+    let dv = spec.head_dim_v();
+    let tasks = tasks(ctx);
+    let parts: Vec<Part> = tasks.par_iter().map(|t| run_task(ctx, t)).collect();
+    let mut o = vec![E::from_f32(0.0); spec.o_len()];
+    let mut stats = vec![0f32; spec.stats_len()];
+    let mut row = vec![0f32; dv];
+    let mut at = 0;
+    while at < tasks.len() {
+        // The splits of one (b, h, query tile) are consecutive.
+        let t = &tasks[at];
+        let mut end = at + 1;
+        while end < tasks.len() && tasks[end].b == t.b && tasks[end].h == t.h && tasks[end].rows == t.rows {
+            end += 1;
+        }
+        let group: Vec<&Part> = parts[at..end].iter().collect();
+        for (r, i) in t.rows.clone().enumerate() {
+            let lse = merge(&group, r, dv, &mut row);
+            let off = spec.o_offset(t.b, i, t.h);
+            o[off..off + dv]
+                .iter_mut()
+                .zip(&row)
+                .for_each(|(o, x)| *o = E::from_f32(*x));
+            stats[spec.stats_index(t.b, t.h, i)] = lse;
+        }
+        at = end;
+    }
+    Forward { o, stats }
+}

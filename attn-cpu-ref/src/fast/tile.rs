@@ -1,0 +1,375 @@
+//! f32 building blocks of the fast path: prepared rows, the pair score of each softmax-like family
+//! computed from a tile of dot products, and a safe wrapper around the `gemm` crate.
+
+use attn_core::{FamilySpec, HypScore, ACOSH_EPS, KLEIN_MAX_NORM2};
+
+/// Queries per tile (forward and backward).
+pub(super) const BQ: usize = 64;
+/// Keys per tile (forward and backward).
+pub(super) const BK: usize = 128;
+
+/// Scalars of one prepared row (see `softmax_like::score`): `‖x‖`, `x0 = √(1/c + ‖x‖²)` and the gap
+/// `x0 − ‖x‖`; a family leaves the fields it does not use at 0.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct RowS {
+    pub norm: f32,
+    pub x0: f32,
+    pub gap: f32,
+}
+
+/// `n` prepared rows of `dim` f32 values, contiguous, with their scalars and one extra scalar per
+/// row (`log γ` of a value row under the Einstein midpoint, else 0).
+pub(super) struct Rows {
+    pub dim: usize,
+    pub data: Vec<f32>,
+    pub s: Vec<RowS>,
+    pub extra: Vec<f32>,
+}
+
+impl Rows {
+    #[inline]
+    pub(super) fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.dim..(r + 1) * self.dim]
+    }
+}
+
+/// The pair score in f32: the same kernels as the reference's `Score`, evaluated from the dot
+/// product `t = x̃·ỹ` of the prepared rows (a GEMM tile).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Kind {
+    Dot { scale: f32, softcap: Option<f32> },
+    Cosine { scale: f32, eps: f32 },
+    Lorentz { kind: HypScore, c: f32, beta: f32 },
+}
+
+impl Kind {
+    /// `None` for Taylor (no row-wise softmax).
+    pub(super) fn new(family: &FamilySpec) -> Option<Kind> {
+        Some(match *family {
+            FamilySpec::Softmax { scale, softcap } => Kind::Dot { scale, softcap },
+            FamilySpec::CosineSim {
+                scale,
+                qk_l2norm: true,
+                eps,
+            } => Kind::Cosine { scale, eps },
+            FamilySpec::CosineSim {
+                scale,
+                qk_l2norm: false,
+                ..
+            } => Kind::Dot { scale, softcap: None },
+            FamilySpec::Hyperbolic {
+                score,
+                curvature,
+                beta,
+                ..
+            } => Kind::Lorentz {
+                kind: score,
+                c: curvature,
+                beta,
+            },
+            FamilySpec::Taylor { .. } => return None,
+        })
+    }
+
+    /// Write the prepared row of `x` to `out` and return its scalars; a row holding a NaN or ±∞
+    /// becomes NaN (docs/nan.md), as in the reference.
+    pub(super) fn prepare(&self, x: &[f32], out: &mut [f32]) -> RowS {
+        if x.iter().any(|v| !v.is_finite()) {
+            out.fill(f32::NAN);
+            return RowS {
+                norm: f32::NAN,
+                x0: f32::NAN,
+                gap: f32::NAN,
+            };
+        }
+        match *self {
+            Kind::Dot { .. } => {
+                out.copy_from_slice(x);
+                RowS::default()
+            }
+            Kind::Cosine { eps, .. } => {
+                let norm = dot(x, x).sqrt();
+                let inv = 1.0 / norm.max(eps);
+                out.iter_mut().zip(x).for_each(|(o, x)| *o = x * inv);
+                RowS {
+                    norm,
+                    ..RowS::default()
+                }
+            }
+            Kind::Lorentz { c, .. } => {
+                let norm = dot(x, x).sqrt();
+                let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+                out.iter_mut().zip(x).for_each(|(o, x)| *o = x * inv);
+                let x0 = (1.0 / c + norm * norm).sqrt();
+                RowS {
+                    norm,
+                    x0,
+                    gap: (1.0 / c) / (x0 + norm),
+                }
+            }
+        }
+    }
+
+    /// `(s, σ)` for one pair from `t = x̃·ỹ` and the rows' scalars (σ as in the reference's module
+    /// doc: the weight of `G` in the gradient).
+    #[inline]
+    pub(super) fn score(&self, t: f32, qs: &RowS, ks: &RowS) -> (f32, f32) {
+        match *self {
+            Kind::Dot { scale, softcap: None } | Kind::Cosine { scale, .. } => (scale * t, scale),
+            Kind::Dot {
+                scale,
+                softcap: Some(cap),
+            } => {
+                let th = (scale * t / cap).tanh();
+                (cap * th, scale * (1.0 - th * th))
+            }
+            Kind::Lorentz { kind, c, beta } => {
+                // The hyperboloid arithmetic runs in f64 on the f32 dot product: the geodesic's
+                // σ = −β√c/√(z² − 1) amplifies the rounding of z − 1 where q and k are close.
+                let (c, beta) = (c as f64, beta as f64);
+                let (nq, nk) = (qs.norm as f64, ks.norm as f64);
+                let (q0, k0) = (qs.x0 as f64, ks.x0 as f64);
+                // ‖q̂ − k̂‖² = 2 − 2 q̂·k̂ on unit rows (a zero row has norm 0 and its term vanishes).
+                let angular = (2.0 - 2.0 * t as f64).max(0.0);
+                let dn = nq - nk;
+                let t0 = q0 + k0;
+                let one_minus_rho2 = (qs.gap as f64 + ks.gap as f64) * (t0 + nq + nk) / (t0 * t0);
+                let d2 = dn * dn * one_minus_rho2 + nq * nk * angular;
+                let (s, sg) = match kind {
+                    HypScore::SquaredLorentz => (-beta * d2, -2.0 * beta),
+                    HypScore::Geodesic => {
+                        let x = 0.5 * c * d2;
+                        let (x, clamped) = if x < ACOSH_EPS {
+                            (ACOSH_EPS, true)
+                        } else {
+                            (x, false)
+                        };
+                        let root = (x * (x + 2.0)).sqrt();
+                        let sc = c.sqrt();
+                        let s = -beta * (x + root).ln_1p() / sc;
+                        (s, if clamped { 0.0 } else { -beta * sc / root })
+                    }
+                };
+                (s as f32, sg as f32)
+            }
+        }
+    }
+
+    /// The Lorentz gradient's pair coefficients for a weight `w` (reference: `Score::accumulate`):
+    /// `w·G(x, y) = a (x̂ − ŷ) + T ŷ`; returns `(a, T)`.
+    #[inline]
+    pub(super) fn lorentz_coef(c: f32, w: f32, xs: &RowS, ys: &RowS) -> (f32, f32) {
+        let (nx, ny, x0, y0) = (xs.norm, ys.norm, xs.x0, ys.x0);
+        let radial = (nx + ny) * (1.0 + nx / (x0 + y0)) + y0;
+        let t = w * (nx - ny) * radial / (c * (y0 + ny) * (x0 + nx) * x0);
+        let a = w * y0 * nx / x0;
+        (a, t)
+    }
+
+    /// Map the accumulated gradient with respect to the prepared row to the raw row (cosine-sim's
+    /// l2-normalisation; identity otherwise).
+    pub(super) fn finish(&self, acc: &mut [f32], xt: &[f32], xs: &RowS) {
+        if let Kind::Cosine { eps, .. } = *self {
+            if xs.norm > eps {
+                let radial = dot(xt, acc);
+                acc.iter_mut()
+                    .zip(xt)
+                    .for_each(|(a, x)| *a = (*a - x * radial) / xs.norm);
+            } else {
+                acc.iter_mut().for_each(|a| *a /= eps);
+            }
+        }
+    }
+}
+
+/// `log γ` of a value row and the factor `c γ²` of its gradient (0 where the Klein-ball clamp is
+/// active).
+pub(super) fn log_gamma(c: f32, v: &[f32]) -> (f32, f32) {
+    let n2 = c * dot(v, v);
+    let clamped = n2 > KLEIN_MAX_NORM2 as f32;
+    let n2 = if clamped { KLEIN_MAX_NORM2 as f32 } else { n2 };
+    let dfactor = if clamped { 0.0 } else { c / (1.0 - n2) };
+    (-0.5 * (-n2).ln_1p(), dfactor)
+}
+
+/// `max(a, b)`, NaN when either is NaN.
+#[inline]
+pub(super) fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// `a·b` with eight partial sums (vectorises).
+#[inline]
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// A matrix operand: `data[r·rs + c·cs]` is element (r, c).
+#[derive(Clone, Copy)]
+pub(super) struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// Row-major with row stride `rs`.
+    pub(super) fn rows(data: &'a [f32], rs: usize) -> Mat<'a> {
+        Mat { data, rs, cs: 1 }
+    }
+    /// The transpose of a row-major matrix with row stride `rs`.
+    pub(super) fn t(data: &'a [f32], rs: usize) -> Mat<'a> {
+        Mat { data, rs: 1, cs: rs }
+    }
+    fn fits(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst[m×n] (row-major, row stride dst_rs) = (acc ? dst : 0) + a[m×k]·b[k×n]` on the `gemm` crate,
+/// single-threaded (the callers parallelise over tiles).
+pub(super) fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    acc: bool,
+    a: Mat<'_>,
+    b: Mat<'_>,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let d = Mat {
+        data: dst,
+        rs: dst_rs,
+        cs: 1,
+    };
+    // Internal invariant (every caller sizes its tiles from the same m, n, k); checked because the
+    // call below reads and writes through raw pointers.
+    assert!(
+        d.fits(m, n) && a.fits(m, k) && b.fits(k, n),
+        "fast::matmul: operand too short for {m}x{n}x{k}"
+    );
+    if k == 0 {
+        if !acc {
+            for r in 0..m {
+                dst[r * dst_rs..r * dst_rs + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    // SAFETY: the three extents were checked above; dst is a unique borrow that overlaps neither
+    // input (both are shared borrows).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            acc,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// `e^x` in f32 to within 4 ulp on [−87, 88], in a form the compiler vectorises (no libm call):
+/// Cody–Waite reduction `x = n ln 2 + r`, a degree-6 polynomial in `r`, and `2^n` by exponent
+/// bits. 0 below −87 (e^−87 is near the bottom of f32's normal range), +∞ above 88, NaN for NaN.
+#[inline(always)]
+pub(super) fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let xc = x.clamp(-87.0, 88.0);
+    let n = (xc * LOG2E).round();
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    // Taylor coefficients 1/k! (|r| ≤ ln2/2: the degree-6 remainder is below 2⁻²⁴ relative).
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let y = p * scale;
+    if x.is_nan() {
+        f32::NAN
+    } else if x < -87.0 {
+        0.0
+    } else if x > 88.0 {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
+/// `Σ x` with eight partial sums (vectorises).
+#[inline]
+pub(super) fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let c = x.chunks_exact(8);
+    let tail: f32 = c.remainder().iter().sum();
+    for v in c {
+        for l in 0..8 {
+            acc[l] += v[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp;
+
+    #[test]
+    fn exp_matches_libm_within_a_few_ulp_and_keeps_the_special_values() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.001_37;
+        }
+        assert!(
+            worst < 4.0 * f32::EPSILON as f64,
+            "worst relative error {worst:e}"
+        );
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-100.0), 0.0);
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+    }
+}

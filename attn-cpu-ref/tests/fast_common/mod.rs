@@ -1,0 +1,124 @@
+//! The comparison of the fast path with the f64 oracle, shared by the `fast_*` suites.
+//!
+//! Inputs are drawn by `testing::random_case`, rounded to the storage dtype `T`; the oracle is the
+//! f64 reference on the rounded inputs. The fast path runs its forward, then its backward from its
+//! own o and LSE (as attn-candle chains them). Every tensor passes `testing::check_close`: error ≤
+//! 2·baseline error + atol, where the baseline is the oracle rounded once to `T` (the best any
+//! `T` result can be; its backward starts from o rounded to `T`, as every storage-dtype backward
+//! does) and `atol = (4·u_T + 64·√(Nk + D)·u_f32)·max(|ref|, 1e-3)` (for the gradients
+//! the largest max|ref| over dq, dk, dv and dbias): the storage
+//! rounding plus the f32 accumulation bound of dot products of length D and sums over Nk keys.
+
+#![allow(dead_code)]
+
+use attn_core::{AttnSpec, DType, Element};
+use attn_cpu_ref::testing::{check_close, max_abs, random_case};
+use attn_cpu_ref::{backward_f64, fast, forward_f64, Inputs};
+
+fn round<T: Element>(x: &[f64]) -> (Vec<T>, Vec<f64>) {
+    let t: Vec<T> = x.iter().map(|&v| T::from_f64(v)).collect();
+    let w = t.iter().map(|v| v.to_f64()).collect();
+    (t, w)
+}
+
+fn widen<T: Element>(x: &[T]) -> Vec<f64> {
+    x.iter().map(|v| v.to_f64()).collect()
+}
+
+/// The oracle rounded once to `T`.
+fn rounded<T: Element>(x: &[f64]) -> Vec<f64> {
+    round::<T>(x).1
+}
+
+/// Compare the LSE: −∞ exactly where the oracle has an empty row, close elsewhere.
+fn check_lse(got: &[f32], reference: &[f64], atol: f64) -> Result<(), String> {
+    let (mut g, mut r) = (Vec::new(), Vec::new());
+    for (i, (&x, &y)) in got.iter().zip(reference).enumerate() {
+        let empty = y == f64::NEG_INFINITY;
+        if empty != (x == f32::NEG_INFINITY) {
+            return Err(format!("lse[{i}]: got {x} where the reference has {y}"));
+        }
+        if !empty {
+            g.push(x as f64);
+            r.push(y);
+        }
+    }
+    let base: Vec<f64> = r.iter().map(|&v| v as f32 as f64).collect();
+    check_close("lse", &g, &r, &base, atol)
+}
+
+/// Run one case in storage dtype `T` (the spec's dtype) and compare every output and gradient.
+pub fn check_t<T: Element>(spec: &AttnSpec, seed: u64) -> Result<(), String> {
+    let case = random_case(spec, seed);
+    let (q, qw) = round::<T>(&case.q);
+    let (k, kw) = round::<T>(&case.k);
+    let (v, vw) = round::<T>(&case.v);
+    let (d_o, dow) = round::<T>(&case.d_o);
+    let bias = case.bias.as_deref().map(round::<T>);
+    let e = |e: attn_core::AttnError| e.to_string();
+    let wide = Inputs {
+        q: &qw,
+        k: &kw,
+        v: &vw,
+        bias: bias.as_ref().map(|b| b.1.as_slice()),
+    };
+    let rf = forward_f64(spec, wide).map_err(e)?;
+    let rg = backward_f64(spec, wide, &rf.o, &dow, &rf.stats).map_err(e)?;
+    // The baseline's backward starts, like any storage-dtype backward, from o rounded to T (δ = dO·o
+    // inherits that rounding).
+    let bg = backward_f64(spec, wide, &rounded::<T>(&rf.o), &dow, &rf.stats).map_err(e)?;
+    let x = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        bias: bias.as_ref().map(|b| b.0.as_slice()),
+    };
+    let f = fast::forward(spec, x).map_err(e)?;
+    let g = fast::backward(spec, x, &f.o, &d_o, &f.stats).map_err(e)?;
+    let u = T::DTYPE.unit_roundoff();
+    let uf = DType::F32.unit_roundoff();
+    let acc = 64.0 * ((spec.seq_k() + spec.head_dim()) as f64).sqrt() * uf;
+    let atol = |r: &[f64]| (4.0 * u + acc) * max_abs(r).max(1e-3);
+    // Gradients share one scale: a gradient that is zero in exact arithmetic (cosine-sim's dk
+    // through the l2-norm at D = 1, say) is a cancellation of terms of the size of the others.
+    let gscale = [Some(&rg.dq), Some(&rg.dk), Some(&rg.dv), rg.dbias.as_ref()]
+        .iter()
+        .flatten()
+        .map(|g| max_abs(g))
+        .fold(1e-3, f64::max);
+    let gtol = (4.0 * u + acc) * gscale;
+    let ctx = |m: String| {
+        format!(
+            "{} {} q{:?} k{:?} causal {:?} window {:?} seed {seed}: {m}",
+            spec.family().label(),
+            T::DTYPE,
+            spec.q_shape(),
+            spec.k_shape(),
+            spec.causal(),
+            spec.window()
+        )
+    };
+    let cmp = |name: &str, got: &[T], r: &[f64], base: &[f64], tol: f64| {
+        check_close(name, &widen(got), r, &rounded::<T>(base), tol).map_err(ctx)
+    };
+    cmp("o", &f.o, &rf.o, &rf.o, atol(&rf.o))?;
+    check_lse(&f.stats, &rf.stats, atol(&[1.0])).map_err(ctx)?;
+    cmp("dq", &g.dq, &rg.dq, &bg.dq, gtol)?;
+    cmp("dk", &g.dk, &rg.dk, &bg.dk, gtol)?;
+    cmp("dv", &g.dv, &rg.dv, &bg.dv, gtol)?;
+    match (&g.dbias, &rg.dbias, &bg.dbias) {
+        (Some(a), Some(r), Some(b)) => cmp("dbias", a, r, b, gtol)?,
+        (None, None, None) => {}
+        _ => return Err(ctx("dbias present on one side only".into())),
+    }
+    Ok(())
+}
+
+/// [`check_t`] in the spec's dtype.
+pub fn check(spec: &AttnSpec, seed: u64) -> Result<(), String> {
+    match spec.dtype() {
+        DType::F32 => check_t::<f32>(spec, seed),
+        DType::F16 => check_t::<half::f16>(spec, seed),
+        DType::BF16 => check_t::<half::bf16>(spec, seed),
+    }
+}
