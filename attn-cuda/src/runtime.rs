@@ -113,7 +113,7 @@ pub(crate) fn launch_config(
 /// Whether every launch waits for its kernel to finish and reports the kernel's own failure under its
 /// name: `ATTN_CUDA_CHECK_LAUNCHES=1`, for finding which kernel faults (an asynchronous fault otherwise
 /// surfaces at a later, unrelated call). Slow; for debugging only.
-fn check_launches() -> bool {
+pub(crate) fn check_launches() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("ATTN_CUDA_CHECK_LAUNCHES").is_ok_and(|v| v.trim() == "1"))
 }
