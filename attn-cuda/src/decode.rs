@@ -155,7 +155,12 @@ fn launch_forward(
         name: &name,
         grid: (split.splits * tiles, spec.heads_kv(), spec.batch()),
         threads: plan::THREADS,
-        smem: plan::smem_bytes(d),
+        // The f32 kernel keeps its rows in registers.
+        smem: if spec.dtype() == DType::F32 {
+            0
+        } else {
+            plan::smem_bytes(d)
+        },
     };
     // SAFETY: `p` is the mirror of DecodeParams (decode_params.h); the callers checked every buffer it
     // points at against the spec (q, k, v or the cache, o, lse, the lengths and table) and sized the
@@ -211,7 +216,10 @@ pub(crate) fn forward<T: DeviceElem>(
             what: format!("the decode path was routed a call it cannot run: {why}"),
         });
     }
-    check_row_strides(spec, op)?;
+    let tensor_cores = spec.dtype() != DType::F32;
+    if tensor_cores {
+        check_row_strides(spec, op)?;
+    }
     let stream = attn.stream();
     let kernels = runtime::kernels_for(stream.context(), op)?;
     let c = Checker {
@@ -219,7 +227,7 @@ pub(crate) fn forward<T: DeviceElem>(
         op,
         pass,
         stream,
-        tensor_cores: true,
+        tensor_cores,
     };
     let (qp, _gq) = c.input("q", q, spec.q_len())?;
     let (kp, _gk) = c.input("k", k, spec.k_len())?;
@@ -361,7 +369,8 @@ impl CudaAttn {
     /// the host and checked ([`KvCacheSpec::check_seqlens`], [`KvCacheSpec::check_block_table`]),
     /// and a violation is a typed error. `cache_seqlens` itself is not updated.
     ///
-    /// Runs on the decode kernels: f16/bf16, D = Dv ∈ {64, 128, 256}; anything else is `Unsupported`.
+    /// Runs on the decode kernels: f16/bf16 on the tensor cores, f32 on the CUDA cores, D = Dv among
+    /// the flash kernels' head dims; anything else is `Unsupported`.
     pub fn forward_kv_cache<T: DeviceElem>(
         &self,
         spec: &KvCacheSpec,
@@ -406,20 +415,23 @@ impl CudaAttn {
         let paged = matches!(spec.layout(), KvLayout::Paged { .. });
         let shape_len = |s: [usize; 4]| s.iter().product::<usize>();
         let (d, dv) = (a.head_dim(), a.head_dim_v());
+        let tensor_cores = a.dtype() != DType::F32;
         let c = Checker {
             spec: a,
             op,
             pass,
             stream,
-            tensor_cores: true,
+            tensor_cores,
         };
         let (qp, _gq) = c.input("q", io.q, a.q_len())?;
         let (op_, _go) = c.output("o", io.o, a.o_len())?;
         let (lp, _gl) = c.output("lse", io.lse, a.stats_len())?;
         let (kc, _gkc) = c.output("k_cache", io.k_cache, shape_len(spec.cache_shape(d)))?;
         let (vc, _gvc) = c.output("v_cache", io.v_cache, shape_len(spec.cache_shape(dv)))?;
-        aligned(op, "k_cache", kc, 16)?;
-        aligned(op, "v_cache", vc, 16)?;
+        // cp.async of 16-byte row chunks (f16/bf16); the f32 kernel reads elements.
+        let row_align = if tensor_cores { 16 } else { 4 };
+        aligned(op, "k_cache", kc, row_align)?;
+        aligned(op, "v_cache", vc, row_align)?;
         let (sl, _gsl) = c.input("cache_seqlens", io.cache_seqlens, a.batch())?;
         let table = match (spec.block_table_shape(), io.block_table) {
             (Some(shape), Some(t)) => Some(c.input("block_table", t, shape_len_2(shape))?),

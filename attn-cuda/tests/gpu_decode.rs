@@ -116,23 +116,27 @@ fn decode_forward_matches_reference_at_every_split_count() {
             ("softcap", softcap()),
             ("cosine_sim", Family::cosine_sim()),
         ] {
-            for dtype in [DType::F16, DType::BF16] {
-                for d in [64, 128, 256] {
+            let dims: &[usize] = if fname == "cosine_sim" {
+                &[16, 32, 64, 96, 128, 256]
+            } else {
+                &[32, 64, 96, 128, 256]
+            };
+            for dtype in [DType::F16, DType::BF16, DType::F32] {
+                for &d in dims {
                     for (hq, hkv) in [(4, 4), (8, 2), (8, 1)] {
-                        for nq in [1, 3] {
-                            n += 1;
-                            let mask = (n % 4) as usize;
-                            let nk = if d == 256 { 333 } else { 611 };
-                            let spec = decode_spec(family, dtype, d, hq, hkv, nq, nk, mask);
-                            let label = format!(
-                                "{fname} {dtype} D={d} Hq/Hkv={hq}/{hkv} Nq={nq} Nk={nk} mask={mask}"
-                            );
-                            let r = match dtype {
-                                DType::F16 => check::<half::f16>(&spec, 7000 + n, 0),
-                                _ => check::<half::bf16>(&spec, 7000 + n, 0),
-                            };
-                            cases.record(label, r);
-                        }
+                        n += 1;
+                        let nq = [1, 3, 8][(n % 3) as usize];
+                        let mask = (n % 4) as usize;
+                        let nk = if d == 256 { 333 } else { 611 };
+                        let spec = decode_spec(family, dtype, d, hq, hkv, nq, nk, mask);
+                        let label =
+                            format!("{fname} {dtype} D={d} Hq/Hkv={hq}/{hkv} Nq={nq} Nk={nk} mask={mask}");
+                        let r = match dtype {
+                            DType::F16 => check::<half::f16>(&spec, 7000 + n, 0),
+                            DType::BF16 => check::<half::bf16>(&spec, 7000 + n, 0),
+                            DType::F32 => check::<f32>(&spec, 7000 + n, 0),
+                        };
+                        cases.record(label, r);
                     }
                 }
             }
@@ -488,31 +492,32 @@ fn kv_cache_steps_match_reference_contiguous_and_paged() {
         let mut cases = Cases::new("kv_cache_step");
         let mut n = 0u64;
         for (lname, layout) in layouts() {
-            for dtype in [DType::F16, DType::BF16] {
-                for d in [64, 128, 256] {
-                    for (hq, hkv) in [(4, 4), (8, 2), (8, 1)] {
-                        for (seq_q, new) in [(1, 1), (3, 3), (16, 16), (1, 0), (2, 5)] {
-                            n += 1;
-                            let family = if n % 3 == 0 { softcap() } else { Family::softmax() };
-                            let label = format!(
-                                "{lname} {dtype} D={d} Hq/Hkv={hq}/{hkv} seq_q={seq_q} new={new} seed={n}"
-                            );
-                            let r = match dtype {
-                                DType::F16 => {
-                                    let st = random_step::<half::f16>(
-                                        family, 4, hq, hkv, seq_q, new, d, layout, n,
-                                    );
-                                    kv_case::<half::f16>(g, &st)
-                                }
-                                _ => {
-                                    let st = random_step::<half::bf16>(
-                                        family, 4, hq, hkv, seq_q, new, d, layout, n,
-                                    );
-                                    kv_case::<half::bf16>(g, &st)
-                                }
-                            };
-                            cases.record(label, r);
-                        }
+            for dtype in [DType::F16, DType::BF16, DType::F32] {
+                for (hq, hkv) in [(4, 4), (8, 2), (8, 1)] {
+                    for (seq_q, new) in [(1, 1), (3, 3), (16, 16), (1, 0), (2, 5)] {
+                        n += 1;
+                        let d = [64, 128, 256, 32, 96][(n % 5) as usize];
+                        let family = if n % 3 == 0 { softcap() } else { Family::softmax() };
+                        let label = format!(
+                            "{lname} {dtype} D={d} Hq/Hkv={hq}/{hkv} seq_q={seq_q} new={new} seed={n}"
+                        );
+                        let r = match dtype {
+                            DType::F16 => {
+                                let st =
+                                    random_step::<half::f16>(family, 4, hq, hkv, seq_q, new, d, layout, n);
+                                kv_case::<half::f16>(g, &st)
+                            }
+                            DType::BF16 => {
+                                let st =
+                                    random_step::<half::bf16>(family, 4, hq, hkv, seq_q, new, d, layout, n);
+                                kv_case::<half::bf16>(g, &st)
+                            }
+                            DType::F32 => {
+                                let st = random_step::<f32>(family, 4, hq, hkv, seq_q, new, d, layout, n);
+                                kv_case::<f32>(g, &st)
+                            }
+                        };
+                        cases.record(label, r);
                     }
                 }
             }
@@ -793,45 +798,11 @@ fn kv_cache_rejects_bad_buffers_with_typed_errors() {
         )
         .expect_err("rejected");
     assert!(e.to_string().contains("k_cache"), "{e}");
-    // f32 is not a decode-kernel dtype: Unsupported, never a silent result.
-    let spec32 = KvCacheProblem::new(
-        Family::softmax(),
-        DType::F32,
-        1,
-        4,
-        2,
-        1,
-        64,
-        KvLayout::Contiguous { capacity: 64 },
-    )
-    .validate()
-    .expect("valid");
-    let e = g.kv_cache_workspace(&spec32).map(|_| ()).and_then(|_| {
-        let mut ws = g.kv_cache_workspace(&spec32)?;
-        let q = upload(s, &vec![0f32; 4 * 64]);
-        let mut kc = upload(s, &vec![0f32; 64 * 2 * 64]);
-        let mut vc = upload(s, &vec![0f32; 64 * 2 * 64]);
-        let kn = upload(s, &vec![0f32; 2 * 64]);
-        let vn = upload(s, &vec![0f32; 2 * 64]);
-        let lens = upload(s, &[0i32]);
-        let mut o = upload(s, &vec![0f32; 4 * 64]);
-        let mut lse = upload(s, &[0f32; 4]);
-        g.forward_kv_cache(
-            &spec32,
-            KvCacheIo {
-                q: &q,
-                k_cache: &mut kc,
-                v_cache: &mut vc,
-                k_new: Some(&kn),
-                v_new: Some(&vn),
-                cache_seqlens: &lens,
-                block_table: None,
-                o: &mut o,
-                lse: &mut lse,
-            },
-            &mut ws,
-        )
-    });
-    let e = e.expect_err("f32 rejected");
-    assert!(e.to_string().contains("f32"), "{e}");
+    // A head dim no kernel has: Unsupported, never a silent result.
+    let layout = KvLayout::Contiguous { capacity: 64 };
+    let st = random_step::<half::bf16>(Family::softmax(), 1, 4, 2, 1, 1, 80, layout, 5);
+    let mut ws = g.kv_cache_workspace(&st.spec).expect("workspace");
+    let mut dev = Dev::<half::bf16>::new(s, &st);
+    let e = dev.run(g, &st.spec, &mut ws).expect_err("head dim 80 rejected");
+    assert!(e.contains("head dim"), "{e}");
 }

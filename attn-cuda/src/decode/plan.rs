@@ -11,8 +11,9 @@ pub(crate) const ROWS: usize = 16;
 pub(crate) const KEYS: usize = 64;
 /// Threads of the forward block (`kThreads`).
 pub(crate) const THREADS: u32 = 128;
-/// Head dims the decode kernels are compiled for (D = Dv).
-pub(crate) const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Head dims the decode kernels are compiled for (D = Dv): the flash kernels' (16 for cosine-sim
+/// only; `dispatch::check_supported` applies each family's list first).
+pub(crate) const HEAD_DIMS: [usize; 6] = [16, 32, 64, 96, 128, 256];
 /// The most rows per kv head (queries × group) that [`Route::Measured`] sends to the decode kernels:
 /// up to four row tiles, each re-reading the keys its chunk covers (at 64 rows the flash kernels'
 /// tiles are full enough that splitting the keys is no longer what the grid lacks).
@@ -74,14 +75,12 @@ pub(crate) fn splits(blocks: usize, seq_k: usize, sms: usize, forced: Option<usi
     }
 }
 
-/// Why the decode kernels cannot run `spec`, or `None` when they can: a softmax-like family, f16 or
-/// bf16, a compiled head dim with Dv = D, no bias, dense or key-padded (not packed varlen) sequences.
+/// Why the decode kernels cannot run `spec`, or `None` when they can: a softmax-like family, a
+/// compiled head dim with Dv = D, no bias, dense or key-padded (not packed varlen) sequences. f16
+/// and bf16 run on the tensor cores, f32 on the CUDA cores (exact, slower).
 pub(crate) fn unsupported(spec: &AttnSpec) -> Option<String> {
     if matches!(spec.family(), FamilySpec::Taylor { .. }) {
         return Some("Taylor attention (it decodes through its recurrent state)".into());
-    }
-    if spec.dtype() == DType::F32 {
-        return Some("f32 (the decode kernels are f16/bf16 tensor-core kernels)".into());
     }
     if !HEAD_DIMS.contains(&spec.head_dim()) || spec.head_dim_v() != spec.head_dim() {
         return Some(format!(
@@ -106,13 +105,17 @@ pub(crate) fn unsupported(spec: &AttnSpec) -> Option<String> {
     None
 }
 
-/// Whether a forward of `spec` runs on the decode kernels under `config` ([`KernelConfig::decode`]).
+/// Whether a forward of `spec` runs on the decode kernels under `config` ([`KernelConfig::decode`]):
+/// `Measured` takes f16/bf16 calls with at most [`MEASURED_MAX_ROWS`] rows per kv head (f32 keeps
+/// the flash path's SIMT kernels), `Everywhere` every call the kernels support.
 pub(crate) fn route(spec: &AttnSpec, config: &KernelConfig) -> bool {
     match config.decode {
         Route::Off => false,
         Route::Everywhere => unsupported(spec).is_none(),
         Route::Measured => {
-            unsupported(spec).is_none() && spec.seq_q().saturating_mul(spec.group()) <= MEASURED_MAX_ROWS
+            unsupported(spec).is_none()
+                && spec.dtype() != DType::F32
+                && spec.seq_q().saturating_mul(spec.group()) <= MEASURED_MAX_ROWS
         }
     }
 }
@@ -186,12 +189,14 @@ mod tests {
         assert!(route(&spec(DType::F16, 32, 8, 16, 4096, 64), &d)); // 64 rows
         assert!(!route(&spec(DType::F16, 32, 8, 17, 4096, 64), &d)); // 68 rows
         assert!(!route(&spec(DType::F32, 32, 8, 1, 4096, 64), &d));
-        assert!(!route(&spec(DType::BF16, 32, 8, 1, 4096, 96), &d));
+        assert!(route(&spec(DType::BF16, 32, 8, 1, 4096, 96), &d));
+        assert!(!route(&spec(DType::BF16, 32, 8, 1, 4096, 80), &d));
         let every = KernelConfig {
             decode: Route::Everywhere,
             ..d
         };
         assert!(route(&spec(DType::F16, 8, 8, 1000, 4096, 64), &every));
+        assert!(route(&spec(DType::F32, 32, 8, 1, 4096, 64), &every));
         let off = KernelConfig {
             decode: Route::Off,
             ..d
