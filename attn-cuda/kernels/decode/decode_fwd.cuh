@@ -246,7 +246,7 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
                 const int kc = t * 2 + (e & 1);  // index into ks/lg: (t, e&1)
                 const int j = j0 + t * 8 + 2 * tq + (e & 1);
                 float v = (score(p, s[t][e], qs[x], ks[kc]) + lg[kc]) * kLog2e;
-                if (j < lo_r[x] || j >= hi_r[x]) v = -INFINITY;
+                if (j < lo_r[x] || j >= hi_r[x] || j >= chunk_hi) v = -INFINITY;
                 s[t][e] = v;
                 mnew[x] = nan_max(mnew[x], v);
             }

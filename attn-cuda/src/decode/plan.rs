@@ -213,4 +213,83 @@ mod tests {
             .expect("valid varlen");
         assert!(unsupported(&varlen).is_some());
     }
+
+    /// One row's chunk as the forward computes it: keys `[lo, hi)` of `s` (scores) in key tiles, each
+    /// 16-key warp slice with its own online softmax in base 2, the warps merged at the end; returns
+    /// the chunk's (LSE, o), (−∞, 0) when it holds no allowed key.
+    fn chunk(s: &[f64], v: &[f64], lo: usize, hi: usize) -> (f64, f64) {
+        let log2e = std::f64::consts::LOG2_E;
+        let mut warps = [(f64::NEG_INFINITY, 0.0f64, 0.0f64); 4];
+        for j in lo..hi {
+            let w = (j % KEYS) / 16;
+            let (m, l, o) = &mut warps[w];
+            let x = s[j] * log2e;
+            let mn = if x > *m || x.is_nan() { x } else { *m };
+            let base = if mn == f64::NEG_INFINITY { 0.0 } else { mn };
+            let alpha = (*m - base).exp2();
+            let p = (x - base).exp2();
+            (*m, *l, *o) = (mn, *l * alpha + p, *o * alpha + p * v[j]);
+        }
+        let mm = warps
+            .iter()
+            .fold(f64::NEG_INFINITY, |a, w| if w.0 > a { w.0 } else { a });
+        let base = if mm == f64::NEG_INFINITY { 0.0 } else { mm };
+        let l: f64 = warps.iter().map(|w| w.1 * (w.0 - base).exp2()).sum();
+        let o: f64 = warps.iter().map(|w| w.2 * (w.0 - base).exp2()).sum();
+        if mm == f64::NEG_INFINITY || l == 0.0 {
+            (f64::NEG_INFINITY, 0.0)
+        } else {
+            ((mm + l.log2()) * std::f64::consts::LN_2, o / l)
+        }
+    }
+
+    /// decode_combine: LSE = M + log Σ exp(LSE_s − M), o = Σ exp(LSE_s − LSE)·o_s.
+    fn combine(parts: &[(f64, f64)]) -> (f64, f64) {
+        let m = parts.iter().fold(f64::NEG_INFINITY, |a, p| a.max(p.0));
+        if m == f64::NEG_INFINITY {
+            return (f64::NEG_INFINITY, 0.0);
+        }
+        let lse = m + parts.iter().map(|p| (p.0 - m).exp()).sum::<f64>().ln();
+        let o = parts
+            .iter()
+            .filter(|p| p.0 != f64::NEG_INFINITY)
+            .map(|p| (p.0 - lse).exp() * p.1)
+            .sum();
+        (lse, o)
+    }
+
+    #[test]
+    fn split_and_merge_equal_the_single_pass_softmax() {
+        // Scores and values of one row over 1000 keys (a deterministic spread), the allowed keys a
+        // window [lo, hi) of them; every split count, including chunks with no allowed key.
+        let n = 1000;
+        let s: Vec<f64> = (0..n).map(|j| ((j * 7919) % 1009) as f64 / 97.0 - 5.0).collect();
+        let v: Vec<f64> = (0..n).map(|j| ((j * 104729) % 101) as f64 / 50.0 - 1.0).collect();
+        for (lo, hi) in [(0, n), (0, 0), (130, 131), (333, 999), (640, 700)] {
+            let m = s[lo..hi].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let den: f64 = s[lo..hi].iter().map(|x| (x - m).exp()).sum();
+            let want_o: f64 = (lo..hi).map(|j| (s[j] - m).exp() * v[j]).sum::<f64>() / den;
+            let want_lse = if hi > lo { m + den.ln() } else { f64::NEG_INFINITY };
+            for forced in 1..=20 {
+                let sp = splits(1, n, 132, Some(forced));
+                let parts: Vec<(f64, f64)> = (0..sp.splits)
+                    .map(|c| {
+                        let (c0, c1) = (c * sp.chunk, ((c + 1) * sp.chunk).min(n));
+                        chunk(&s, &v, lo.max(c0), hi.min(c1).max(lo.max(c0)))
+                    })
+                    .collect();
+                let (lse, o) = combine(&parts);
+                let case = format!("keys {lo}..{hi}, {} chunks", sp.splits);
+                if hi == lo {
+                    assert_eq!((lse, o), (f64::NEG_INFINITY, 0.0), "{case}");
+                } else {
+                    assert!(
+                        (lse - want_lse).abs() < 1e-12 * want_lse.abs().max(1.0),
+                        "{case}: {lse} vs {want_lse}"
+                    );
+                    assert!((o - want_o).abs() < 1e-12, "{case}: {o} vs {want_o}");
+                }
+            }
+        }
+    }
 }
