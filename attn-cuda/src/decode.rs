@@ -412,7 +412,6 @@ impl CudaAttn {
         let stream = self.stream();
         let kernels = runtime::kernels_for(stream.context(), op)?;
         let new = spec.new_tokens();
-        let paged = matches!(spec.layout(), KvLayout::Paged { .. });
         let shape_len = |s: [usize; 4]| s.iter().product::<usize>();
         let (d, dv) = (a.head_dim(), a.head_dim_v());
         let tensor_cores = a.dtype() != DType::F32;
@@ -519,8 +518,6 @@ impl CudaAttn {
                 p.block_table = table.as_ref().map_or(0, |(ptr, _)| *ptr);
             }
         }
-        let _ = paged;
-        // The step's q layout is contiguous [B, seq_q, Hq, D] (the attend spec's).
         let split = ws.split;
         fill_split(&mut p, a, split);
         (p.ws_o, p.ws_lse) = (ws.o.device_ptr(stream).0, ws.lse.device_ptr(stream).0);
