@@ -37,7 +37,9 @@ __device__ __forceinline__ float score(const DecodeParams& p, float dot, float q
         case kSqLorentz:
             return 2.f * p.beta / p.curvature + 2.f * p.beta * (dot - qs * ks);
         case kGeodesic: {
-            const float z = fmaxf(p.curvature * (qs * ks - dot), 1.f + kAcoshEps);
+            // The clamp keeps a NaN argument NaN (fmaxf would replace it by the bound).
+            const float z_raw = p.curvature * (qs * ks - dot);
+            const float z = z_raw < 1.f + kAcoshEps ? 1.f + kAcoshEps : z_raw;
             return -(p.beta / sqrtf(p.curvature)) * acoshf(z);
         }
         default: {
@@ -49,7 +51,8 @@ __device__ __forceinline__ float score(const DecodeParams& p, float dot, float q
 
 // log γ_j of the Einstein midpoint from ‖v_j‖².
 __device__ __forceinline__ float log_gamma(const DecodeParams& p, float vnorm2) {
-    return -0.5f * logf(1.f - fminf(p.curvature * vnorm2, kKleinMaxNorm2));
+    const float n2 = p.curvature * vnorm2;
+    return -0.5f * log1pf(-(n2 > kKleinMaxNorm2 ? kKleinMaxNorm2 : n2));  // a NaN norm stays NaN
 }
 
 // A max that propagates NaN (docs/nan.md): fmaxf would drop a NaN score and hide it.
