@@ -23,7 +23,7 @@ use std::process::Command;
 use std::thread;
 
 /// The kernel files: (module name, source), each beside the headers of its family. One fatbin per file.
-const KERNELS: [(&str, &str); 7] = [
+const KERNELS: [(&str, &str); 8] = [
     ("softmax", "kernels/flash/softmax.cu"),
     ("cosine_sim", "kernels/flash/cosine_sim.cu"),
     ("simt_f32", "kernels/common/simt_f32.cu"),
@@ -31,17 +31,19 @@ const KERNELS: [(&str, &str); 7] = [
     ("taylor", "kernels/taylor/taylor.cu"),
     ("hyperbolic", "kernels/hyperbolic/hyperbolic.cu"),
     ("taylor_flash", "kernels/taylor/taylor_flash.cu"),
+    ("decode", "kernels/decode/decode.cu"),
 ];
 
 /// The kernels' folders, by family: common (mma, loads, masks, parameters, tiles), flash (the
 /// FlashAttention skeletons and their scores), taylor and hyperbolic. Cargo re-runs this script when
 /// any file in them changes, or one is added (a fixed list of headers goes stale); which kernel files
 /// see a header is read from their includes, which name it relative to the including file.
-const KERNEL_DIRS: [&str; 4] = [
+const KERNEL_DIRS: [&str; 5] = [
     "kernels/common",
     "kernels/flash",
     "kernels/taylor",
     "kernels/hyperbolic",
+    "kernels/decode",
 ];
 
 const GENCODE: [&str; 3] = [

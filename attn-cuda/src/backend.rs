@@ -375,6 +375,10 @@ impl CudaAttn {
             return crate::taylor::forward(&self.stream, self.config, spec, t);
         }
         let bias = bias_pair(spec, op, a.bias, "bias")?;
+        // Few queries per kv head: the split-KV decode kernels (crate::decode).
+        if bias.is_none() && crate::decode::plan::route(spec, &self.config) {
+            return crate::decode::forward(self, spec, a.q, a.k, a.v, a.o, a.lse);
+        }
         let (kernels, mut p, _lengths) = self.prepare(spec, pass)?;
         let c = self.checker(spec, pass);
         let (q, _gq) = c.input("q", a.q, spec.q_len())?;

@@ -59,6 +59,17 @@ pub struct KernelConfig {
     /// place of their heuristics. Default `None` (the heuristics). Tests set 128 so that short
     /// sequences span many segments and the chain of segment states has many links.
     pub taylor_causal_segment: Option<usize>,
+    /// Where a softmax-like forward runs on the split-KV decode kernels (`crate::decode`: the query
+    /// heads of a kv head packed as the rows of one tile, the keys split across blocks) instead of
+    /// the flash kernels. Default [`Route::Measured`]: f16/bf16 calls the decode kernels support
+    /// with at most `decode::plan::MEASURED_MAX_ROWS` rows (queries × group) per kv head
+    /// (`decode::plan::route`). `Off`: never (A/B timings); `Everywhere`: wherever they support the
+    /// call. KV-cache steps (`CudaAttn::forward_kv_cache`) always run on the decode kernels.
+    pub decode: Route,
+    /// The number of key chunks (S) of the decode kernels in place of their heuristic
+    /// (`decode::plan::splits`), clamped to the key tiles of the call. Default `None`. Tests set it
+    /// to cover every split count; a value of 0 is a [`CudaAttnError::Config`] error.
+    pub decode_splits: Option<usize>,
 }
 
 impl Default for KernelConfig {
@@ -71,6 +82,8 @@ impl Default for KernelConfig {
             taylor_dense: Route::Measured,
             taylor_wg: Route::Measured,
             taylor_causal_segment: None,
+            decode: Route::Measured,
+            decode_splits: None,
         }
     }
 }
@@ -105,6 +118,12 @@ impl KernelConfig {
     /// A typed error for a field out of its range (a segment length that is not a positive multiple
     /// of 128).
     pub(crate) fn check(&self) -> Result<()> {
+        if self.decode_splits == Some(0) {
+            return Err(CudaAttnError::Config {
+                field: "decode_splits",
+                reason: "0 key chunks: at least 1".into(),
+            });
+        }
         if let Some(l) = self.taylor_causal_segment {
             if l == 0 || l % SEGMENT_QUANTUM != 0 {
                 return Err(CudaAttnError::Config {
@@ -182,6 +201,13 @@ mod tests {
             let e = seg(Some(bad)).check().expect_err("rejected");
             assert!(e.to_string().contains("taylor_causal_segment"), "{e}");
         }
+        let splits = |s| KernelConfig {
+            decode_splits: s,
+            ..KernelConfig::default()
+        };
+        assert!(splits(Some(1)).check().is_ok());
+        let e = splits(Some(0)).check().expect_err("rejected");
+        assert!(e.to_string().contains("decode_splits"), "{e}");
     }
 
     #[test]

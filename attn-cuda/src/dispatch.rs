@@ -64,6 +64,8 @@ pub(crate) enum Module {
     TaylorFlash,
     /// Taylor's state kernels (`crate::taylor`).
     Taylor,
+    /// The split-KV decode and KV-cache kernels (`crate::decode`).
+    Decode,
 }
 
 impl Module {
@@ -76,6 +78,7 @@ impl Module {
             Module::Hyperbolic => "hyperbolic",
             Module::TaylorFlash => "taylor_flash",
             Module::Taylor => "taylor",
+            Module::Decode => "decode",
         }
     }
 }

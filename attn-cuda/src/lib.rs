@@ -38,6 +38,7 @@
 mod backend;
 mod check;
 mod config;
+mod decode;
 mod dispatch;
 mod error;
 mod heuristics;
@@ -49,6 +50,7 @@ mod views;
 pub use backend::{kernels_built, CudaAttn};
 pub use config::{KernelConfig, Route};
 pub use cudarc;
+pub use decode::{KvCacheIo, KvCacheWorkspace};
 pub use error::{CudaAttnError, Result};
 #[doc(hidden)]
 pub use taylor::chain_stall_for_tests;

@@ -36,15 +36,17 @@ const NVCC_WHEELS: [&str; 5] = [
 /// The test binaries of attn-cuda that need a GPU (each a `tests/*.rs` file), each run once with
 /// `--ignored`: a test that covers several kernel configurations (attn_cuda::KernelConfig) runs its
 /// cases under each of them in-process (attn-cuda/tests/common: `flash_configs`, `taylor_configs`).
-/// `gpu_bench` and `gpu_bench_taylor` are kernel stopwatches (`--bench`); without that flag they do
+/// `gpu_bench`, `gpu_bench_taylor` and `gpu_bench_decode` are kernel stopwatches (`--bench`); without that flag they do
 /// nothing.
-const GPU_TEST_BINARIES: [&str; 6] = [
+const GPU_TEST_BINARIES: [&str; 8] = [
     "gpu_softmax_like",
     "gpu_runtime",
     "gpu_hyperbolic",
     "gpu_taylor",
+    "gpu_decode",
     "gpu_bench",
     "gpu_bench_taylor",
+    "gpu_bench_decode",
 ];
 
 type Result<T> = std::result::Result<T, String>;
@@ -496,7 +498,7 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # SANITIZE=memcheck|racecheck runs each binary under compute-sanitizer. ATTN_TEST_DIMS=64 and
 # ATTN_TEST_DTYPES=bf16 (comma lists) narrow the head dims and dtypes of the tests' case lists (each
 # skipped case is reported): racecheck is too slow for gpu_taylor's whole list.
-# Not test harnesses, run by hand: bin/gpu_bench --bench and bin/gpu_bench_taylor --bench (kernel
+# Not test harnesses, run by hand: bin/gpu_bench --bench, bin/gpu_bench_decode --bench and bin/gpu_bench_taylor --bench (kernel
 # stopwatches), bin/overhead (per-call overhead of the candle op over attn-cuda), profile.sh (ncu
 # per-kernel table of the Taylor sweeps).
 set -u
@@ -505,7 +507,7 @@ status=0
 summary=""
 for bin in "$here"/bin/*; do
   name="$(basename "$bin")"
-  case "$name" in gpu_bench|gpu_bench_taylor|overhead) continue ;; esac
+  case "$name" in gpu_bench|gpu_bench_taylor|gpu_bench_decode|overhead) continue ;; esac
   if [ -n "${SANITIZE:-}" ]; then
     out="$(compute-sanitizer --tool "$SANITIZE" --error-exitcode 99 "$bin" --ignored --test-threads=1 "$@" 2>&1)"
   else

@@ -1,0 +1,446 @@
+// Split-KV decode forward (docs/kernels/decode.md). One block per (key chunk, row tile, kv head,
+// sequence): the g = Hq/Hkv query heads that read one kv head, times the few queries of the call,
+// are the rows of one 16-row tile (row r = query r / g of head hk·g + r % g), so each K/V tile is read
+// once for all of them. The block streams its chunk's keys in tiles of 64 (cp.async, kStages-deep
+// ring); each of the 4 warps takes 16 keys of a tile through mma.sync m16n8k16 (S = Q·Kᵀ, then
+// P·V with P straight from registers) under its own online softmax (base 2), and the warps merge
+// their (max, sum, o) through shared memory at the end. With one chunk the block writes o and the
+// LSE; with S chunks it writes its partial o (f32, normalised within the chunk) and LSE into the
+// workspace, and decode_combine merges them through the LSEs.
+#pragma once
+#include "../common/mma.h"
+#include "decode_params.h"
+#include "decode_score.h"
+
+namespace attn_decode {
+
+using namespace attn;
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRows = 16;            // rows of the tile (one mma M)
+constexpr int kKeys = 16 * kWarps;   // keys of one K/V tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int D> struct Cfg {
+    static constexpr int ld = D + 8;  // padded smem row: ldmatrix rows hit distinct bank groups
+    static constexpr int kStages = D >= 256 ? 2 : 3;
+    static constexpr int kTileElems = kKeys * ld;
+    // Q tile, then kStages × (K tile, V tile); the f32 per-row scalars after them.
+    static constexpr int kElems = kRows * ld + kStages * 2 * kTileElems;
+    static constexpr int kBytes = kElems * 2 + (kRows + kStages * kKeys * 2) * 4;
+    // The merge reuses the K/V ring for kWarps × 16 × D floats.
+    static_assert(kWarps * kRows * D * 4 <= kStages * 2 * kTileElems * 2, "merge scratch fits the ring");
+};
+
+// The keys of the sequence query i may attend to: [lo, hi) (AttnSpec::key_range).
+struct Mask {
+    int len_k, diag;
+    __device__ __forceinline__ int lo(const DecodeParams& p, int i) const {
+        int l = 0;
+        if (p.window_left >= 0) l = max(l, i + diag - p.window_left);
+        return min(l, len_k);
+    }
+    __device__ __forceinline__ int hi(const DecodeParams& p, int i) const {
+        const int d = i + diag;
+        int h = len_k;
+        if (p.causal != 0) h = min(h, d + 1);
+        if (p.window_right >= 0) h = min(h, d + p.window_right + 1);
+        h = max(h, 0);
+        return max(h, lo(p, i));
+    }
+};
+
+__device__ __forceinline__ int key_len(const DecodeParams& p, int b) {
+    return p.key_lens ? p.key_lens[b] + p.key_len_add : p.seq_k;
+}
+
+// Element offset of key row j of sequence b, kv head hk (contiguous strides, or through the block
+// table of a paged cache).
+__device__ __forceinline__ long long kv_row(const DecodeParams& p, int b, int j, long long sb, long long ss,
+                                            long long sh, int hk) {
+    if (p.page_size) {
+        const long long page = p.block_table[(long long)b * p.pages_per_seq + (j >> p.page_shift)];
+        return (page * p.page_size + (j & (p.page_size - 1))) * ss + (long long)hk * sh;
+    }
+    return (long long)b * sb + (long long)j * ss + (long long)hk * sh;
+}
+
+// cp.async of keys [j0, j0 + kKeys) (rows at or past j_stop zero-filled) of K and V into one stage.
+template <typename T, int D>
+__device__ __forceinline__ void load_kv(const DecodeParams& p, T* sk, T* sv, int b, int hk, int j0, int j_stop,
+                                        int tid) {
+    constexpr int kChunks = D * 2 / 16;  // 16-byte chunks per row
+    constexpr int ld = Cfg<D>::ld;
+    const T* k = static_cast<const T*>(p.k);
+    const T* v = static_cast<const T*>(p.v);
+#pragma unroll
+    for (int c = tid; c < kKeys * kChunks; c += kThreads) {
+        const int r = c / kChunks, col = (c % kChunks) * 8;
+        const int j = j0 + r;
+        const bool valid = j < j_stop;
+        const T* ks = k;
+        const T* vs = v;
+        if (valid) {
+            ks = k + kv_row(p, b, j, p.k_batch, p.k_seq, p.k_head, hk) + col;
+            vs = v + kv_row(p, b, j, p.v_batch, p.v_seq, p.v_head, hk) + col;
+        }
+        cp_async_16(sk + r * ld + col, ks, valid);
+        cp_async_16(sv + r * ld + col, vs, valid);
+    }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
+    using C = Cfg<D>;
+    constexpr int ld = C::ld;
+    constexpr int kStages = C::kStages;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sq = reinterpret_cast<T*>(smem_raw);
+    T* ring = sq + kRows * ld;
+    float* s_rows = reinterpret_cast<float*>(ring + kStages * 2 * C::kTileElems);  // per-row scalar
+    float* s_keys = s_rows + kRows;  // per stage: kKeys key scalars, then kKeys log γ
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int split = blockIdx.x / p.row_tiles, tile = blockIdx.x % p.row_tiles;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int g = p.group;
+    const int rows = p.seq_q * g;
+    const int r0 = tile * kRows;
+
+    Mask m;
+    m.len_k = key_len(p, b);
+    m.diag = p.causal == 1 ? 0 : m.len_k - p.seq_q;
+
+    // The block's keys: the union of its rows' ranges (both ends non-decreasing in the query) within
+    // its chunk.
+    const int i_first = r0 / g, i_last = (min(r0 + kRows, rows) - 1) / g;
+    const int blk_lo = m.lo(p, i_first), blk_hi = m.hi(p, i_last);
+    const int chunk_lo = split * p.chunk;
+    const int chunk_hi = min(chunk_lo + p.chunk, p.seq_k);
+    const int j_stop = min(chunk_hi, blk_hi);
+    const int j_start = blk_lo > chunk_lo ? chunk_lo + (blk_lo - chunk_lo) / kKeys * kKeys : chunk_lo;
+    const int n_tiles = j_stop > j_start ? (j_stop - j_start + kKeys - 1) / kKeys : 0;
+
+    // Q rows (zeros past the last row), with the first K/V tiles.
+    {
+        const T* q = static_cast<const T*>(p.q);
+        constexpr int kChunks = D * 2 / 16;
+        for (int c = tid; c < kRows * kChunks; c += kThreads) {
+            const int rr = c / kChunks, col = (c % kChunks) * 8;
+            const int r = r0 + rr;
+            const bool valid = r < rows;
+            const T* src = q;
+            if (valid) {
+                const int i = r / g, h = hk * g + r % g;
+                src = q + (long long)b * p.q_batch + (long long)i * p.q_seq + (long long)h * p.q_head + col;
+            }
+            cp_async_16(sq + rr * ld + col, src, valid);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_tiles) load_kv<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
+                                       j_start + s * kKeys, j_stop, tid);
+        cp_async_commit();
+    }
+
+    const bool norms = needs_norms(p);
+    // This thread's two rows of the C fragments: gr and gr + 8; their key ranges.
+    const int gr = lane >> 2, tq = lane & 3;
+    int lo_r[2], hi_r[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const int r = r0 + gr + 8 * x;
+        if (r < rows) {
+            lo_r[x] = m.lo(p, r / g);
+            hi_r[x] = m.hi(p, r / g);
+        } else {
+            lo_r[x] = hi_r[x] = 0;
+        }
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float mx[2] = {-INFINITY, -INFINITY};  // running max, log2 units
+    float sum[2] = {0.f, 0.f};              // this thread's share of the row sums
+    float qs[2] = {1.f, 1.f};
+
+    for (int n = 0; n < n_tiles; ++n) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+        {
+            const int nl = n + kStages - 1;
+            const int st = nl % kStages;
+            if (nl < n_tiles) load_kv<T, D>(p, ring + 2 * st * C::kTileElems, ring + (2 * st + 1) * C::kTileElems, b,
+                                            hk, j_start + nl * kKeys, j_stop, tid);
+            cp_async_commit();
+        }
+        const int st = n % kStages;
+        const T* sk = ring + 2 * st * C::kTileElems;
+        const T* sv = ring + (2 * st + 1) * C::kTileElems;
+        const int j0 = j_start + n * kKeys + warp * 16;  // this warp's first key
+
+        if (norms) {
+            if (n == 0) {
+                // The query rows' scalars: 8 threads per row.
+                const int rr = tid >> 3, part = tid & 7;
+                float a = 0.f;
+                for (int d = part; d < D; d += 8) {
+                    const float x = to_f32(sq[rr * ld + d]);
+                    a += x * x;
+                }
+#pragma unroll
+                for (int off = 4; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+                if (part == 0) s_rows[rr] = row_scalar(p, a);
+                __syncthreads();
+                qs[0] = s_rows[gr];
+                qs[1] = s_rows[gr + 8];
+            }
+        }
+        float ks[4] = {1.f, 1.f, 1.f, 1.f};   // key scalars of this thread's 4 columns
+        float lg[4] = {0.f, 0.f, 0.f, 0.f};   // log γ of those keys
+        if (norms || p.midpoint) {
+            // This warp's 16 keys: two lanes per key, D/2 elements each.
+            const int kk = lane >> 1, half = lane & 1;
+            float a = 0.f, c = 0.f;
+            for (int d = half; d < D; d += 2) {
+                const float x = to_f32(sk[(warp * 16 + kk) * ld + d]);
+                a += x * x;
+                if (p.midpoint) {
+                    const float y = to_f32(sv[(warp * 16 + kk) * ld + d]);
+                    c += y * y;
+                }
+            }
+            a += __shfl_xor_sync(0xffffffffu, a, 1);
+            c += __shfl_xor_sync(0xffffffffu, c, 1);
+            const float kv_s = row_scalar(p, a);
+            const float kv_g = p.midpoint ? log_gamma(p, c) : 0.f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = (e >> 1) * 8 + 2 * tq + (e & 1);
+                ks[e] = __shfl_sync(0xffffffffu, kv_s, 2 * key);
+                lg[e] = __shfl_sync(0xffffffffu, kv_g, 2 * key);
+            }
+        }
+
+        // S = Q·Kᵀ for this warp's 16 keys: s[0] keys 0–7, s[1] keys 8–15.
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kd = 0; kd < D / 16; ++kd) {
+            uint32_t a[4], bb[4];
+            load_a<T>(a, sq, ld, 0, kd * 16, lane);
+            load_b_nk<T>(bb, sk, ld, warp * 16, kd * 16, lane);
+            mma16816<T>(s[0], a, bb[0], bb[1]);
+            mma16816<T>(s[1], a, bb[2], bb[3]);
+        }
+        // Scores (log2 units), masked; the new row maxima.
+        float mnew[2] = {mx[0], mx[1]};
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int x = e >> 1;
+                const int kc = t * 2 + (e & 1);  // index into ks/lg: (t, e&1)
+                const int j = j0 + t * 8 + 2 * tq + (e & 1);
+                float v = (score(p, s[t][e], qs[x], ks[kc]) + lg[kc]) * kLog2e;
+                if (j < lo_r[x] || j >= hi_r[x] || j >= chunk_hi) v = -INFINITY;
+                s[t][e] = v;
+                mnew[x] = nan_max(mnew[x], v);
+            }
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            mnew[x] = nan_max(mnew[x], __shfl_xor_sync(0xffffffffu, mnew[x], 1));
+            mnew[x] = nan_max(mnew[x], __shfl_xor_sync(0xffffffffu, mnew[x], 2));
+        }
+        float alpha[2], base[2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            base[x] = mnew[x] == -INFINITY ? 0.f : mnew[x];
+            alpha[x] = exp2f(mx[x] - base[x]);  // 0 while the row had no key (−∞), NaN stays NaN
+            mx[x] = mnew[x];
+            sum[x] *= alpha[x];
+        }
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int x = e >> 1;
+                s[t][e] = exp2f(s[t][e] - base[x]);
+                sum[x] += s[t][e];
+            }
+#pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+            o[nd][0] *= alpha[0];
+            o[nd][1] *= alpha[0];
+            o[nd][2] *= alpha[1];
+            o[nd][3] *= alpha[1];
+        }
+        // O += P·V (P as the A fragment: keys 0–7 from s[0], 8–15 from s[1]).
+        uint32_t pa[4];
+        pack_a<T>(pa, s[0], s[1]);
+#pragma unroll
+        for (int dn = 0; dn < D / 16; ++dn) {
+            uint32_t bb[4];
+            load_b_kn<T>(bb, sv, ld, warp * 16, dn * 16, lane);
+            mma16816<T>(o[2 * dn], pa, bb[0], bb[1]);
+            mma16816<T>(o[2 * dn + 1], pa, bb[2], bb[3]);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the ring: reuse it for the merge
+
+    // Row sums over the quad.
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        sum[x] += __shfl_xor_sync(0xffffffffu, sum[x], 1);
+        sum[x] += __shfl_xor_sync(0xffffffffu, sum[x], 2);
+    }
+    float* s_m = s_keys;              // [kWarps][16] maxima
+    float* s_l = s_keys + kWarps * kRows;  // [kWarps][16] sums
+    float* s_o = reinterpret_cast<float*>(ring);  // [kWarps][16][D]
+    if (tq == 0) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            s_m[warp * kRows + gr + 8 * x] = mx[x];
+            s_l[warp * kRows + gr + 8 * x] = sum[x];
+        }
+    }
+    __syncthreads();
+    // Each warp's factor exp2(m_w − M) for this thread's rows, M the block's row max.
+    float f[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const int row = gr + 8 * x;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) mm = nan_max(mm, s_m[w * kRows + row]);
+        const float bse = mm == -INFINITY ? 0.f : mm;
+        f[x] = exp2f(mx[x] - bse);
+    }
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+        const int col = nd * 8 + 2 * tq;
+        float* dst = s_o + (warp * kRows + gr) * D + col;
+        dst[0] = o[nd][0] * f[0];
+        dst[1] = o[nd][1] * f[0];
+        dst[8 * D] = o[nd][2] * f[1];
+        dst[8 * D + 1] = o[nd][3] * f[1];
+    }
+    __syncthreads();
+
+    // Rows of the block: the max M, the sum L = Σ_w l_w·2^(m_w − M), o = Σ_w o_w / L, LSE = (M + log2 L)·ln 2.
+    const bool direct = p.splits == 1;
+    constexpr int kPerRow = kThreads / kRows;  // 8 threads per row
+    const int rr = tid / kPerRow, part = tid % kPerRow;
+    const int r = r0 + rr;
+    if (r < rows) {
+        const int i = r / g, h = hk * g + r % g;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) mm = nan_max(mm, s_m[w * kRows + rr]);
+        const float bse = mm == -INFINITY ? 0.f : mm;
+        float l = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) l += s_l[w * kRows + rr] * exp2f(s_m[w * kRows + rr] - bse);
+        const bool empty = mm == -INFINITY || l == 0.f;
+        const float inv = empty ? 0.f : 1.f / l;
+        const float lse = empty ? -INFINITY : (mm + log2f(l)) * kLn2;
+        const long long stat = ((long long)b * p.heads_q + h) * p.seq_q + i;
+        if (direct) {
+            T* out = static_cast<T*>(p.o) + (long long)b * p.o_batch + (long long)i * p.o_seq + (long long)h * p.o_head;
+            for (int c = part * 2; c < D; c += kPerRow * 2) {
+                float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+                for (int w = 0; w < kWarps; ++w) {
+                    a0 += s_o[(w * kRows + rr) * D + c];
+                    a1 += s_o[(w * kRows + rr) * D + c + 1];
+                }
+                *reinterpret_cast<uint32_t*>(out + c) = pack2<T>(a0 * inv, a1 * inv);
+            }
+            if (part == 0) p.lse[stat] = lse;
+        } else {
+            const long long row = (long long)split * p.batch * p.heads_q * p.seq_q + stat;
+            float* out = p.ws_o + row * D;
+            for (int c = part * 2; c < D; c += kPerRow * 2) {
+                float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+                for (int w = 0; w < kWarps; ++w) {
+                    a0 += s_o[(w * kRows + rr) * D + c];
+                    a1 += s_o[(w * kRows + rr) * D + c + 1];
+                }
+                *reinterpret_cast<float2*>(out + c) = make_float2(a0 * inv, a1 * inv);
+            }
+            if (part == 0) p.ws_lse[row] = lse;
+        }
+    }
+}
+
+// Merge the S partial outputs of each row through their LSEs: LSE = M + log Σ_s exp(LSE_s − M),
+// o = Σ_s exp(LSE_s − LSE)·o_s; a row whose every chunk is empty is zeros with LSE −∞. One warp per
+// row (b, h, i), lanes over the columns.
+template <typename T>
+__device__ __forceinline__ void decode_combine(const DecodeParams& p) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long rows = (long long)p.batch * p.heads_q * p.seq_q;
+    const long long stat = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (stat >= rows) return;
+    const int i = (int)(stat % p.seq_q);
+    const int h = (int)((stat / p.seq_q) % p.heads_q);
+    const int b = (int)(stat / ((long long)p.seq_q * p.heads_q));
+    const int dv = p.head_dim_v;
+    float mm = -INFINITY;
+    for (int s = lane; s < p.splits; s += 32) mm = nan_max(mm, p.ws_lse[(long long)s * rows + stat]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mm = nan_max(mm, __shfl_xor_sync(0xffffffffu, mm, off));
+    const float bse = mm == -INFINITY ? 0.f : mm;
+    float l = 0.f;
+    for (int s = lane; s < p.splits; s += 32) l += expf(p.ws_lse[(long long)s * rows + stat] - bse);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+    const bool empty = mm == -INFINITY || l == 0.f;
+    const float lse = empty ? -INFINITY : bse + logf(l);
+    constexpr int kMaxCols = 256 / 32;
+    float acc[kMaxCols];
+#pragma unroll
+    for (int c = 0; c < kMaxCols; ++c) acc[c] = 0.f;
+    for (int s = 0; s < p.splits; ++s) {
+        const float ls = p.ws_lse[(long long)s * rows + stat];
+        if (ls == -INFINITY) continue;  // an empty chunk: weight 0 (its o is zeros)
+        const float w = empty ? 0.f : expf(ls - lse);
+        const float* src = p.ws_o + ((long long)s * rows + stat) * dv;
+#pragma unroll
+        for (int c = 0; c < kMaxCols; ++c)
+            if (lane + 32 * c < dv) acc[c] += w * src[lane + 32 * c];
+    }
+    T* out = static_cast<T*>(p.o) + (long long)b * p.o_batch + (long long)i * p.o_seq + (long long)h * p.o_head;
+#pragma unroll
+    for (int c = 0; c < kMaxCols; ++c)
+        if (lane + 32 * c < dv) out[lane + 32 * c] = from_f32<T>(acc[c]);
+    if (lane == 0) p.lse[stat] = lse;
+}
+
+// Append k_new, v_new of sequence b at cache positions key_lens[b] + t (t < new_tokens), kv head
+// blockIdx.y, token blockIdx.x: 4-byte words (rows are whole words: head dims are even).
+__device__ __forceinline__ void kv_append(const DecodeParams& p, int elem_bytes) {
+    const int t = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int j = p.key_lens[b] + t;
+    const long long es = elem_bytes;
+    const long long kd = kv_row(p, b, j, p.k_batch, p.k_seq, p.k_head, hk) * es;
+    const long long vd = kv_row(p, b, j, p.v_batch, p.v_seq, p.v_head, hk) * es;
+    const long long ks = ((long long)b * p.kn_batch + (long long)t * p.kn_seq + (long long)hk * p.kn_head) * es;
+    const long long vs = ((long long)b * p.vn_batch + (long long)t * p.vn_seq + (long long)hk * p.vn_head) * es;
+    const int kw = p.head_dim * elem_bytes / 4, vw = p.head_dim_v * elem_bytes / 4;
+    const unsigned char* kn = static_cast<const unsigned char*>(p.k_new);
+    const unsigned char* vn = static_cast<const unsigned char*>(p.v_new);
+    unsigned char* kc = static_cast<unsigned char*>(p.k_cache);
+    unsigned char* vc = static_cast<unsigned char*>(p.v_cache);
+    for (int w = threadIdx.x; w < kw; w += blockDim.x)
+        reinterpret_cast<uint32_t*>(kc + kd)[w] = reinterpret_cast<const uint32_t*>(kn + ks)[w];
+    for (int w = threadIdx.x; w < vw; w += blockDim.x)
+        reinterpret_cast<uint32_t*>(vc + vd)[w] = reinterpret_cast<const uint32_t*>(vn + vs)[w];
+}
+
+}  // namespace attn_decode

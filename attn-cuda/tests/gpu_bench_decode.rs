@@ -1,0 +1,154 @@
+//! Decode stopwatch (issue 43's shapes): `gpu_bench_decode --bench [--out FILE.csv] [--reps N]`.
+//! Without `--bench` it does nothing, so `cargo test` stays quick; attn-bench owns the reported
+//! benchmark, this is the kernel author's stopwatch.
+//!
+//! For each (B, Hq, Hkv, Nq, T, D), bf16, bottom-right causal: the forward on the decode kernels
+//! (KernelConfig::decode = Everywhere) and on the flash kernels (decode Off), both on dense
+//! [B, T, Hkv, D] keys; then KV-cache steps of one new token against a contiguous cache and paged
+//! caches of 16- and 256-slot pages holding T keys. Each row: median µs of CUDA-event timings,
+//! the K/V bytes read once (2·B·T·Hkv·D·2) over the time in GB/s, and that as a % of the device's
+//! copy bandwidth, measured first (a 1 GiB device-to-device copy, read + write bytes).
+
+mod common;
+
+use attn_core::{AttnProblem, Causal, DType, Family, KvCacheProblem, KvLayout};
+use attn_cuda::cudarc::driver::CudaSlice;
+use attn_cuda::{CudaAttn, KernelConfig, KvCacheIo, Route};
+use common::bench::{forward, random_bf16, time_ms, BenchArgs, Bufs};
+use half::bf16;
+
+fn main() {
+    let Some(args) = BenchArgs::parse("gpu_bench_decode", "the decode kernels") else {
+        return;
+    };
+    let base = args.gpu();
+    let s = base.stream().clone();
+    let reps = args.list("--reps", &[20])[0].max(1);
+    let cfg = |decode, splits| KernelConfig {
+        decode,
+        decode_splits: splits,
+        ..KernelConfig::default()
+    };
+    let on = CudaAttn::with_config(s.clone(), cfg(Route::Everywhere, None)).expect("config");
+    let off = CudaAttn::with_config(s.clone(), cfg(Route::Off, None)).expect("config");
+
+    // Copy bandwidth: 1 GiB device to device, read + write bytes.
+    let n = 1usize << 29; // bf16 elements = 1 GiB
+    let src: CudaSlice<bf16> = s.alloc_zeros(n).expect("alloc");
+    let mut dst: CudaSlice<bf16> = s.alloc_zeros(n).expect("alloc");
+    let t_copy = time_ms(&base, 3, 10, || s.memcpy_dtod(&src, &mut dst).expect("copy"));
+    let copy_gbs = 2.0 * (n * 2) as f64 / (t_copy * 1e-3) / 1e9;
+    drop((src, dst));
+    println!("copy bandwidth: {copy_gbs:.0} GB/s (1 GiB device-to-device, {t_copy:.3} ms)");
+
+    let shapes: Vec<(usize, usize, usize, usize, usize, usize)> = vec![
+        (1, 32, 8, 1, 32768, 128),
+        (1, 32, 8, 1, 131072, 128),
+        (8, 32, 8, 1, 8192, 128),
+        (32, 32, 8, 1, 4096, 128),
+        (64, 32, 8, 1, 2048, 128),
+        (1, 32, 32, 1, 16384, 64),
+        (16, 32, 32, 1, 4096, 64),
+        (1, 32, 8, 8, 16384, 128),
+        (1, 32, 8, 8, 32768, 128),
+        (1, 32, 8, 128, 16384, 128),
+        (1, 32, 8, 128, 32768, 128),
+    ];
+    let mut rows = vec!["b,hq,hkv,nq,t,d,path,us,gbs,pct_copy".to_string()];
+    println!(
+        "{:>3} {:>3} {:>3} {:>4} {:>7} {:>4} {:<16} {:>9} {:>8} {:>7}",
+        "B", "Hq", "Hkv", "Nq", "T", "D", "path", "µs", "GB/s", "% copy"
+    );
+    for (b, hq, hkv, nq, t, d) in shapes {
+        let bytes = 2.0 * (b * t * hkv * d * 2) as f64;
+        let mut row = |path: &str, ms: f64| {
+            let gbs = bytes / (ms * 1e-3) / 1e9;
+            let pct = 100.0 * gbs / copy_gbs;
+            let us = ms * 1e3;
+            println!(
+                "{b:>3} {hq:>3} {hkv:>3} {nq:>4} {t:>7} {d:>4} {path:<16} {us:>9.1} {gbs:>8.0} {pct:>7.1}"
+            );
+            rows.push(format!(
+                "{b},{hq},{hkv},{nq},{t},{d},{path},{us:.2},{gbs:.1},{pct:.2}"
+            ));
+        };
+        let spec = AttnProblem::new(Family::softmax(), DType::BF16, b, hq, hkv, nq, t, d)
+            .with_causal(Causal::BottomRight)
+            .validate()
+            .expect("valid");
+        {
+            let mut bufs = Bufs::new(&base, &spec);
+            row("decode", time_ms(&on, 3, reps, || forward(&on, &spec, &mut bufs)));
+            row(
+                "flash",
+                time_ms(&off, 2, reps.min(5), || forward(&off, &spec, &mut bufs)),
+            );
+        }
+        // KV-cache steps: one new token (Nq = 1 rows only), T − 1 keys already cached.
+        if nq == 1 {
+            for (name, layout) in [
+                ("cache contiguous", KvLayout::Contiguous { capacity: t }),
+                (
+                    "cache paged 16",
+                    KvLayout::Paged {
+                        num_pages: b * t / 16,
+                        page_size: 16,
+                        pages_per_seq: t / 16,
+                    },
+                ),
+                (
+                    "cache paged 256",
+                    KvLayout::Paged {
+                        num_pages: b * t / 256,
+                        page_size: 256,
+                        pages_per_seq: t / 256,
+                    },
+                ),
+            ] {
+                let ks = KvCacheProblem::new(Family::softmax(), DType::BF16, b, hq, hkv, 1, d, layout)
+                    .validate()
+                    .expect("valid");
+                let cache_len: usize = ks.cache_shape(d).iter().product();
+                let up = |n: usize, seed| s.clone_htod(&random_bf16(n, seed)).expect("upload");
+                let q = up(ks.attend().q_len(), 1);
+                let mut kc = up(cache_len, 2);
+                let mut vc = up(cache_len, 3);
+                let kn = up(b * hkv * d, 4);
+                let vn = up(b * hkv * d, 5);
+                let lens = s.clone_htod(&vec![(t - 1) as i32; b]).expect("upload");
+                // Pages in a shuffled order (a stride coprime with the pool).
+                let pool = match layout {
+                    KvLayout::Paged { num_pages, .. } => num_pages,
+                    KvLayout::Contiguous { .. } => 0,
+                };
+                let table = ks.block_table_shape().map(|[rb, pp]| {
+                    let v: Vec<i32> = (0..rb * pp).map(|i| ((i * 7919) % pool) as i32).collect();
+                    s.clone_htod(&v).expect("upload")
+                });
+                let mut o: CudaSlice<bf16> = s.alloc_zeros(ks.attend().o_len()).expect("alloc");
+                let mut lse: CudaSlice<f32> = s.alloc_zeros(ks.attend().stats_len()).expect("alloc");
+                let mut ws = on.kv_cache_workspace(&ks).expect("workspace");
+                let ms = time_ms(&on, 3, reps, || {
+                    on.forward_kv_cache(
+                        &ks,
+                        KvCacheIo {
+                            q: &q,
+                            k_cache: &mut kc,
+                            v_cache: &mut vc,
+                            k_new: Some(&kn),
+                            v_new: Some(&vn),
+                            cache_seqlens: &lens,
+                            block_table: table.as_ref(),
+                            o: &mut o,
+                            lse: &mut lse,
+                        },
+                        &mut ws,
+                    )
+                    .expect("kv cache step")
+                });
+                row(name, ms);
+            }
+        }
+    }
+    args.write_csv(&rows);
+}
