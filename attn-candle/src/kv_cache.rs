@@ -460,13 +460,21 @@ fn check(t: &Tensors<'_>, opts: &KvAttnOptions, flash: bool) -> Result<Checked> 
             }));
         }
     }
+    // Dense; on CUDA also at element 0 of their own buffer, as attn-cuda takes whole buffers.
+    let dense = |x: &Tensor| -> Result<Tensor> {
+        if x.device().is_cuda() && x.layout().start_offset() != 0 {
+            x.force_contiguous()
+        } else {
+            x.contiguous()
+        }
+    };
     Ok(Checked {
         spec,
-        q: t.q.contiguous()?,
-        k_new: t.k_new.map(Tensor::contiguous).transpose()?,
-        v_new: t.v_new.map(Tensor::contiguous).transpose()?,
-        cache_seqlens,
-        block_table,
+        q: dense(t.q)?,
+        k_new: t.k_new.map(dense).transpose()?,
+        v_new: t.v_new.map(dense).transpose()?,
+        cache_seqlens: dense(&cache_seqlens)?,
+        block_table: block_table.as_ref().map(dense).transpose()?,
     })
 }
 
