@@ -74,7 +74,8 @@ fn advance(lens: &mut [usize], seqlens: &Tensor, n: usize) -> Result<Tensor> {
 }
 
 /// A contiguous KV cache `[B, capacity, Hkv, D]` that doubles its capacity when a step would
-/// overflow it.
+/// overflow it (new tensors, the old rows copied: a tensor taken from [`KvCache::k`] before then no
+/// longer sees the new rows).
 ///
 /// ```
 /// use attn_candle::{AttnCache, KvAttnOptions, KvCache};
@@ -195,7 +196,8 @@ impl AttnCache for KvCache {
 /// A paged KV cache (the vLLM / FlashInfer layout): a pool of pages `[num_pages, page_size, Hkv,
 /// D]`, a block table `[B, max_pages]` i32 naming each sequence's pages in order, and per-sequence
 /// lengths. A sequence gets a page from the free list when its next token would start one; the pool
-/// doubles when the free list is empty; [`PagedKvCache::free_sequence`] returns a sequence's pages.
+/// doubles when the free list is empty (new tensors, the old pages copied);
+/// [`PagedKvCache::free_sequence`] returns a sequence's pages.
 ///
 /// ```
 /// use attn_candle::{AttnCache, KvAttnOptions, PagedKvCache};
