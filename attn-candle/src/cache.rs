@@ -19,6 +19,9 @@ use attn_cpu_ref::decode::DecodeState;
 use attn_cpu_ref::Inputs;
 use candle_core::{Device, Result, Tensor, WithDType};
 
+#[cfg(feature = "cuda")]
+mod cuda;
+
 /// A cache a decoder layer attends through.
 pub trait AttnCache {
     /// Append `k`, `v` (`[B, N, Hkv, D]`, `[B, N, Hkv, Dv]`) to every sequence and attend `q`
@@ -71,7 +74,8 @@ fn advance(lens: &mut [usize], seqlens: &Tensor, n: usize) -> Result<Tensor> {
 }
 
 /// A contiguous KV cache `[B, capacity, Hkv, D]` that doubles its capacity when a step would
-/// overflow it.
+/// overflow it (new tensors, the old rows copied: a tensor taken from [`KvCache::k`] before then no
+/// longer sees the new rows).
 ///
 /// ```
 /// use attn_candle::{AttnCache, KvAttnOptions, KvCache};
@@ -192,7 +196,8 @@ impl AttnCache for KvCache {
 /// A paged KV cache (the vLLM / FlashInfer layout): a pool of pages `[num_pages, page_size, Hkv,
 /// D]`, a block table `[B, max_pages]` i32 naming each sequence's pages in order, and per-sequence
 /// lengths. A sequence gets a page from the free list when its next token would start one; the pool
-/// doubles when the free list is empty; [`PagedKvCache::free_sequence`] returns a sequence's pages.
+/// doubles when the free list is empty (new tensors, the old pages copied);
+/// [`PagedKvCache::free_sequence`] returns a sequence's pages.
 ///
 /// ```
 /// use attn_candle::{AttnCache, KvAttnOptions, PagedKvCache};
@@ -418,13 +423,27 @@ impl AttnCache for PagedKvCache {
 /// Taylor attention's recurrent decode state behind the cache interface: no keys are kept, each
 /// step folds the new keys and values into running sums (docs/math.md §3, "Decode") and reads the
 /// new queries from them, so a prompt appended in one step and continued token by token gives the
-/// causal forward of the whole sequence. CPU tensors run attn-cpu-ref's `decode` (the state in f64).
-#[derive(Debug)]
+/// causal forward of the whole sequence. CPU tensors run attn-cpu-ref's `decode` (the state in f64);
+/// CUDA tensors (feature `cuda`) attn-cuda's `TaylorDecodeState` on candle's stream.
 pub struct TaylorCache {
     family: Family,
     batch: usize,
     state: Option<DecodeState>,
+    #[cfg(feature = "cuda")]
+    cuda_state: Option<attn_cuda::TaylorDecodeState>,
+    /// The device of the first step; every later step runs there.
+    location: Option<candle_core::DeviceLocation>,
     lens: Vec<usize>,
+}
+
+impl std::fmt::Debug for TaylorCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaylorCache")
+            .field("family", &self.family)
+            .field("batch", &self.batch)
+            .field("lens", &self.lens)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TaylorCache {
@@ -442,6 +461,9 @@ impl TaylorCache {
             family,
             batch,
             state: None,
+            #[cfg(feature = "cuda")]
+            cuda_state: None,
+            location: None,
             lens: vec![0; batch],
         })
     }
@@ -505,26 +527,52 @@ impl AttnCache for TaylorCache {
                 got: format!("k {}, v {}", shape_str(k.dims()), shape_str(v.dims())),
             }));
         }
-        if !q.device().is_cpu() {
-            return Err(to_candle(AttnError::Unsupported {
-                op,
-                backend: "attn-candle",
-                what: format!(
-                    "a TaylorCache step on {:?} (the CPU state of attn-cpu-ref only)",
-                    q.device().location()
-                ),
-            }));
-        }
         let dtype = storage_dtype(kind, "q", q).map_err(to_candle)?;
+        for (name, t) in [("k", k), ("v", v)] {
+            if t.dtype() != q.dtype() || !t.device().same_device(q.device()) {
+                return Err(invalid(
+                    kind,
+                    name,
+                    format!(
+                        "{} differs from {} in dtype or device",
+                        describe(name, t),
+                        describe("q", q)
+                    ),
+                ));
+            }
+        }
+        let here = q.device().location();
+        if *self.location.get_or_insert(here) != here {
+            return Err(invalid(
+                kind,
+                "q",
+                format!(
+                    "the state lives on {:?}, {} does not",
+                    self.location,
+                    describe("q", q)
+                ),
+            ));
+        }
         let spec = AttnProblem::new(self.family, dtype, b, hq, hkv, n, n, d)
             .with_head_dim_v(dv)
             .with_causal(Causal::BottomRight)
             .validate()
             .map_err(to_candle)?;
-        let o = match dtype {
-            DType::F32 => self.step::<f32>(&spec, q, k, v)?,
-            DType::F16 => self.step::<half::f16>(&spec, q, k, v)?,
-            DType::BF16 => self.step::<half::bf16>(&spec, q, k, v)?,
+        let o = match q.device() {
+            Device::Cpu => match dtype {
+                DType::F32 => self.step::<f32>(&spec, q, k, v)?,
+                DType::F16 => self.step::<half::f16>(&spec, q, k, v)?,
+                DType::BF16 => self.step::<half::bf16>(&spec, q, k, v)?,
+            },
+            #[cfg(feature = "cuda")]
+            Device::Cuda(dev) => cuda::step(&mut self.cuda_state, &spec, dev, q, k, v)?,
+            other => {
+                return Err(to_candle(AttnError::Unsupported {
+                    op,
+                    backend: "attn-candle",
+                    what: format!("a TaylorCache step on {:?}", other.location()),
+                }))
+            }
         };
         self.lens.iter_mut().for_each(|l| *l += n);
         Ok(o)

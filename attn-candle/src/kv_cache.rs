@@ -14,8 +14,8 @@
 //!   slot `j % page_size` of page `block_table[b][j / page_size]`; `page_size` a power of two from
 //!   16 to 256;
 //! - `k_new`, `v_new` `[B, Nnew, Hkv, D|Dv]`, both or neither;
-//! - `cache_seqlens` `[B]` and `block_table`: i32, FlashAttention's dtype (u32 and i64 tensors are
-//!   converted with one cast on their device).
+//! - `cache_seqlens` `[B]` and `block_table`: i32, FlashAttention's dtype (on the CPU u32 and i64
+//!   tensors are converted; candle has no cast to i32 on CUDA).
 //!
 //! The cache tensors are written in place, as FlashAttention writes its `k_cache` and `v_cache`:
 //! candle tensors that share their storage (clones, and views of the same tensor) see the new rows.
@@ -225,7 +225,7 @@ fn dims4(op: Op, name: &str, t: &Tensor, expected: &str) -> std::result::Result<
     }
 }
 
-/// An integer tensor of `rank` as i32 on its device (one cast for u32 or i64), contiguous.
+/// An integer tensor of the expected rank as i32 (a CPU tensor in u32 or i64 is cast), contiguous.
 fn as_i32(op: Op, name: &'static str, t: &Tensor, expected: &str) -> Result<Tensor> {
     let int = matches!(
         t.dtype(),
@@ -241,6 +241,13 @@ fn as_i32(op: Op, name: &'static str, t: &Tensor, expected: &str) -> Result<Tens
     }
     let t = if t.dtype() == candle_core::DType::I32 {
         t.clone()
+    } else if t.device().is_cuda() {
+        // candle has no cast to i32 on CUDA; the step reads i32, FlashAttention's dtype.
+        return Err(to_candle(AttnError::InvalidArgument {
+            op,
+            arg: name,
+            reason: format!("{} must be i32 on CUDA", describe(name, t)),
+        }));
     } else {
         t.to_dtype(candle_core::DType::I32)?
     };
@@ -460,13 +467,21 @@ fn check(t: &Tensors<'_>, opts: &KvAttnOptions, flash: bool) -> Result<Checked> 
             }));
         }
     }
+    // Dense; on CUDA also at element 0 of their own buffer, as attn-cuda takes whole buffers.
+    let dense = |x: &Tensor| -> Result<Tensor> {
+        if x.device().is_cuda() && x.layout().start_offset() != 0 {
+            x.force_contiguous()
+        } else {
+            x.contiguous()
+        }
+    };
     Ok(Checked {
         spec,
-        q: t.q.contiguous()?,
-        k_new: t.k_new.map(Tensor::contiguous).transpose()?,
-        v_new: t.v_new.map(Tensor::contiguous).transpose()?,
-        cache_seqlens,
-        block_table,
+        q: dense(t.q)?,
+        k_new: t.k_new.map(dense).transpose()?,
+        v_new: t.v_new.map(dense).transpose()?,
+        cache_seqlens: dense(&cache_seqlens)?,
+        block_table: block_table.as_ref().map(dense).transpose()?,
     })
 }
 

@@ -6,34 +6,45 @@
 //! them. Shapes, dtypes and devices were checked on the host by the parent module.
 //!
 //! [`forward_kv_cache`] is the one place that calls attn-cuda's cache entry point, with the
-//! arguments that entry point takes; o and the LSE are fresh device buffers it overwrites.
+//! arguments that entry point takes (whole device buffers: the caches must start at element 0 of
+//! their storage; the other arguments are copied when they do not); o and the LSE are fresh device
+//! buffers it overwrites.
 
 use super::Checked;
 use crate::error::{internal, to_candle};
 use attn_core::{AttnError, DType, KvCacheSpec, Pass};
-use attn_cuda::cudarc::driver::{CudaView, CudaViewMut, DeviceRepr};
+use attn_cuda::cudarc::driver::{CudaSlice, DeviceRepr};
 use attn_cuda::{CudaAttn, CudaAttnError, DeviceElem};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Layout, Result, Storage, Tensor};
 
-/// ADAPTER (attn-cuda's cache step): the arguments of `CudaAttn::forward_kv_cache` as attn-candle
-/// passes them. attn-cuda's entry point is not wired in yet, so every call is `Unsupported`; wiring it
-/// is this function's body only.
-#[allow(clippy::too_many_arguments)]
+/// The buffers of one cache step, field for field as attn-cuda's `KvCacheIo` takes them: whole
+/// device buffers (each tensor starts at element 0 of its storage), shapes in [`KvCacheSpec`].
+/// The fields are read by attn-cuda's entry point, which the adapter below does not call yet.
+#[allow(dead_code)]
+struct KvIo<'a, T> {
+    q: &'a CudaSlice<T>,
+    k_cache: &'a mut CudaSlice<T>,
+    v_cache: &'a mut CudaSlice<T>,
+    k_new: Option<&'a CudaSlice<T>>,
+    v_new: Option<&'a CudaSlice<T>>,
+    cache_seqlens: &'a CudaSlice<i32>,
+    block_table: Option<&'a CudaSlice<i32>>,
+    o: &'a mut CudaSlice<T>,
+    lse: &'a mut CudaSlice<f32>,
+}
+
+/// ADAPTER (attn-cuda's cache step): the one call of `CudaAttn::forward_kv_cache`. attn-cuda's entry
+/// point is not part of this build, so every call is `Unsupported`. Wired, the body is
+/// `let mut ws = backend.kv_cache_workspace(spec)?;` and
+/// `backend.forward_kv_cache(spec, attn_cuda::KvCacheIo { q: io.q, k_cache: io.k_cache, .. }, &mut ws)`
+/// with every field of `io` passed through.
 fn forward_kv_cache<E: DeviceElem>(
     _backend: &CudaAttn,
     spec: &KvCacheSpec,
-    _q: CudaView<'_, E>,
-    _k_cache: CudaViewMut<'_, E>,
-    _v_cache: CudaViewMut<'_, E>,
-    _k_new: Option<CudaView<'_, E>>,
-    _v_new: Option<CudaView<'_, E>>,
-    _cache_seqlens: CudaView<'_, i32>,
-    _block_table: Option<CudaView<'_, i32>>,
-    _o: CudaViewMut<'_, E>,
-    _lse: CudaViewMut<'_, f32>,
+    _io: KvIo<'_, E>,
 ) -> std::result::Result<(), CudaAttnError> {
     Err(CudaAttnError::Attn(AttnError::Unsupported {
         op: spec.op(Pass::Forward),
@@ -54,13 +65,13 @@ fn cuda_error(spec: &KvCacheSpec, e: CudaAttnError) -> candle_core::Error {
     }
 }
 
-/// The dense elements of a tensor the step reads, from its layout's start offset.
-fn view<'a, T: CudaDType + DeviceRepr>(
+/// The whole device buffer of a tensor the step reads; the tensor must start at its element 0.
+fn whole<'a, T: CudaDType + DeviceRepr>(
     spec: &KvCacheSpec,
     what: &str,
     storage: &'a Storage,
     layout: &Layout,
-) -> Result<CudaView<'a, T>> {
+) -> Result<&'a CudaSlice<T>> {
     let op = spec.op(Pass::Forward);
     let Storage::Cuda(s) = storage else {
         return Err(to_candle(AttnError::InvalidArgument {
@@ -69,31 +80,34 @@ fn view<'a, T: CudaDType + DeviceRepr>(
             reason: format!("`{what}` is not on the caches' CUDA device"),
         }));
     };
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| internal(op, format!("`{what}` is not contiguous")))?;
-    let slice = s.as_cuda_slice::<T>()?;
-    if end > slice.len() {
-        return Err(internal(op, format!("`{what}` exceeds its buffer")));
+    if layout.start_offset() != 0 {
+        return Err(internal(
+            op,
+            format!("`{what}` does not start at element 0 of its buffer"),
+        ));
     }
-    Ok(slice.slice(start..end))
+    s.as_cuda_slice::<T>()
 }
 
-fn view_mut<'a, T: CudaDType + DeviceRepr>(
+/// The whole device buffer of a cache, written in place: the cache tensor must start at element 0
+/// of its storage (attn-cuda's cache step takes whole buffers).
+fn whole_mut<'a, T: CudaDType + DeviceRepr>(
     spec: &KvCacheSpec,
-    what: &str,
+    what: &'static str,
     storage: &'a mut CudaStorage,
     layout: &Layout,
-) -> Result<CudaViewMut<'a, T>> {
-    let op = spec.op(Pass::Forward);
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| internal(op, format!("`{what}` is not contiguous")))?;
-    let slice = storage.as_cuda_slice_mut::<T>()?;
-    if end > slice.len() {
-        return Err(internal(op, format!("`{what}` exceeds its buffer")));
+) -> Result<&'a mut CudaSlice<T>> {
+    if layout.start_offset() != 0 {
+        return Err(to_candle(AttnError::Unsupported {
+            op: spec.op(Pass::Forward),
+            backend: "attn-candle",
+            what: format!(
+                "`{what}` starting at element {} of its storage on CUDA (pass a tensor that owns its buffer)",
+                layout.start_offset()
+            ),
+        }));
     }
-    Ok(slice.slice_mut(start..end))
+    storage.as_cuda_slice_mut::<T>()
 }
 
 fn wrap<T: CudaDType>(
@@ -143,24 +157,26 @@ fn step_typed<E: DeviceElem + CudaDType>(
     forward_kv_cache(
         &backend,
         spec,
-        view(spec, "q", &q.0, q.1)?,
-        view_mut(spec, "k_cache", k, kl)?,
-        view_mut(spec, "v_cache", v, vl)?,
-        k_new
-            .as_ref()
-            .map(|g| view(spec, "k_new", &g.0, g.1))
-            .transpose()?,
-        v_new
-            .as_ref()
-            .map(|g| view(spec, "v_new", &g.0, g.1))
-            .transpose()?,
-        view(spec, "cache_seqlens", &lens.0, lens.1)?,
-        table
-            .as_ref()
-            .map(|g| view(spec, "block_table", &g.0, g.1))
-            .transpose()?,
-        o.slice_mut(..),
-        lse.slice_mut(..),
+        KvIo {
+            q: whole(spec, "q", &q.0, q.1)?,
+            k_cache: whole_mut(spec, "k_cache", k, kl)?,
+            v_cache: whole_mut(spec, "v_cache", v, vl)?,
+            k_new: k_new
+                .as_ref()
+                .map(|g| whole(spec, "k_new", &g.0, g.1))
+                .transpose()?,
+            v_new: v_new
+                .as_ref()
+                .map(|g| whole(spec, "v_new", &g.0, g.1))
+                .transpose()?,
+            cache_seqlens: whole(spec, "cache_seqlens", &lens.0, lens.1)?,
+            block_table: table
+                .as_ref()
+                .map(|g| whole(spec, "block_table", &g.0, g.1))
+                .transpose()?,
+            o: &mut o,
+            lse: &mut lse,
+        },
     )
     .map_err(|e| cuda_error(spec, e))?;
     Ok((

@@ -1,6 +1,7 @@
 //! attn-candle on a CUDA GPU: the ops' CUDA path (attn-cuda on candle's stream) against the f64
 //! oracle, the naive same-dtype baseline and the CPU op; the drop-in `flash_attn` on strided
-//! views; bias, padding and varlen; the layer in a model that trains; the errors.
+//! views; bias, padding and varlen; the layer in a model that trains; the errors; generation through
+//! KV caches (`kv_cache.rs`).
 //!
 //! Built with `--features cuda` (`cargo xtask setup-candle-cuda` sets up the toolchain), run with
 //! `cargo xtask test-gpu` or from the GPU bundle; every test is `#[ignore]`d without `--ignored`.
@@ -16,6 +17,7 @@ mod harness;
 mod naive;
 
 mod api;
+mod kv_cache;
 mod model;
 
 use attn_core::{
