@@ -14,10 +14,11 @@
 use super::{Peak, Runner};
 use crate::error::BenchError;
 use crate::gpu::{self, gpu, DevicePeak, Gpu};
+use crate::grid::GridPoint;
 use crate::grid::PassKind;
-use attn_core::{AttnBackend, AttnSpec, BackwardIo, DType, ForwardIo};
+use attn_core::{AttnBackend, AttnSpec, BackwardIo, DType, ForwardIo, KvCacheProblem, KvCacheSpec, KvLayout};
 use attn_cuda::cudarc::driver::CudaSlice;
-use attn_cuda::DeviceElem;
+use attn_cuda::{DeviceElem, KvCacheIo, KvCacheWorkspace};
 use half::{bf16, f16};
 use std::sync::OnceLock;
 
@@ -239,9 +240,159 @@ pub(super) fn prepare(spec: &AttnSpec, pass: PassKind, seed: u64) -> Result<Box<
     })
 }
 
+/// A decode point on a paged cache: every sequence holds the point's `seq_k` keys in pages of
+/// `page_size` slots, the pages of the pool handed out in a shuffled order (so the block table is
+/// exercised, as in a serving engine after some churn), and each call is one
+/// `CudaAttn::forward_kv_cache` step with no new tokens: the same attention as the contiguous row of
+/// the point (`seq_q` queries, bottom-right causal, `seq_k` keys).
+struct PagedRunner<T: PoolElem> {
+    gpu: &'static Gpu,
+    spec: KvCacheSpec,
+    q: CudaSlice<T>,
+    k_pages: CudaSlice<T>,
+    v_pages: CudaSlice<T>,
+    seqlens: CudaSlice<i32>,
+    table: CudaSlice<i32>,
+    o: CudaSlice<T>,
+    lse: CudaSlice<f32>,
+    ws: KvCacheWorkspace,
+    peak: DevicePeak,
+}
+
+/// The paged step of `point` with pages of `page_size` slots.
+fn paged_spec(point: &GridPoint, page_size: usize) -> Result<KvCacheSpec, BenchError> {
+    let pages_per_seq = point.seq.div_ceil(page_size.max(1));
+    let num_pages = pages_per_seq
+        .checked_mul(point.batch)
+        .ok_or_else(|| BenchError::InvalidArgument {
+            arg: "page_size",
+            reason: format!("{} sequences of {pages_per_seq} pages overflow", point.batch),
+        })?;
+    let layout = KvLayout::Paged {
+        num_pages,
+        page_size,
+        pages_per_seq,
+    };
+    Ok(KvCacheProblem::new(
+        point.family.family(),
+        point.dtype,
+        point.batch,
+        point.heads_q,
+        point.heads_kv,
+        point.seq_q,
+        point.head_dim,
+        layout,
+    )
+    .with_new_tokens(0)
+    .with_causal(point.causal)
+    .validate()?)
+}
+
+/// A permutation of `0..n` from a seeded xorshift (Fisher–Yates).
+fn shuffled(n: usize, seed: u64) -> Vec<i32> {
+    let mut x = seed | 1;
+    let mut p: Vec<i32> = (0..n as i32).collect();
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    p
+}
+
+impl<T: PoolElem> PagedRunner<T> {
+    fn new(g: &'static Gpu, point: &GridPoint, page_size: usize, seed: u64) -> Result<Self, BenchError> {
+        let spec = paged_spec(point, page_size)?;
+        let peak = DevicePeak::start(g.context())?;
+        let s = g.stream();
+        let a = spec.attend();
+        let cache = KvCacheSpec::cache_shape(&spec, a.head_dim()).iter().product();
+        let table_len = spec.block_table_shape().map_or(0, |[b, p]| b * p);
+        let seqlens = vec![point.seq as i32; a.batch()];
+        Ok(PagedRunner {
+            gpu: g,
+            q: upload(g, a.q_len(), 0, seed)?,
+            k_pages: upload(g, cache, 1, seed)?,
+            v_pages: upload(g, cache, 2, seed)?,
+            seqlens: s.clone_htod(&seqlens)?,
+            table: s.clone_htod(&shuffled(table_len, seed ^ 0x5EED))?,
+            o: s.alloc_zeros::<T>(a.o_len().max(1))?,
+            lse: s.alloc_zeros::<f32>(a.stats_len().max(1))?,
+            ws: g.attn.kv_cache_workspace(&spec)?,
+            spec,
+            peak,
+        })
+    }
+}
+
+impl<T: PoolElem> Runner for PagedRunner<T> {
+    fn call(&mut self) -> Result<(), BenchError> {
+        let io = KvCacheIo {
+            q: &self.q,
+            k_cache: &mut self.k_pages,
+            v_cache: &mut self.v_pages,
+            k_new: None,
+            v_new: None,
+            cache_seqlens: &self.seqlens,
+            block_table: Some(&self.table),
+            o: &mut self.o,
+            lse: &mut self.lse,
+        };
+        self.gpu.attn.forward_kv_cache(&self.spec, io, &mut self.ws)?;
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), BenchError> {
+        Ok(self.gpu.stream().synchronize()?)
+    }
+
+    fn time(&mut self, runs: usize) -> Result<Vec<f64>, BenchError> {
+        let g = self.gpu;
+        gpu::time_events(g.stream(), runs, || self.call())
+    }
+
+    fn timer(&self) -> &'static str {
+        "cuda_event"
+    }
+
+    fn peak(&mut self) -> Option<Peak> {
+        self.peak.read().ok()
+    }
+
+    fn device(&self) -> Option<String> {
+        Some(self.gpu.name.clone())
+    }
+}
+
+/// attn-cuda on a paged cache for a decode point (`CudaAttn::forward_kv_cache`).
+pub(super) fn prepare_paged(
+    point: &GridPoint,
+    page_size: usize,
+    seed: u64,
+) -> Result<Box<dyn Runner>, BenchError> {
+    let g = gpu().map_err(|reason| BenchError::Unavailable {
+        implementation: "attn-cuda",
+        reason,
+    })?;
+    Ok(match point.dtype {
+        DType::F32 => Box::new(PagedRunner::<f32>::new(g, point, page_size, seed)?),
+        DType::F16 => Box::new(PagedRunner::<f16>::new(g, point, page_size, seed)?),
+        DType::BF16 => Box::new(PagedRunner::<bf16>::new(g, point, page_size, seed)?),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shuffled_is_a_permutation() {
+        let mut p = shuffled(1000, 7);
+        assert_ne!(p[..10], (0..10).collect::<Vec<i32>>()[..]);
+        p.sort_unstable();
+        assert_eq!(p, (0..1000).collect::<Vec<i32>>());
+    }
 
     #[test]
     fn host_draw_is_uniform_in_the_open_interval() {

@@ -169,7 +169,7 @@ pub fn prepare(
     seed: u64,
 ) -> Result<Box<dyn Runner>, BenchError> {
     if let Some(page_size) = point.page_size {
-        return prepare_paged(id, point, spec, page_size);
+        return prepare_paged(id, point, spec, page_size, seed);
     }
     match id {
         ImplId::AttnCpuRef => cpu_ref::prepare(spec, point.pass, seed),
@@ -184,6 +184,38 @@ pub fn prepare(
     }
 }
 
+/// A decode point on a paged KV cache (`[num_pages, page_size, Hkv, D]` pages and a `[B, max_pages]`
+/// i32 block table, the vLLM / FlashInfer layout): attn-cuda's `forward_kv_cache` on a cache holding
+/// the point's keys; every other implementation has no paged cache and skips the point with that
+/// reason (never a contiguous call under a paged label).
+pub fn prepare_paged(
+    id: ImplId,
+    point: &GridPoint,
+    _spec: &AttnSpec,
+    page_size: usize,
+    seed: u64,
+) -> Result<Box<dyn Runner>, BenchError> {
+    match id {
+        #[cfg(feature = "cuda")]
+        ImplId::AttnCuda => cuda::prepare_paged(point, page_size, seed),
+        #[cfg(not(feature = "cuda"))]
+        ImplId::AttnCuda => {
+            let _ = (point, seed);
+            Err(BenchError::Unavailable {
+                implementation: "attn-cuda",
+                reason: NO_CUDA_FEATURE.into(),
+            })
+        }
+        _ => {
+            let _ = (point, seed);
+            Err(BenchError::Unavailable {
+                implementation: id.label(),
+                reason: format!("paged KV cache (page size {page_size}): {id} has no paged cache"),
+            })
+        }
+    }
+}
+
 /// The `params` field: the family's resolved parameters, e.g. `scale=0.125`.
 ///
 /// ```
@@ -193,32 +225,6 @@ pub fn prepare(
 /// assert_eq!(family_params(&spec), "a=1,1,0.5 scale=0.125");
 /// # Ok::<(), attn_core::AttnError>(())
 /// ```
-/// PAGED KV-CACHE HOOK (decode-paged section). A paged point's k and v live in a paged cache
-/// (`[num_pages, page_size, Hkv, D]` pages and a `[B, max_pages]` i32 block table, the vLLM /
-/// FlashInfer layout) that attn-cuda's kv-cache API reads. Until this function builds such a cache
-/// and calls that API, every paged point is a skipped row with this reason, never a contiguous call
-/// under a paged label. To wire it: for [`ImplId::AttnCuda`], allocate the pages and a block table
-/// (pages in a shuffled order, so that the table is exercised), fill them from the same draw as the
-/// contiguous runner, and return a [`Runner`] whose `call` runs the kv-cache forward on `spec`'s q.
-pub fn prepare_paged(
-    id: ImplId,
-    _point: &GridPoint,
-    _spec: &AttnSpec,
-    page_size: usize,
-) -> Result<Box<dyn Runner>, BenchError> {
-    let reason = match id {
-        ImplId::AttnCuda => format!(
-            "paged KV cache (page size {page_size}): attn-bench does not call attn-cuda's kv-cache API yet \
-             (impls::prepare_paged)"
-        ),
-        _ => format!("paged KV cache (page size {page_size}): {id} has no paged cache"),
-    };
-    Err(BenchError::Unavailable {
-        implementation: id.label(),
-        reason,
-    })
-}
-
 pub fn family_params(spec: &AttnSpec) -> String {
     match *spec.family() {
         FamilySpec::Softmax { scale, softcap } => match softcap {

@@ -22,8 +22,6 @@ use candle_core::{CudaDevice, CudaStorage, Layout, Result, Storage, Tensor};
 
 /// The buffers of one cache step, field for field as attn-cuda's `KvCacheIo` takes them: whole
 /// device buffers (each tensor starts at element 0 of its storage), shapes in [`KvCacheSpec`].
-/// The fields are read by attn-cuda's entry point, which the adapter below does not call yet.
-#[allow(dead_code)]
 struct KvIo<'a, T> {
     q: &'a CudaSlice<T>,
     k_cache: &'a mut CudaSlice<T>,
@@ -36,22 +34,25 @@ struct KvIo<'a, T> {
     lse: &'a mut CudaSlice<f32>,
 }
 
-/// ADAPTER (attn-cuda's cache step): the one call of `CudaAttn::forward_kv_cache`. attn-cuda's entry
-/// point is not part of this build, so every call is `Unsupported`. Wired, the body is
-/// `let mut ws = backend.kv_cache_workspace(spec)?;` and
-/// `backend.forward_kv_cache(spec, attn_cuda::KvCacheIo { q: io.q, k_cache: io.k_cache, .. }, &mut ws)`
-/// with every field of `io` passed through.
+/// The one call of `CudaAttn::forward_kv_cache`, with a split workspace sized for the step.
 fn forward_kv_cache<E: DeviceElem>(
-    _backend: &CudaAttn,
+    backend: &CudaAttn,
     spec: &KvCacheSpec,
-    _io: KvIo<'_, E>,
+    io: KvIo<'_, E>,
 ) -> std::result::Result<(), CudaAttnError> {
-    Err(CudaAttnError::Attn(AttnError::Unsupported {
-        op: spec.op(Pass::Forward),
-        backend: "attn-candle",
-        what: "a KV-cache step on CUDA (attn-cuda's cache entry point is not wired into attn-candle yet)"
-            .into(),
-    }))
+    let mut ws = backend.kv_cache_workspace(spec)?;
+    let io = attn_cuda::KvCacheIo {
+        q: io.q,
+        k_cache: io.k_cache,
+        v_cache: io.v_cache,
+        k_new: io.k_new,
+        v_new: io.v_new,
+        cache_seqlens: io.cache_seqlens,
+        block_table: io.block_table,
+        o: io.o,
+        lse: io.lse,
+    };
+    backend.forward_kv_cache(spec, io, &mut ws)
 }
 
 fn cuda_error(spec: &KvCacheSpec, e: CudaAttnError) -> candle_core::Error {
