@@ -245,6 +245,7 @@ impl<'a> Mat<'a> {
 
 /// `dst[m×n] (row-major, row stride dst_rs) = (acc ? dst : 0) + a[m×k]·b[k×n]` on the `gemm` crate,
 /// single-threaded (the callers parallelise over tiles).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn matmul(
     m: usize,
     n: usize,
