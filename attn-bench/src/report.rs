@@ -2,7 +2,7 @@
 //! the Taylor-vs-softmax crossover, and every skip and bad point with its reason.
 //!
 //! Ratios are `×b = t_b / t_ours` on median times (above 1: ours is faster), where "ours" is the
-//! first of `attn-cuda`, `attn-cpu-ref` that has rows for the family. A baseline that was not
+//! first of `attn-cuda`, `attn-cpu-fast`, `attn-cpu-ref` that has rows for the family. A baseline that was not
 //! measured at a point shows `skip` (the reason is listed below the tables), an absent one `—`.
 
 use crate::impls::is_ours_label;
@@ -32,7 +32,7 @@ pub fn sig3(x: f64) -> String {
 }
 
 /// Our implementations, in the order that picks the one the ratios compare with.
-pub(crate) const OURS_ORDER: [&str; 2] = ["attn-cuda", "attn-cpu-ref"];
+pub(crate) const OURS_ORDER: [&str; 3] = ["attn-cuda", "attn-cpu-fast", "attn-cpu-ref"];
 
 /// Order families the way the library lists them, unknown labels last.
 fn family_rank(f: &str) -> usize {

@@ -6,6 +6,8 @@
 //! reason: an implementation missing from this build or machine is never a zero or a pass.
 //!
 //! - `attn-cpu-ref`: [`attn_cpu_ref::forward`] / [`attn_cpu_ref::backward`] on storage dtypes.
+//! - `attn-cpu-fast`: [`attn_cpu_ref::fast`], the f32 path attn-candle runs on CPU tensors
+//!   ([`cpu_fast`]; softmax-like families).
 //! - `candle_naive`: the same attention as candle ops on the CPU (scores by matmul, softmax or the
 //!   Taylor polynomial, matmul), backward through candle's autograd ([`candle_naive`]).
 //! - `attn-cuda`: the fused kernels on GPU 0 ([`cuda`], with the `cuda` cargo feature): each call
@@ -26,6 +28,7 @@ use std::str::FromStr;
 use std::time::Instant;
 
 pub mod candle_naive;
+pub mod cpu_fast;
 mod cpu_ref;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -39,10 +42,17 @@ pub enum ImplId {
     AttnCuda,
     /// Baseline: candle ops, matmul + softmax + matmul, autograd backward.
     CandleNaive,
+    /// The f32-accumulating CPU fast path (ours).
+    AttnCpuFast,
 }
 
 impl ImplId {
-    pub const ALL: [ImplId; 3] = [ImplId::AttnCpuRef, ImplId::AttnCuda, ImplId::CandleNaive];
+    pub const ALL: [ImplId; 4] = [
+        ImplId::AttnCpuRef,
+        ImplId::AttnCuda,
+        ImplId::CandleNaive,
+        ImplId::AttnCpuFast,
+    ];
 
     /// The `impl` field of a row.
     pub fn label(self) -> &'static str {
@@ -50,12 +60,13 @@ impl ImplId {
             ImplId::AttnCpuRef => "attn-cpu-ref",
             ImplId::AttnCuda => "attn-cuda",
             ImplId::CandleNaive => "candle_naive",
+            ImplId::AttnCpuFast => "attn-cpu-fast",
         }
     }
 
     /// Ours (as opposed to a baseline).
     pub fn is_ours(self) -> bool {
-        matches!(self, ImplId::AttnCpuRef | ImplId::AttnCuda)
+        matches!(self, ImplId::AttnCpuRef | ImplId::AttnCuda | ImplId::AttnCpuFast)
     }
 }
 
@@ -69,7 +80,9 @@ impl FromStr for ImplId {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         ImplId::ALL.into_iter().find(|i| i.label() == s).ok_or_else(|| {
-            format!("unknown implementation `{s}` (known: attn-cpu-ref, attn-cuda, candle_naive)")
+            format!(
+                "unknown implementation `{s}` (known: attn-cpu-ref, attn-cuda, candle_naive, attn-cpu-fast)"
+            )
         })
     }
 }
@@ -174,6 +187,7 @@ pub fn prepare(
     match id {
         ImplId::AttnCpuRef => cpu_ref::prepare(spec, point.pass, seed),
         ImplId::CandleNaive => candle_naive::prepare(spec, point.pass, seed),
+        ImplId::AttnCpuFast => cpu_fast::prepare(spec, point.pass, seed),
         #[cfg(feature = "cuda")]
         ImplId::AttnCuda => cuda::prepare(spec, point.pass, seed),
         #[cfg(not(feature = "cuda"))]

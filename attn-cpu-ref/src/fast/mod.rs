@@ -194,8 +194,9 @@ impl<'a, E: Element> Ctx<'a, E> {
                         row[lo..hi].iter_mut().for_each(|x| *x *= scale)
                     }
                     kind => {
-                        for c in lo..hi {
-                            row[c] = kind.score(row[c], qs, &k.s[j0 + c]).0;
+                        let keys = &k.s[j0 + lo..j0 + hi];
+                        for (x, ks) in row[lo..hi].iter_mut().zip(keys) {
+                            *x = kind.score(*x, qs, ks).0;
                         }
                     }
                 }

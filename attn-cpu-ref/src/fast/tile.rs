@@ -245,6 +245,7 @@ impl<'a> Mat<'a> {
 
 /// `dst[m×n] (row-major, row stride dst_rs) = (acc ? dst : 0) + a[m×k]·b[k×n]` on the `gemm` crate,
 /// single-threaded (the callers parallelise over tiles).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn matmul(
     m: usize,
     n: usize,
@@ -313,7 +314,10 @@ pub(super) fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     let xc = x.clamp(-87.0, 88.0);
-    let n = (xc * LOG2E).round();
+    // Round to nearest by the 1.5·2²³ shift (|x·log2 e| < 2²²): `f32::round` is a libm call on
+    // targets without SSE4.1, which keeps the loop from vectorising.
+    const SHIFT: f32 = 12_582_912.0;
+    let n = (xc * LOG2E + SHIFT) - SHIFT;
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     // Taylor coefficients 1/k! (|r| ≤ ln2/2: the degree-6 remainder is below 2⁻²⁴ relative).
     let p = 1.0
