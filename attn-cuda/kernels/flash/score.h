@@ -23,6 +23,16 @@
 
 namespace attn {
 
+// The hooks of a score on the flash skeleton (`Score::Ops`): the skeletons (flash_*.cuh) hold the
+// FlashAttention structure and reach every per-family step through them (row and key scalars, the
+// per-tile scores and gradients, the statistic, the epilogues). FlashOps (score_ops.cuh) serves
+// softmax, cosine-sim and Taylor; LorentzOps (hyperbolic/lorentz_tile.cuh) the hyperbolic scores, so a
+// file that instantiates a skeleton with a hyperbolic score includes that header.
+template <class Score>
+struct FlashOps;
+template <class Score>
+struct LorentzOps;
+
 // kNorms: scores use reciprocal row norms. kSoftcap: a softcap is possible. kLorentz: a hyperbolic
 // score (per-row time coordinates, optional per-key log γ). kGeodesic: its fast-path multiplier is
 // negative (the online max tracks the smallest value).
@@ -32,6 +42,7 @@ struct SoftmaxScore {
     static constexpr bool kLorentz = false;
     static constexpr bool kGeodesic = false;
     static constexpr bool kPoly = false;
+    using Ops = FlashOps<SoftmaxScore>;
 };
 
 struct CosineScore {
@@ -40,6 +51,7 @@ struct CosineScore {
     static constexpr bool kLorentz = false;
     static constexpr bool kGeodesic = false;
     static constexpr bool kPoly = false;
+    using Ops = FlashOps<CosineScore>;
 };
 
 struct SqLorentzScore {
@@ -48,6 +60,7 @@ struct SqLorentzScore {
     static constexpr bool kLorentz = true;
     static constexpr bool kGeodesic = false;
     static constexpr bool kPoly = false;
+    using Ops = LorentzOps<SqLorentzScore>;
 };
 
 struct GeodesicScore {
@@ -56,6 +69,7 @@ struct GeodesicScore {
     static constexpr bool kLorentz = true;
     static constexpr bool kGeodesic = true;
     static constexpr bool kPoly = false;
+    using Ops = LorentzOps<GeodesicScore>;
 };
 
 // Taylor order 2 on the flash skeleton (the quadratic form, docs/math.md §3): weight f(s) = a0 + a1 s +
@@ -68,6 +82,7 @@ struct TaylorScore {
     static constexpr bool kLorentz = false;
     static constexpr bool kGeodesic = false;
     static constexpr bool kPoly = true;
+    using Ops = FlashOps<TaylorScore>;
 };
 
 // The coefficients of a call (TaylorScore): f(x) = a0 + x (a1 + a2 x) and f'(x) = a1 + 2 a2 x, two FMAs

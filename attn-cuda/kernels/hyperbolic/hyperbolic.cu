@@ -27,6 +27,7 @@
 #include "../flash/flash_fwd_ws.cuh"
 #include "../flash/flash_bwd_wg.cuh"
 #include "../flash/flash_bwd_ws.cuh"
+#include "lorentz_tile.cuh"  // the hyperbolic scores' hooks (Score::Ops)
 #include "hyp_simt.cuh"
 
 namespace attn {
