@@ -98,7 +98,7 @@ __device__ __forceinline__ void fwd_epilogue(const AttnParams& p, const SeqInfo&
             const float lsum = quad_sum(l[mt][r]);
             const int i = row[mt][r];
             if (i >= si.len_q) continue;
-            const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+            const float inv = Score::Ops::inv_sum(lsum);
             T* orow = o + si.o_off(p, i, h);
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {

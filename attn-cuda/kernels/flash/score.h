@@ -128,7 +128,7 @@ __device__ __forceinline__ float lorentz_value(float qk, float q0, float k0, con
         return kK0 ? qk : fmaf(-q0, k0, qk);
     }
     const float u_raw = kK0 ? -qk : fmaf(q0, k0, -qk);
-    const float u = fmaxf(u_raw, L.thr);
+    const float u = fmax_nan(u_raw, L.thr);  // the clamp keeps a NaN NaN (fmaxf would return thr)
     const float t = fmaf(u, u, -L.inv_c2);  // u² − 1/c² = (z² − 1)/c², no cancellation (exact square)
     const float rs = rsqrt_fast(t);
     if (kGrad) psi = u_raw < L.thr ? 0.f : rs;

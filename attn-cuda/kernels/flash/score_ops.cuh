@@ -299,11 +299,17 @@ struct FlashOps {
         }
     }
 
-    // The statistic of a row: LSE = m + ln l (−∞ for an empty row); TaylorScore: the denominator l.
+    // The statistic of a row: LSE = m + ln l (−∞ for an empty row, NaN for a NaN row); TaylorScore:
+    // the denominator l.
     __device__ __forceinline__ static float row_stat(const AttnParams& p, float m, float lsum) {
         if (Score::kPoly) return lsum;
         const float ref = m == -CUDART_INF_F ? 0.f : m;
-        return lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
+        return lsum != 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
+    }
+    // 1/l for the output (0 for an empty row; NaN for a NaN row; TaylorScore: 0 unless l > 0).
+    __device__ __forceinline__ static float inv_sum(float lsum) {
+        if (Score::kPoly) return lsum > 0.f ? 1.f / lsum : 0.f;
+        return lsum != 0.f ? 1.f / lsum : 0.f;
     }
 
     // LSE in log2 units, +∞ for rows that must get P = 0 (past the sequence, or with no allowed key).
@@ -395,7 +401,8 @@ struct FlashOps {
                         // dS's weight: P, or TaylorScore's f'(s)/den.
                         float w = 0.f;
                         if (allowed) w = Score::kPoly ? Poly(p).df(x) * lse2[mt][r] : exp2_fast(x * kLog2e - lse2[mt][r]);
-                        const float ds = w * (dp[mt][nt][e] - delta[mt][r]);
+                        // Masked: exactly 0 (0·NaN would carry a NaN dO or v to a row that does not see it).
+                    const float ds = allowed ? w * (dp[mt][nt][e] - delta[mt][r]) : 0.f;
                         if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
                         s[mt][nt][e] = ds * dtanh * rk;
                     }
@@ -461,7 +468,7 @@ struct FlashOps {
                         } else if (allowed) {
                             pr = w = exp2_fast(x * kLog2e - sLse[cl]);
                         }
-                        const float ds = w * (dpt[mt][qt][e] - sDelta[cl]);
+                        const float ds = allowed ? w * (dpt[mt][qt][e] - sDelta[cl]) : 0.f;  // masked: exactly 0
                         st[mt][qt][e] = pr;
                         dpt[mt][qt][e] = ds * dtanh * rqi;
                     }
