@@ -401,8 +401,7 @@ struct FlashOps {
                         // dS's weight: P, or TaylorScore's f'(s)/den.
                         float w = 0.f;
                         if (allowed) w = Score::kPoly ? Poly(p).df(x) * lse2[mt][r] : exp2_fast(x * kLog2e - lse2[mt][r]);
-                        // Masked: exactly 0 (0·NaN would carry a NaN dO or v to a row that does not see it).
-                    const float ds = allowed ? w * (dp[mt][nt][e] - delta[mt][r]) : 0.f;
+                        const float ds = w * (dp[mt][nt][e] - delta[mt][r]);
                         if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
                         s[mt][nt][e] = ds * dtanh * rk;
                     }
@@ -468,7 +467,7 @@ struct FlashOps {
                         } else if (allowed) {
                             pr = w = exp2_fast(x * kLog2e - sLse[cl]);
                         }
-                        const float ds = allowed ? w * (dpt[mt][qt][e] - sDelta[cl]) : 0.f;  // masked: exactly 0
+                        const float ds = w * (dpt[mt][qt][e] - sDelta[cl]);
                         st[mt][qt][e] = pr;
                         dpt[mt][qt][e] = ds * dtanh * rqi;
                     }

@@ -206,7 +206,7 @@ __device__ __forceinline__ void lorentz_dq_tile(const AttnParams& p, const SeqIn
                     if (allowed && p.bias != nullptr)
                         x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]) * kLog2e;
                     const float pr = allowed ? exp2_fast(x - lse2[mt][r]) : 0.f;
-                    ds = allowed ? pr * (dp[mt][nt][e] - delta[mt][r]) : 0.f;  // masked: exactly 0
+                    ds = pr * (dp[mt][nt][e] - delta[mt][r]);
                     if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
                 }
                 const float w = kRowSum ? round_to<T>(ds * psi) : ds * psi;
@@ -256,7 +256,6 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
                 float psi;
                 float y = lorentz_value<Score, true, kRecip>(st[mt][qt][e], q0i, k0[mt][r], L, psi);
                 float pr;
-                bool seen = true;  // masked pairs get dS = 0 exactly (0·NaN would carry a NaN dO or v)
                 if constexpr (kRecip) {  // y is w
                     pr = rcp_fast(y) * gam[mt][r] * ((e & 1) ? eq.y : eq.x);
                 } else if constexpr (kFast) {
@@ -270,9 +269,8 @@ __device__ __forceinline__ void lorentz_dkdv_tile(const AttnParams& p, const Seq
                     if (allowed && p.bias != nullptr)
                         x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]) * kLog2e;
                     pr = allowed ? exp2_fast(x - lsei) : 0.f;
-                    seen = allowed;
                 }
-                const float ds = seen ? pr * (dpt[mt][qt][e] - di) : 0.f;
+                const float ds = pr * (dpt[mt][qt][e] - di);
                 const float w = kRowSum ? round_to<T>(ds * psi) : ds * psi;
                 if (kRowSum) bsum[mt][r] = fmaf(w, q0i, bsum[mt][r]);
                 if (kMid) csum[mt][r] += ds;
@@ -601,7 +599,7 @@ struct LorentzOps : FlashOps<Score> {
         }
     }
 
-    // LSE less nothing: the forward adds the score's constant (2β/c; −(β/√c) ln c) to the statistic.
+    // The statistic: LSE plus the score's constant (2β/c; −(β/√c) ln c); NaN for a NaN row.
     __device__ __forceinline__ static float row_stat(const AttnParams& p, float m, float lsum) {
         const float ref = m == -CUDART_INF_F ? 0.f : m;
         const float lse = lsum != 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
