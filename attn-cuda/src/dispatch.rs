@@ -286,7 +286,7 @@ pub(crate) fn forward_forms_q0(spec: &AttnSpec, kernel: &Kernel) -> bool {
 
 /// Whether the hyperbolic warp-specialised dK/dV kernel of `spec` (fused or not) keeps a panel of q0's
 /// bf16 pieces per stage for its tensor-core row sums: bf16 at D = 64, and for the squared Lorentz
-/// score at D = 128 too, the host's mirror of `kLorentzTcRowSum` in kernels/flash/flash_bwd_ws.cuh.
+/// score at D = 128 too, the host's mirror of `LorentzOps::tc_rowsum` in kernels/hyperbolic/lorentz_tile.cuh.
 fn ws_q0_panel(spec: &AttnSpec, lorentz: bool) -> bool {
     let squared = matches!(
         spec.family(),

@@ -12,8 +12,9 @@
 //! `--ignored`.
 
 mod common;
+mod poison;
 
-use attn_core::{Aggregation, AttnProblem, Causal, DType, Family, HypScore, HyperbolicParams};
+use attn_core::{Aggregation, AttnProblem, AttnSpec, Causal, DType, Family, HypScore, HyperbolicParams};
 use common::hyperbolic::{check_points, naive, shape_points, Points};
 use common::shapes::{
     bias_broadcast_batch, bias_broadcast_heads, causal_bottom_right_q_longer, causal_top_left_q_shorter,
@@ -21,6 +22,7 @@ use common::shapes::{
     whole_tiles_gqa, whole_tiles_key_padding, whole_tiles_varlen, Lengths, Make, Shapes,
 };
 use common::{check_dims, Cases};
+use poison::{check_poisoned, Target};
 
 const DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
@@ -232,4 +234,66 @@ fn nonpositive_or_nan_curvature_and_beta_are_typed_errors() {
             "c = {c}, β = {beta}: {err}"
         );
     }
+}
+
+/// The non-finite values each target gets: NaN everywhere; ±∞ in q and k on f32 only (the f32
+/// kernels turn a non-finite score into NaN; the tensor-core kernels do not yet, docs/nan.md); a bias
+/// entry NaN, +∞ (the row NaN) and −∞ (its key masked).
+fn poisons(target: Target, dtype: DType) -> Vec<f64> {
+    match target {
+        Target::Q | Target::K if dtype == DType::F32 => vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY],
+        Target::Bias => vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY],
+        _ => vec![f64::NAN],
+    }
+}
+
+/// One spec with every poison of `target` at three positions (seeded), each against the reference.
+fn check_spec_poisoned(spec: &AttnSpec, seed: u64, target: Target) -> Result<(), String> {
+    for value in poisons(target, spec.dtype()) {
+        for at in [seed as usize * 7919 + 3, seed as usize * 104_729 + 11, 5] {
+            match spec.dtype() {
+                DType::F32 => check_poisoned::<f32>(spec, seed, target, at, value, naive::<f32>)?,
+                DType::F16 => check_poisoned::<half::f16>(spec, seed, target, at, value, naive::<half::f16>)?,
+                DType::BF16 => {
+                    check_poisoned::<half::bf16>(spec, seed, target, at, value, naive::<half::bf16>)?
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+// The NaN/Inf contract (docs/nan.md) on problems without a mask (GQA with tails), forward and
+// backward, every kernel configuration; masked problems are left out (docs/nan.md: the tensor-core
+// products read a masked pair's operands).
+macro_rules! nonfinite_tests {
+    ($($name:ident: $family:expr, $make:expr, $target:expr;)*) => {$(
+        #[test]
+        #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+        fn $name() {
+            common::each_config(&common::flash_configs(), || {
+                let mut cases = Cases::new(stringify!($name));
+                let seed = |n: usize| 9000 + 13 * n as u64;
+                check_dims(&mut cases, $family, &DIMS, LENGTHS, seed, &$make, |spec, seed| {
+                    check_spec_poisoned(spec, seed, $target)
+                });
+                cases.finish();
+            });
+        }
+    )*};
+}
+
+nonfinite_tests! {
+    sq_lorentz_nonfinite_q_makes_its_row_nan: hyp(Sq, Euc, 1.0, 1.0), dense_gqa, Target::Q;
+    sq_lorentz_nonfinite_k_makes_the_rows_that_see_it_nan: hyp(Sq, Euc, 1.0, 1.0), dense_gqa, Target::K;
+    sq_lorentz_nan_v_makes_its_column_nan: hyp(Sq, Euc, 1.0, 1.0), dense_gqa, Target::V;
+    sq_lorentz_nan_do_reaches_its_row_gradients: hyp(Sq, Euc, 1.0, 1.0), dense_gqa, Target::DO;
+    sq_lorentz_nonfinite_bias_follows_the_contract: hyp(Sq, Euc, 1.0, 1.0), bias_broadcast_heads, Target::Bias;
+    geodesic_nonfinite_q_makes_its_row_nan: hyp(Geo, Euc, 1.0, 1.0), dense_gqa, Target::Q;
+    geodesic_nonfinite_k_is_not_the_most_similar_key: hyp(Geo, Euc, 1.0, 1.0), dense_gqa, Target::K;
+    geodesic_nan_v_makes_its_column_nan: hyp(Geo, Euc, 1.0, 1.0), dense_gqa, Target::V;
+    geodesic_nan_do_reaches_its_row_gradients: hyp(Geo, Euc, 1.0, 1.0), dense_gqa, Target::DO;
+    geodesic_nonfinite_bias_follows_the_contract: hyp(Geo, Euc, 1.0, 1.0), bias_broadcast_heads, Target::Bias;
+    sq_lorentz_midpoint_nan_v_makes_the_rows_that_see_it_nan: hyp(Sq, Mid, 1.0, 1.0), dense_gqa, Target::V;
+    geodesic_midpoint_nonfinite_k_makes_the_rows_that_see_it_nan: hyp(Geo, Mid, 1.0, 1.0), dense_gqa, Target::K;
 }

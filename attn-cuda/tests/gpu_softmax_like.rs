@@ -6,15 +6,17 @@
 //! `--ignored`.
 
 mod common;
+mod poison;
 
-use attn_core::{AttnProblem, Causal, CosineParams, DType, Family, SoftmaxParams};
+use attn_core::{AttnProblem, AttnSpec, Causal, CosineParams, DType, Family, SoftmaxParams};
 use attn_cpu_ref::testing::random_case;
 use common::shapes::{
     bias_broadcast_batch, bias_broadcast_heads, causal_bottom_right_q_longer, causal_top_left_q_shorter,
     dense_gqa, key_padding_and_window, long_keys_bottom_right, mqa_bhnd, strided_views, varlen_causal,
     Lengths, Make, Shapes,
 };
-use common::{check_dims, check_dtype, identical_runs, Cases};
+use common::{check_dims, check_dtype, identical_runs, naive, Cases};
+use poison::{check_poisoned, Target};
 
 const SOFTMAX_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 const COSINE_DIMS: [usize; 6] = [16, 32, 64, 96, 128, 256];
@@ -47,6 +49,23 @@ fn softmax_softcap() -> Family {
     Family::Softmax(SoftmaxParams {
         scale: Some(1.5),
         softcap: Some(2.0),
+    })
+}
+
+/// Logits of magnitude about 10⁴ (scale 3000 on rows of norm about √(D/3)): the running max, its
+/// rescaling and the exponentials far from 0.
+fn softmax_huge_logits() -> Family {
+    Family::Softmax(SoftmaxParams {
+        scale: Some(3000.0),
+        softcap: None,
+    })
+}
+
+/// The same logits through a softcap of 10⁴ (tanh in its curved range).
+fn softmax_huge_logits_softcap() -> Family {
+    Family::Softmax(SoftmaxParams {
+        scale: Some(3000.0),
+        softcap: Some(1.0e4),
     })
 }
 
@@ -110,6 +129,73 @@ gpu_tests! {
     cosine_large_scale_uses_the_running_max_and_matches_reference: cosine_large_scale(), COSINE_DIMS, causal_top_left_q_shorter, 0;
     softmax_long_keys_bottom_right_matches_reference: Family::softmax(), [64, 128], long_keys_bottom_right, 0;
     cosine_long_keys_bottom_right_matches_reference: Family::cosine_sim(), [64, 128], long_keys_bottom_right, 0;
+    softmax_logits_near_1e4_match_reference: softmax_huge_logits(), SOFTMAX_DIMS, dense_gqa, 0;
+    softmax_causal_logits_near_1e4_match_reference: softmax_huge_logits(), SOFTMAX_DIMS, causal_top_left_q_shorter, 0;
+    softmax_softcap_logits_near_1e4_match_reference: softmax_huge_logits_softcap(), SOFTMAX_DIMS, dense_gqa, 0;
+    softmax_softcap_causal_logits_near_1e4_match_reference: softmax_huge_logits_softcap(), SOFTMAX_DIMS, causal_bottom_right_q_longer, 0;
+}
+
+/// The non-finite values each target gets: NaN everywhere; ±∞ in q and k on f32 only (the f32
+/// kernels turn a non-finite product into NaN; the tensor-core kernels do not yet, docs/nan.md); a
+/// bias entry NaN, +∞ (the row NaN) and −∞ (its key masked).
+fn poisons(target: Target, dtype: DType) -> Vec<f64> {
+    match target {
+        Target::Q | Target::K if dtype == DType::F32 => vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY],
+        Target::Bias => vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY],
+        _ => vec![f64::NAN],
+    }
+}
+
+/// One spec with every poison of `target` at three positions (seeded), each against the reference.
+fn check_spec_poisoned(spec: &AttnSpec, seed: u64, target: Target) -> Result<(), String> {
+    for value in poisons(target, spec.dtype()) {
+        for at in [seed as usize * 7919 + 3, seed as usize * 104_729 + 11, 5] {
+            match spec.dtype() {
+                DType::F32 => check_poisoned::<f32>(spec, seed, target, at, value, naive::<f32>)?,
+                DType::F16 => check_poisoned::<half::f16>(spec, seed, target, at, value, naive::<half::f16>)?,
+                DType::BF16 => {
+                    check_poisoned::<half::bf16>(spec, seed, target, at, value, naive::<half::bf16>)?
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+// The NaN/Inf contract (docs/nan.md) on problems without a mask: GQA with tails (every row sees every
+// key of its kv head, so a bad k row reaches its group only), forward and backward, every kernel
+// configuration. Masked problems are left out: the tensor-core products read a masked pair's operands
+// (P = 0 times a NaN v, dS = 0 times a NaN q or k), docs/nan.md.
+macro_rules! nonfinite_tests {
+    ($($name:ident: $family:expr, $dims:expr, $make:expr, $target:expr;)*) => {$(
+        #[test]
+        #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+        fn $name() {
+            common::each_config(&common::flash_configs(), || {
+                let mut cases = Cases::new(stringify!($name));
+                let seed = |n: usize| 4000 + 13 * n as u64;
+                check_dims(&mut cases, $family, &$dims, LENGTHS, seed, &$make, |spec, seed| {
+                    check_spec_poisoned(spec, seed, $target)
+                });
+                cases.finish();
+            });
+        }
+    )*};
+}
+
+nonfinite_tests! {
+    softmax_nonfinite_q_makes_its_row_nan: Family::softmax(), SOFTMAX_DIMS, dense_gqa, Target::Q;
+    softmax_nonfinite_k_makes_the_rows_that_see_it_nan: Family::softmax(), SOFTMAX_DIMS, dense_gqa, Target::K;
+    softmax_nan_v_makes_its_column_nan: Family::softmax(), SOFTMAX_DIMS, dense_gqa, Target::V;
+    softmax_nan_do_reaches_its_row_gradients: Family::softmax(), SOFTMAX_DIMS, dense_gqa, Target::DO;
+    softmax_nonfinite_bias_follows_the_contract: Family::softmax(), SOFTMAX_DIMS, bias_broadcast_heads, Target::Bias;
+    softmax_softcap_nonfinite_q_makes_its_row_nan: softmax_softcap(), SOFTMAX_DIMS, dense_gqa, Target::Q;
+    softmax_softcap_nonfinite_bias_follows_the_contract: softmax_softcap(), SOFTMAX_DIMS, bias_broadcast_heads, Target::Bias;
+    cosine_nonfinite_q_makes_its_row_nan: Family::cosine_sim(), COSINE_DIMS, dense_gqa, Target::Q;
+    cosine_nonfinite_k_makes_the_rows_that_see_it_nan: Family::cosine_sim(), COSINE_DIMS, dense_gqa, Target::K;
+    cosine_nan_v_makes_its_column_nan: Family::cosine_sim(), COSINE_DIMS, dense_gqa, Target::V;
+    cosine_nan_do_reaches_its_row_gradients: Family::cosine_sim(), COSINE_DIMS, dense_gqa, Target::DO;
+    cosine_nonfinite_bias_follows_the_contract: Family::cosine_sim(), COSINE_DIMS, bias_broadcast_heads, Target::Bias;
 }
 
 /// `deterministic` asks for a backward without atomics (on the H100 the two-kernel one, not the fused

@@ -59,7 +59,8 @@ __device__ __forceinline__ void inv_norm_rows(const AttnParams& p) {
         const long long off = kQuery ? si.dq_off(p, n, h) : si.dk_off(p, n, h);
         float v[E];
         lr.load(x, v);
-        const float r = 1.f / fmaxf(sqrtf(lr.dot(v, v)), p.eps);
+        const float norm = sqrtf(lr.dot(v, v));
+        const float r = 1.f / (norm < p.eps ? p.eps : norm);  // a NaN norm stays NaN (fmaxf would return eps)
         if (lr.lane == 0) (kQuery ? p.rq : p.rk)[lr.rows(off)] = r;
         if (kWrite) {
 #pragma unroll

@@ -68,7 +68,10 @@ __device__ __forceinline__ void tile_inv_norms(float* out, const T* smem, float 
     }
 #pragma unroll
     for (int o = kPerRow / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (r < ROWS && part == 0) out[r] = 1.f / fmaxf(sqrtf(s), eps);
+    if (r < ROWS && part == 0) {
+        const float n = sqrtf(s);
+        out[r] = 1.f / (n < eps ? eps : n);  // a NaN norm stays NaN (fmaxf would return eps)
+    }
 }
 
 }  // namespace attn

@@ -5,6 +5,8 @@
 // Per key block, for each row: m' = max(m, max_j s_ij) (or the fixed offset), α = 2^(m − m'),
 // l ← α·l + Σ_j 2^(s_ij − m'), O ← α·O + P·V. A row whose keys are all masked keeps m = −∞; its
 // exponentials use 0 as the reference so no NaN appears, and it ends with l = 0 → o = 0, LSE = −∞.
+// The running max propagates NaN (max.NaN; fmaxf drops it, and a row of NaN scores looked fully
+// masked): a NaN score makes m, l, o and LSE of its row NaN (docs/nan.md).
 #pragma once
 #include <math_constants.h>
 
@@ -38,6 +40,18 @@ __device__ __forceinline__ float rcp_fast(float x) {
     return y;
 }
 
+// max and min that return NaN when either operand is NaN (one FMNMX.NAN each, sm_80+).
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float y;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+}
+__device__ __forceinline__ float fmin_nan(float a, float b) {
+    float y;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+}
+
 // Reductions across the 4 lanes of a quad (the lanes that share an mma row).
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -46,6 +60,14 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_min(float x) {
     x = fminf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fminf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_max_nan(float x) {
+    x = fmax_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmax_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_min_nan(float x) {
+    x = fmin_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmin_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -69,9 +91,9 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&m)[2], f
         for (int r = 0; r < 2; ++r) {
             float mx = 0.f;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            mx = quad_max(mx);
-            const float m_new = mx > 0.f ? fmaxf(m[r], lg2_fast(mx)) : m[r];
+            for (int nt = 0; nt < NT; ++nt) mx = fmax_nan(mx, fmax_nan(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = quad_max_nan(mx);
+            const float m_new = !(mx <= 0.f) ? fmax_nan(m[r], lg2_fast(mx)) : m[r];
             const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;
             alpha[r] = exp2_fast(m[r] - ref);
             l[r] *= alpha[r];
@@ -94,13 +116,13 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&m)[2], f
             if (kNeg) {
                 float mn = CUDART_INF_F;
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mn = fminf(mn, fminf(s[nt][2 * r], s[nt][2 * r + 1]));
-                m_new = fmaxf(m[r], quad_min(mn) * c[r]);
+                for (int nt = 0; nt < NT; ++nt) mn = fmin_nan(mn, fmin_nan(s[nt][2 * r], s[nt][2 * r + 1]));
+                m_new = fmax_nan(m[r], quad_min_nan(mn) * c[r]);
             } else {
                 float mx = -CUDART_INF_F;
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-                m_new = fmaxf(m[r], quad_max(mx) * c[r]);
+                for (int nt = 0; nt < NT; ++nt) mx = fmax_nan(mx, fmax_nan(s[nt][2 * r], s[nt][2 * r + 1]));
+                m_new = fmax_nan(m[r], quad_max_nan(mx) * c[r]);
             }
         }
         const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;

@@ -66,7 +66,7 @@ struct AttnParams {
     float* dq_rowsum;      // fused backward: a_i = Σ_j w_ij k0_j per query row (statistics layout), zeroed
     int dq_acc_tiled;      // 1: dq_acc in the warp-specialised fused backward's layout (SeqInfo::dq_acc_index)
     int tiles_q;           // persistent forward: query tiles per (batch entry, head), persistent_tile
-    int* tile_counter;     // persistent forward: tiles handed out past the first gridDim.x (zeroed), or null
+    int* tile_counter;     // read by no kernel (null): the layout params.rs mirrors
     // Taylor order 2 on the flash skeleton (TaylorScore): f(s) = a0 + a1 s + a2 s²; `poly` = 1 tells the
     // row kernels that the statistics are the denominators (the backward's second half holds 1/den).
     float poly_a0, poly_a1, poly_a2;

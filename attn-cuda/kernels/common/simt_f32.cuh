@@ -199,11 +199,15 @@ __device__ __forceinline__ float row_dot(const float (&x)[kSimtChunks], const fl
     return warp_sum(s);
 }
 
+// x itself if finite, else NaN: the product of a q or k row holding NaN or ±∞ (docs/nan.md).
+__device__ __forceinline__ float finite_or_nan(float x) { return fabsf(x) < CUDART_INF_F ? x : CUDART_NAN_F; }
+
 __device__ __forceinline__ float inv_norm(const float (&x)[kSimtChunks], float eps) {
     float s = 0.f;
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) s += x[c] * x[c];
-    return 1.f / fmaxf(sqrtf(warp_sum(s)), eps);
+    const float n = sqrtf(warp_sum(s));
+    return 1.f / (n < eps ? eps : n);  // a NaN norm stays NaN (fmaxf would return eps)
 }
 
 template <class Score>
@@ -229,9 +233,10 @@ __device__ __forceinline__ void simt_fwd(const AttnParams& p) {
         load_row(kr, kj, D, lane);
         const float rk = norms ? inv_norm(kr, p.eps) : 1.f;
         float dtanh;
-        float s = score<Score>(p, row_dot(q, kj, D, lane), rq, rk, dtanh);
+        // A q or k row holding NaN or ±∞ has no finite product: its score is NaN (docs/nan.md).
+        float s = score<Score>(p, finite_or_nan(row_dot(q, kj, D, lane)), rq, rk, dtanh);
         if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
-        const float m_new = p.running_max ? fmaxf(m, s) : m;
+        const float m_new = p.running_max ? fmax_nan(m, s) : m;
         const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;  // all scores so far −∞ (a −∞ bias)
         const float alpha = expf(m - ref);
         const float pr = expf(s - ref);
@@ -244,14 +249,14 @@ __device__ __forceinline__ void simt_fwd(const AttnParams& p) {
         }
         m = m_new;
     }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l != 0.f ? 1.f / l : 0.f;  // NaN l: a NaN row
     float* o = static_cast<float*>(p.o) + si.o_off(p, i, h);
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) {
         const int d = lane + 32 * c;
         if (d < D) o[d] = acc[c] * inv;
     }
-    if (lane == 0) p.lse[si.stats_index(p, h, i)] = l > 0.f ? (m == -CUDART_INF_F ? 0.f : m) + logf(l) : -CUDART_INF_F;
+    if (lane == 0) p.lse[si.stats_index(p, h, i)] = l != 0.f ? (m == -CUDART_INF_F ? 0.f : m) + logf(l) : -CUDART_INF_F;
 }
 
 template <class Score>

@@ -5,6 +5,7 @@
 // where dS' = dS ∘ (1 − tanh²) under a softcap, and for cosine-sim dS'_ij also carries the
 // reciprocal norm of the other side (dq̂ = scale·Σ_j dS_ij k̂_j with k̂_j = rk_j·k_j); the l2-norm's
 // own Jacobian is applied afterwards by a row kernel on the f32 dq̂ / dk̂.
+// The per-family steps are the score's hooks (Score::Ops: score_ops.cuh, lorentz_tile.cuh).
 // Hyperbolic scores (score.h, lorentz_tile.cuh): dq_i = hyp_grad·[Σ_j w_ij k_j − (Σ_j w_ij k0_j) q_i/q0_i]
 // and dk_j = hyp_grad·[Σ_i w_ij q_i − (Σ_i w_ij q0_i) k_j/k0_j] with w = dS·ψ (the time coordinate
 // moves with its row: ∂x0/∂x = x/x0); the row sums are reduced in registers and applied in the
@@ -23,7 +24,7 @@
 #include "../common/mask.h"
 #include "../common/online_softmax.h"
 #include "score.h"
-#include "../hyperbolic/lorentz_tile.cuh"
+#include "score_ops.cuh"
 #include "../common/tiles.h"
 
 namespace attn {
@@ -36,17 +37,11 @@ __device__ __forceinline__ void zero(float (&a)[NT][DT]) {
         for (int j = 0; j < DT; ++j) a[i][j] = 0.f;
 }
 
-// LSE in log2 units, +∞ for rows that must get P = 0 (past the sequence, or with no allowed key).
-// TaylorScore: 1/den instead (the statistic is den), 0 for those rows.
+// LSE in log2 units, +∞ for rows that must get P = 0 (past the sequence, or with no allowed key); the
+// score's (Ops::lse_log2; TaylorScore: 1/den, 0 for those rows).
 template <class Score>
 __device__ __forceinline__ float lse_log2(const AttnParams& p, const SeqInfo& si, int h, int i) {
-    if (Score::kPoly) {
-        const float den = i < si.len_q ? p.lse[si.stats_index(p, h, i)] : 0.f;
-        return den > 0.f ? 1.f / den : 0.f;
-    }
-    if (i >= si.len_q) return CUDART_INF_F;
-    const float lse = p.lse[si.stats_index(p, h, i)];
-    return lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e;
+    return Score::Ops::lse_log2(p, si, h, i);
 }
 
 // Per-row state of a query tile (dQ kernels): row index, allowed key range, LSE (log2 units, less a
@@ -69,10 +64,7 @@ __device__ __forceinline__ void bwd_q_rows(const AttnParams& p, const SeqInfo& s
             delta[mt][r] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             rq[mt][r] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
             cq[mt][r] = p.scale * kLog2e * rq[mt][r];
-            if constexpr (Score::kLorentz) {  // rq: q0; LSE less the score's constant
-                rq[mt][r] = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
-                lse2[mt][r] -= p.hyp_lse * kLog2e;
-            }
+            Score::Ops::bwd_q_row(p, si, h, i, valid, lse2[mt][r], rq[mt][r]);  // hyperbolic: q0, LSE less a constant
         }
 }
 
@@ -89,305 +81,40 @@ __device__ __forceinline__ void bwd_k_rows(const AttnParams& p, const SeqInfo& s
             key[mt][r] = j0 + mt * 16 + g + 8 * r;
             rk[mt][r] = norms && key[mt][r] < si.len_k ? p.rk[si.dk_off(p, key[mt][r], hk) / D] : 1.f;
             lg[mt][r] = bsum[mt][r] = csum[mt][r] = 0.f;
-            if constexpr (Score::kLorentz) {  // rk: k0
-                const bool valid = key[mt][r] < si.len_k;
-                const long long at = si.key_index(p, hk, key[mt][r]);
-                rk[mt][r] = valid ? p.x0k[at] : 1.f;
-                if (midpoint && valid) lg[mt][r] = p.lgk[at];
-            }
+            Score::Ops::bwd_k_row(p, si, hk, key[mt][r], midpoint, rk[mt][r], lg[mt][r]);  // hyperbolic: k0, log γ_j
         }
 }
 
 // dQ kernels, one key block at j0 (`full`: no element of the tile is masked): s holds S = QKᵀ, dp
 // holds dP = dO Vᵀ; on return s holds dS' (P = exp(s − LSE), dS = P ∘ (dP − δ), times the softcap's
 // tanh' and, for cosine-sim, the key's reciprocal norm; TaylorScore: dS = f'(s)/den ∘ (dP − δ), lse2
-// holding 1/den). Hyperbolic scores: lorentz_dq_tile. Fast path (no mask, bias, softcap or bias
+// holding 1/den). The score's hook (Ops::dq_ds; hyperbolic scores: lorentz_dq_tile; kRowSum = false:
+// their row sums are taken on tensor cores by the caller). Fast path (no mask, bias, softcap or bias
 // gradient in the tile): one FMA and one exp2 per element (TaylorScore: one FMA). sRk, sK0, sLg: the
 // block's 1/‖k‖, k0 and log γ in shared memory.
-template <typename T, class Score, int MT, int NT, bool kLorentzRowSum = true>
+template <typename T, class Score, int MT, int NT, bool kRowSum = true>
 __device__ __forceinline__ void dq_block_ds(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
                                             bool norms, float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
                                             float (&a)[MT][2], const float (&rq)[MT][2], const float (&cq)[MT][2],
                                             const float (&lse2)[MT][2], const float (&delta)[MT][2],
                                             const int (&row)[MT][2], const int (&lo)[MT][2], const int (&hi)[MT][2],
                                             const float* sRk, const float* sK0, const float* sLg, int t4) {
-    const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-    if constexpr (Score::kLorentz) {
-        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
-            lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value, decltype(fc)::value,
-                            kLorentzRowSum>(p, si, h, j0, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
-        });
-    } else if (Score::kPoly && fast && !norms) {  // dS = f'(s)/den ∘ (dP − δ); lse2 holds 1/den
-        const Poly f(p);
-        // f'(x)/den = c1 + c2 s per row (x = scale·rq·s): one FMA, then one FADD and one FMUL.
-        float c1[MT][2], c2[MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                c1[mt][r] = f.a1 * lse2[mt][r];
-                c2[mt][r] = f.a2x2 * p.scale * rq[mt][r] * lse2[mt][r];
-            }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const float g = fmaf(c2[mt][r], s[mt][nt][e], c1[mt][r]);
-                    s[mt][nt][e] = g * (dp[mt][nt][e] - delta[mt][r]);
-                }
-    } else if (fast && !Score::kPoly) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            // This thread's two columns of the n8 tile: one 8-byte load of their 1/‖k‖ for all rows.
-            const float2 rk2 = norms ? *reinterpret_cast<const float2*>(sRk + nt * 8 + 2 * t4) : make_float2(1.f, 1.f);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const float rk = (e & 1) ? rk2.y : rk2.x;
-                    const float pr = exp2_fast(fmaf(s[mt][nt][e] * rk, cq[mt][r], -lse2[mt][r]));
-                    s[mt][nt][e] = pr * (dp[mt][nt][e] - delta[mt][r]) * rk;
-                }
-        }
-    } else {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const int cl = nt * 8 + 2 * t4 + (e & 1);
-                    const int col = j0 + cl;
-                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
-                    const float rk = norms ? sRk[cl] : 1.f;
-                    float dtanh;
-                    float x = score<Score>(p, s[mt][nt][e], rq[mt][r], rk, dtanh);
-                    if (allowed && p.bias != nullptr)
-                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
-                    // dS's weight: P, or TaylorScore's f'(s)/den.
-                    float w = 0.f;
-                    if (allowed) w = Score::kPoly ? Poly(p).df(x) * lse2[mt][r] : exp2_fast(x * kLog2e - lse2[mt][r]);
-                    const float ds = w * (dp[mt][nt][e] - delta[mt][r]);
-                    if (allowed && p.ds != nullptr) p.ds[si.ds_index(p, h, row[mt][r], col)] = ds;
-                    s[mt][nt][e] = ds * dtanh * rk;
-                }
-    }
-}
-
-// The fast path of a dK/dV block (softmax, cosine-sim): no mask element inside the tile, no bias, no
-// softcap. Its two halves are separate so that the Hopper kernel can form Pᵀ while dPᵀ is still on the
-// tensor cores, and dS'ᵀ while dV's product runs.
-template <class Score>
-__device__ __forceinline__ bool dkdv_fast(const AttnParams& p, bool full) {
-    return full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-}
-
-// st: Sᵀ → Pᵀ = exp2(s·scale·log2 e (cosine: ·rq_i·rk_j) − LSE_i).
-template <int MT, int QT>
-__device__ __forceinline__ void dkdv_fast_p(const AttnParams& p, bool norms, float (&st)[MT][QT][4],
-                                            const float (&rk)[MT][2], const float* sRq, const float* sLse, int t4) {
-    const float c0 = p.scale * kLog2e;
-    float ck[MT][2];  // c0 times the key's 1/‖k‖
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ck[mt][0] = c0 * rk[mt][0], ck[mt][1] = c0 * rk[mt][1];
-#pragma unroll
-    for (int qt = 0; qt < QT; ++qt) {
-        // This thread's two query columns: one 8-byte load each of 1/‖q‖ and the LSE.
-        const float2 rq2 = norms ? *reinterpret_cast<const float2*>(sRq + qt * 8 + 2 * t4) : make_float2(1.f, 1.f);
-        const float2 lse2 = *reinterpret_cast<const float2*>(sLse + qt * 8 + 2 * t4);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float f = norms ? ck[mt][e / 2] * ((e & 1) ? rq2.y : rq2.x) : c0;
-                st[mt][qt][e] = exp2_fast(fmaf(st[mt][qt][e], f, -((e & 1) ? lse2.y : lse2.x)));
-            }
-    }
-}
-
-// dpt: dPᵀ → dS'ᵀ = Pᵀ ∘ (dPᵀ − δ_i) (cosine: ·rq_i), with st holding Pᵀ.
-template <int MT, int QT>
-__device__ __forceinline__ void dkdv_fast_ds(bool norms, const float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
-                                             const float* sRq, const float* sDelta, int t4) {
-#pragma unroll
-    for (int qt = 0; qt < QT; ++qt) {
-        const float2 rq2 = norms ? *reinterpret_cast<const float2*>(sRq + qt * 8 + 2 * t4) : make_float2(1.f, 1.f);
-        const float2 d2 = *reinterpret_cast<const float2*>(sDelta + qt * 8 + 2 * t4);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float ds = st[mt][qt][e] * (dpt[mt][qt][e] - ((e & 1) ? d2.y : d2.x));
-                dpt[mt][qt][e] = norms ? ds * ((e & 1) ? rq2.y : rq2.x) : ds;
-            }
-    }
+    Score::Ops::template dq_ds<T, MT, NT, kRowSum>(p, si, h, j0, full, norms, s, dp, a, rq, cq, lse2, delta, row,
+                                                          lo, hi, sRk, sK0, sLg, t4);
 }
 
 // dK/dV kernels, one streamed query block of 8·QT queries at i0 (query head h): st holds Sᵀ = K Qᵀ,
 // dpt holds dPᵀ = V dOᵀ (rows: this thread's keys); on return st holds Pᵀ and dpt holds dS'ᵀ.
-// Hyperbolic scores: lorentz_dkdv_tile. sRq, sLse, sDelta: the query block's 1/‖q‖ (hyperbolic: q0),
+// The score's hook (Ops::dkdv_pds; hyperbolic scores: lorentz_dkdv_tile). sRq, sLse, sDelta: the query block's 1/‖q‖ (hyperbolic: q0),
 // LSE (log2 units; TaylorScore: 1/den) and δ in shared memory.
-template <typename T, class Score, int MT, int QT, bool kLorentzRowSum = true>
+template <typename T, class Score, int MT, int QT, bool kRowSum = true>
 __device__ __forceinline__ void dkdv_block_pds(const AttnParams& p, const SeqInfo& si, int h, int i0, bool full,
                                                bool norms, float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
                                                float (&bsum)[MT][2], float (&csum)[MT][2], const float (&rk)[MT][2],
                                                const float (&lg)[MT][2], const int (&key)[MT][2], const float* sRq,
                                                const float* sLse, const float* sDelta, int t4) {
-    const bool fast = dkdv_fast<Score>(p, full);
-    if constexpr (Score::kLorentz) {
-        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
-            lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value, decltype(fc)::value,
-                              kLorentzRowSum>(p, si, h, i0, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta,
-                                              t4);
-        });
-    } else if (Score::kPoly && fast && !norms) {  // sLse holds 1/den
-        const Poly f(p);
-        // Pᵀ = (a0 + s (A1 + A2 s))/den and dS'ᵀ = (a1 + B2 s)(dP/den − δ/den), with A1 = a1·scale,
-        // A2 = a2·scale², B2 = 2 a2·scale (the Hopper kernels' rows are q̂, k̂ or raw: no norms).
-        const float A1 = f.a1 * p.scale, A2 = f.a2 * p.scale * p.scale, B2 = f.a2x2 * p.scale;
-#pragma unroll
-        for (int qt = 0; qt < QT; ++qt) {
-            const float2 inv2 = *reinterpret_cast<const float2*>(sLse + qt * 8 + 2 * t4);
-            const float2 d2 = *reinterpret_cast<const float2*>(sDelta + qt * 8 + 2 * t4);
-            const float nd0 = -d2.x * inv2.x, nd1 = -d2.y * inv2.y;
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float x = st[mt][qt][e];
-                    const float inv = (e & 1) ? inv2.y : inv2.x;
-                    st[mt][qt][e] = fmaf(fmaf(A2, x, A1), x, f.a0) * inv;
-                    dpt[mt][qt][e] = fmaf(B2, x, f.a1) * fmaf(dpt[mt][qt][e], inv, (e & 1) ? nd1 : nd0);
-                }
-        }
-    } else if (fast && !Score::kPoly) {
-        dkdv_fast_p<MT, QT>(p, norms, st, rk, sRq, sLse, t4);
-        dkdv_fast_ds<MT, QT>(norms, st, dpt, sRq, sDelta, t4);
-    } else {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int qt = 0; qt < QT; ++qt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const int cl = qt * 8 + 2 * t4 + (e & 1);
-                    const int i = i0 + cl;
-                    const int j = key[mt][r];
-                    const bool allowed =
-                        full || (i < si.len_q && j < si.len_k && j >= si.key_lo(p, i) && j < si.key_hi(p, i));
-                    const float rqi = sRq[cl];
-                    float dtanh;
-                    float x = score<Score>(p, st[mt][qt][e], rqi, rk[mt][r], dtanh);
-                    if (allowed && p.bias != nullptr)
-                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
-                    // P, and dS's weight: P itself, or TaylorScore's f(s)/den and f'(s)/den.
-                    float pr = 0.f, w = 0.f;
-                    if (allowed && Score::kPoly) {
-                        const Poly f(p);
-                        pr = f.f(x) * sLse[cl];
-                        w = f.df(x) * sLse[cl];
-                    } else if (allowed) {
-                        pr = w = exp2_fast(x * kLog2e - sLse[cl]);
-                    }
-                    const float ds = w * (dpt[mt][qt][e] - sDelta[cl]);
-                    st[mt][qt][e] = pr;
-                    dpt[mt][qt][e] = ds * dtanh * rqi;
-                }
-    }
-}
-
-// dq = scale · acc for this thread's rows (cosine-sim: dq̂ in f32, projected through the l2-norm by a
-// row kernel).
-template <typename T, int MT, int DT>
-__device__ __forceinline__ void dq_store(const AttnParams& p, const SeqInfo& si, int h, const float (&acc)[MT][DT][4],
-                                         const int (&row)[MT][2], bool norms, int t4) {
-    using V2 = typename Vec2<T>::type;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (row[mt][r] >= si.len_q) continue;
-            const long long off = si.dq_off(p, row[mt][r], h);
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-                const float x0 = acc[mt][dt][2 * r] * p.scale, x1 = acc[mt][dt][2 * r + 1] * p.scale;
-                const int col = dt * 8 + 2 * t4;
-                if (norms) {
-                    *reinterpret_cast<float2*>(p.dq_acc + off + col) = make_float2(x0, x1);
-                } else {
-                    const uint32_t packed = pack2<T>(x0, x1);
-                    *reinterpret_cast<V2*>(static_cast<T*>(p.dq) + off + col) = *reinterpret_cast<const V2*>(&packed);
-                }
-            }
-        }
-}
-
-// dv = acc_dv, dk = scale · acc_dk for columns [d0, d0 + 8·AT) of this thread's keys. Padded keys
-// (rows dk holds past len_k) get the zeros they hold. Cosine-sim (norms): dk̂ goes through the
-// l2-norm, dk = (dk̂ − k̂ (k̂·dk̂))·r with r = 1/max(‖k‖, eps) (dk̂·r where ‖k‖ ≤ eps, r = 1/eps):
-//   kProject (the Hopper kernels, whose four lanes of a quad hold a key's whole row: d0 = 0, 8·AT = D):
-//     here, with k̂ the normalised copy the kernel read (p.k) and r from the inv-norm row kernel;
-//   otherwise (the mma.sync kernel, which may split the columns): dk̂ in f32 into p.dk_acc, projected
-//     by the l2norm_bwd_k row kernel.
-template <typename T, int MT, int AT, bool kProject = false>
-__device__ __forceinline__ void dkdv_store(const AttnParams& p, const SeqInfo& si, int hk, int d0,
-                                           const float (&acc_dk)[MT][AT][4], const float (&acc_dv)[MT][AT][4],
-                                           const int (&key)[MT][2], bool norms, int t4) {
-    using V2 = typename Vec2<T>::type;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const bool valid = key[mt][r] < si.key_rows(p);
-            const long long offk = valid ? si.dk_off(p, key[mt][r], hk) + d0 : 0;
-            const T* kh = static_cast<const T*>(p.k) + (valid ? si.k_off(p, key[mt][r], hk) : 0);
-            // Cosine-sim here: k̂·dk̂ over the quad (every lane of the warp takes part in the shuffles).
-            float kd = 0.f, rk = 1.f;
-            if (kProject && norms) {
-                if (valid) {
-#pragma unroll
-                    for (int at = 0; at < AT; ++at) {
-                        const V2 k2 = *reinterpret_cast<const V2*>(kh + at * 8 + 2 * t4);
-                        kd = fmaf(to_f32(k2.x), acc_dk[mt][at][2 * r], kd);
-                        kd = fmaf(to_f32(k2.y), acc_dk[mt][at][2 * r + 1], kd);
-                    }
-                    rk = p.rk[offk / p.head_dim];
-                }
-                kd = quad_sum(kd) * p.scale;
-            }
-            if (!valid) continue;
-            const long long offv = si.dv_off(p, key[mt][r], hk) + d0;
-            // ‖k‖ > eps: the projection; else dk̂/eps (rk = 1/eps).
-            const bool project = rk * p.eps < 1.f;
-#pragma unroll
-            for (int at = 0; at < AT; ++at) {
-                const int col = at * 8 + 2 * t4;
-                const uint32_t pv = pack2<T>(acc_dv[mt][at][2 * r], acc_dv[mt][at][2 * r + 1]);
-                *reinterpret_cast<V2*>(static_cast<T*>(p.dv) + offv + col) = *reinterpret_cast<const V2*>(&pv);
-                float x0 = acc_dk[mt][at][2 * r] * p.scale, x1 = acc_dk[mt][at][2 * r + 1] * p.scale;
-                if (norms && !kProject) {
-                    *reinterpret_cast<float2*>(p.dk_acc + offk + col) = make_float2(x0, x1);
-                    continue;
-                }
-                if (kProject && norms) {
-                    if (project) {
-                        const V2 k2 = *reinterpret_cast<const V2*>(kh + col);  // L1 hit: read above
-                        x0 = fmaf(-to_f32(k2.x), kd, x0);
-                        x1 = fmaf(-to_f32(k2.y), kd, x1);
-                    }
-                    x0 *= rk;
-                    x1 *= rk;
-                }
-                const uint32_t pk = pack2<T>(x0, x1);
-                *reinterpret_cast<V2*>(static_cast<T*>(p.dk) + offk + col) = *reinterpret_cast<const V2*>(&pk);
-            }
-        }
+    Score::Ops::template dkdv_pds<T, MT, QT, kRowSum>(p, si, h, i0, full, norms, st, dpt, bsum, csum, rk, lg, key, sRq,
+                                                      sLse, sDelta, t4);
 }
 
 template <typename T, int D, class Score>
@@ -413,9 +140,9 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     const SeqInfo si(p, b);
     int i0, hk, n_first, n_count;
     if (!query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count)) return;
-    const bool norms = Score::kNorms && p.l2norm;
-    constexpr bool kHyp = Score::kLorentz;
-    const bool midpoint = kHyp && p.midpoint;
+    using Ops = typename Score::Ops;
+    const bool norms = Ops::norms(p);
+    const bool midpoint = Ops::midpoint(p);
 
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* d_o = static_cast<const T*>(p.d_o) + si.o_off(p, 0, h);
@@ -429,13 +156,8 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
             const int j = n * BN + tid;
             sRk[buf * BN + tid] = j < si.len_k ? p.rk[si.dk_off(p, j, hk) / D] : 0.f;
         }
-        if (kHyp && tid < BN) {
-            const int j = n * BN + tid;
-            const bool valid = j < si.len_k;
-            const long long at = valid ? si.key_index(p, hk, j) : 0;
-            cp_async_4(sK0 + buf * BN + tid, p.x0k + at, valid);
-            if (midpoint) cp_async_4(sLg + buf * BN + tid, p.lgk + at, valid);
-        }
+        // The score's key scalars (hyperbolic: k0 and log γ_j; 1/‖k‖ above).
+        Ops::template load_key_scalars<BN, D>(p, si, hk, n, sK0 + buf * BN, sLg + buf * BN, false, midpoint, tid);
     };
     load_tile_async<T, BM, D, kThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
     load_tile_async<T, BM, D, kThreads>(sdO, d_o, p.o_seq, i0, si.len_q, tid);
@@ -518,11 +240,8 @@ __device__ __forceinline__ void flash_bwd_dq(const AttnParams& p) {
     }
     cp_async_wait<0>();
 
-    if constexpr (kHyp)
-        lorentz_dq_epilogue<T, MT, DT>(p, si, h, acc_dq, a, rq, row, [&](int r, int c) { return to_f32(sQ[r * ld + c]); },
-                                       wrow, lane);
-    else
-        dq_store<T, MT, DT>(p, si, h, acc_dq, row, norms, t4);
+    Ops::template dq_epilogue<T, MT, DT>(p, si, h, acc_dq, a, rq, row,
+                                         [&](int r, int c) { return to_f32(sQ[r * ld + c]); }, wrow, lane, norms, t4);
 }
 
 template <typename T, int D, class Score>
@@ -555,9 +274,9 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     int m_first, m_count;
     key_tile_query_blocks<BM, BN>(p, si, j0, m_first, m_count);
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
-    const bool norms = Score::kNorms && p.l2norm;
-    constexpr bool kHyp = Score::kLorentz;
-    const bool midpoint = kHyp && p.midpoint;
+    using Ops = typename Score::Ops;
+    const bool norms = Ops::norms(p);
+    const bool midpoint = Ops::midpoint(p);
 
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
     const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
@@ -577,10 +296,7 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
             sLse[buf * BM + tid] = lse_log2<Score>(p, si, h, i);
             sDelta[buf * BM + tid] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             sRq[buf * BM + tid] = norms && valid ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
-            if constexpr (kHyp) {
-                sLse[buf * BM + tid] -= p.hyp_lse * kLog2e;
-                sRq[buf * BM + tid] = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
-            }
+            Ops::bwd_q_row(p, si, h, i, valid, sLse[buf * BM + tid], sRq[buf * BM + tid]);
         }
     };
     if (iters > 0) load_q(0, 0);
@@ -669,12 +385,9 @@ __device__ __forceinline__ void flash_bwd_dkdv(const AttnParams& p) {
     }
     cp_async_wait<0>();
 
-    if constexpr (kHyp)
-        lorentz_dkdv_epilogue<T, MT, AT>(
-            p, si, hk, d0, acc_dk, acc_dv, bsum, csum, rk, key, [&](int r, int c) { return to_f32(sK[r * ld + c]); },
-            [&](int r, int c) { return to_f32(sV[r * ld + c]); }, wrow, lane, midpoint);
-    else
-        dkdv_store<T, MT, AT>(p, si, hk, d0, acc_dk, acc_dv, key, norms, t4);
+    Ops::template dkdv_epilogue<T, MT, AT, false>(
+        p, si, hk, d0, acc_dk, acc_dv, bsum, csum, rk, key, [&](int r, int c) { return to_f32(sK[r * ld + c]); },
+        [&](int r, int c) { return to_f32(sV[r * ld + c]); }, wrow, lane, midpoint, norms, t4);
 }
 
 }  // namespace attn

@@ -74,8 +74,9 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
     const SeqInfo si(p, b);
     int i0, hk, n_first, n_count;
     if (!query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count)) return;
-    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dq_store writes dq̂ in f32
-    const bool midpoint = Score::kLorentz && p.midpoint;
+    using Ops = typename Score::Ops;
+    const bool norms = Ops::norms(p);  // q̂, k̂ given; dq_store writes dq̂ in f32
+    const bool midpoint = Ops::midpoint(p);
 
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* d_o = static_cast<const T*>(p.d_o) + si.o_off(p, 0, h);
@@ -158,12 +159,10 @@ __device__ __forceinline__ void flash_bwd_dq_wg(const AttnParams& p) {
     }
     cp_async_wait<0>();
 
-    if constexpr (Score::kLorentz)
-        lorentz_dq_epilogue<T, MT, DT>(
-            p, si, h, acc_dq, a, rq, row,
-            [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BM>(r, c))); }, wrow, lane);
-    else
-        dq_store<T, MT, DT>(p, si, h, acc_dq, row, norms, t4);
+    Ops::template dq_epilogue<T, MT, DT>(
+        p, si, h, acc_dq, a, rq, row,
+        [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BM>(r, c))); }, wrow, lane,
+        norms, t4);
 #else
     __trap();  // launched only on compute capability 9.0 (host dispatch)
 #endif
@@ -176,14 +175,15 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     constexpr int kWgThreads = BN * 2;
     constexpr int QT = BM / 8, AT = D / 8;
     static_assert(BN % 64 == 0 && BM % 16 == 0, "64 keys per warpgroup, whole k16 steps of queries");
-    static_assert(!Score::kPoly, "TaylorScore has the warp-specialised dK/dV kernels only (taylor_flash.cu)");
+    using Ops = typename Score::Ops;
+    static_assert(Ops::kWgDkdv, "TaylorScore has the warp-specialised dK/dV kernels only (taylor_flash.cu)");
     // kDq (the fused backward, D = 128): also dQ += dS' K of each query block, reduced into p.dq_acc
     // with f32 atomics; warpgroup w takes the 64 columns 64w.. of dQ over every key of the tile. The
     // dQ product waits for the whole dS'ᵀ tile (a barrier) and its atomics follow it at once:
     // deferring them under the next block's Sᵀ and dPᵀ (three Q/dO buffers, two dS'ᵀ tiles) was
     // slower on the H100 (more registers live across the products), and at D = 64 (each warpgroup
     // all of D over its own keys) the fused kernel was no faster than the two kernels (H100).
-    // Hyperbolic scores: dQ's row sum a_i = Σ_j w_ij k0_j is reduced the same way into p.dq_rowsum
+    // Scores with row sums (Ops::kRowSums, the hyperbolic ones): dQ's row sum a_i = Σ_j w_ij k0_j is reduced the same way into p.dq_rowsum
     // (from the stored dS'ᵀ tile, while the dQ product runs), and the row kernel attn_hyp_dq_store
     // finishes dq_i = hyp_grad·(Σ_j w_ij k_j − (a_i/q0_i)·q_i).
     static_assert(!kDq || (BM == 64 && BN == 128 && D == 128), "fused dQ: D = 128 tiles");
@@ -210,8 +210,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     int m_first, m_count;
     key_tile_query_blocks<BM, BN>(p, si, j0, m_first, m_count);
     const int iters = j0 < si.len_k ? m_count * p.group : 0;  // padded keys: zero gradients
-    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dkdv_store projects dk̂
-    const bool midpoint = Score::kLorentz && p.midpoint;
+    const bool norms = Ops::norms(p);  // q̂, k̂ given; dkdv_store projects dk̂
+    const bool midpoint = Ops::midpoint(p);
     auto head_of = [&](int it) { return hk * p.group + it / m_count; };
     auto row0_of = [&](int it) { return (m_first + it % m_count) * BM; };
 
@@ -219,9 +219,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
     load_tile_sw128<T, BN, D, kWgThreads>(sK, k, p.k_seq, j0, si.len_k, tid);
     load_tile_sw128<T, BN, D, kWgThreads>(sV, v, p.v_seq, j0, si.len_k, tid);
-    if (kDq && Score::kLorentz && tid < BN) {  // read after the loop's first barrier
-        const int j = j0 + tid;
-        sKey0[tid] = j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f;
+    if constexpr (kDq && Ops::kRowSums) {  // read after the loop's first barrier
+        if (tid < BN) sKey0[tid] = Ops::k_time(p, si, hk, j0 + tid);
     }
     auto load_q = [&](int it) {
         const int buf = it % kBufs, h = head_of(it), i0 = row0_of(it);
@@ -233,10 +232,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
             const int i = i0 + tid;
             const bool valid = i < si.len_q;
             float lse = lse_log2<Score>(p, si, h, i), rq = 1.f;
-            if constexpr (Score::kLorentz) {
-                lse -= p.hyp_lse * kLog2e;
-                rq = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
-            }
+            Ops::bwd_q_row(p, si, h, i, valid, lse, rq);
             sLse[buf * BM + tid] = lse;
             sDelta[buf * BM + tid] = valid ? p.delta[si.stats_index(p, h, i)] : 0.f;
             sRq[buf * BM + tid] = rq;
@@ -266,7 +262,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     // kDq: dQ of a block (64 queries × these 64 columns) into dq_acc, scaled (hyperbolic: by the row
     // kernel), by f32 atomics.
     const int c0 = wg * 64;
-    const float dq_mul = Score::kLorentz ? 1.f : p.scale;
+    const float dq_mul = Ops::fused_dq_mul(p);
     auto reduce_dq = [&](const float (&acc_q)[8][4], int h, int i0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -303,11 +299,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
         // Fast tiles (softmax, cosine-sim): Pᵀ while dPᵀ runs, dV's product issued, then dS'ᵀ while it
         // runs. Other tiles: both once dPᵀ is done (dkdv_block_pds).
         const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
-        const bool split = !Score::kLorentz && dkdv_fast<Score>(p, full);
+        const bool split = !Ops::kRowSums && Ops::fast_tile(p, full);
         wg_wait<1>();
         fence_regs<QT>(st[0]);
         if (split) {
-            dkdv_fast_p<MT, QT>(p, false, st, rk, sRq + buf * BM, sLse + buf * BM, t4);
+            Ops::template split_p<D, false, MT, QT>(p, false, st, rk, lg, sRq + buf * BM, sLse + buf * BM, t4);
         } else {
             wg_wait<0>();
             fence_regs<QT>(dpt[0]);
@@ -323,7 +319,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
         wg_commit();
         wg_wait<1>();  // dPᵀ
         fence_regs<QT>(dpt[0]);
-        if (split) dkdv_fast_ds<MT, QT>(false, st, dpt, sRq + buf * BM, sDelta + buf * BM, t4);
+        if (split)
+            Ops::template split_ds<D, false, T, MT, QT, true>(false, st, dpt, bsum, csum, sRq + buf * BM,
+                                                              sDelta + buf * BM, t4);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) pack_a<T>(ads[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
         if constexpr (kDq) {
@@ -346,22 +344,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
             __syncthreads();  // the whole dS'ᵀ tile is stored
             float acc_q[8][4];
             dq_tile_product<T, BN>(acc_q, smem_addr(sdS), smem_addr(sK) + wg * BN * 128);
-            if constexpr (Score::kLorentz) {
-                // a_i += Σ_j w_ij k0_j over the tile's keys, w as stored (rounded to T, as the dQ
-                // product takes it): warp w sums keys 16w.. for the query pair 2·lane, 2·lane + 1.
-                const unsigned char* dst = reinterpret_cast<const unsigned char*>(sdS);
-                float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-                for (int jj = 0; jj < 16; ++jj) {
-                    const int j = warp * 16 + jj;
-                    const T* w = reinterpret_cast<const T*>(dst + sw128_offset<BN>(j, 2 * lane));
-                    a0 = fmaf(to_f32(w[0]), sKey0[j], a0);
-                    a1 = fmaf(to_f32(w[1]), sKey0[j], a1);
-                }
-                const int i = i0 + 2 * lane;
-                if (i < si.len_q) atomicAdd(p.dq_rowsum + si.stats_index(p, h, i), a0);
-                if (i + 1 < si.len_q) atomicAdd(p.dq_rowsum + si.stats_index(p, h, i + 1), a1);
-            }
+            if constexpr (Ops::kRowSums) Ops::template wg_fused_rowsum<T, BN>(p, si, h, i0, sdS, sKey0, warp, lane);
             wg_wait<0>();
             fence_regs<8>(acc_q);
             reduce_dq(acc_q, h, i0);
@@ -375,16 +358,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_wg(const AttnParams& p) {
     }
     cp_async_wait<0>();
 
-    if constexpr (Score::kLorentz)
-        lorentz_dkdv_epilogue<T, MT, AT>(
-            p, si, hk, 0, acc_dk, acc_dv, bsum, csum, rk, key,
-            [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BN>(r, c))); },
-            [&](int r, int c) {
-                return to_f32(*reinterpret_cast<const T*>(base + BN * D * 2 + sw128_offset<BN>(r, c)));
-            },
-            wrow, lane, midpoint);
-    else
-        dkdv_store<T, MT, AT, true>(p, si, hk, 0, acc_dk, acc_dv, key, norms, t4);
+    Ops::template dkdv_epilogue<T, MT, AT, true>(
+        p, si, hk, 0, acc_dk, acc_dv, bsum, csum, rk, key,
+        [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BN>(r, c))); },
+        [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + BN * D * 2 + sw128_offset<BN>(r, c))); },
+        wrow, lane, midpoint, norms, t4);
 #else
     __trap();  // launched only on compute capability 9.0 (host dispatch)
 #endif

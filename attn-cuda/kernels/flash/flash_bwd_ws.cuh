@@ -51,10 +51,7 @@ namespace attn {
 // squared Lorentz score, whose tile splits there: unsplit, the accumulators took the dK/dV kernel's spill from 84 to 140 bytes, and the geodesic's
 // from 240 to 312); f16 keeps the per-element sums (q0 may pass f16's range). The dQ kernel takes
 // Σ_j w_ij k0_j the same way at both head dims (lorentz_tile.cuh's kLorentzTcK0), and the fused kernel
-// in its dQ product (kTcDq).
-template <typename T, class Score, int D>
-constexpr bool kLorentzTcRowSum =
-    Score::kLorentz && std::is_same<T, __nv_bfloat16>::value && (D == 64 || !Score::kGeodesic);
+// in its dQ product (kTcDq). The score says where (Ops::tc_rowsum, Ops::tc_k0).
 
 template <typename T, int D, class Score, int BN, int BM, bool kFull, bool kEven>
 __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo& si, int h, int i0, int j0,
@@ -92,28 +89,24 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     // in the kernel for calls whose every tile is fast and whose aggregation is Euclidean (kEven: no
     // general tile and no midpoint compiled; the host routes only such calls there, and the kernel traps
     // on any other at its start).
-    constexpr bool kSqLorentz = Score::kLorentz && !Score::kGeodesic && (D == 128 || kEven);
-    constexpr bool kRowSum = !kLorentzTcRowSum<T, Score, D>;
-    static_assert(!kEven || kSqLorentz, "the every-tile-fast kernel: the squared Lorentz score");
+    // The score's split (Ops::ws_split_own, Ops::ws_split: the squared Lorentz score's lorentz_fast_p,
+    // lorentz_fast_ds).
+    using Ops = typename Score::Ops;
+    constexpr bool kOwnSplit = Ops::template ws_split_own<D, kEven>();
+    constexpr bool kRowSum = !Ops::template tc_rowsum<T, D>();
+    static_assert(!kEven || kOwnSplit, "the every-tile-fast kernel: the squared Lorentz score");
     bool split, mid;
     if constexpr (kEven) {
         split = true;
         mid = false;
     } else {
-        split = (!Score::kLorentz || kSqLorentz) && !Score::kPoly && dkdv_fast<Score>(p, full);
-        mid = kSqLorentz && p.midpoint;
+        split = Ops::template ws_split<D, kEven>(p, full);
+        mid = Ops::template ws_split_mid<D, kEven>(p);
     }
     wg_wait<1>();
     fence_regs<QT>(st[0]);
     if (split) {
-        if constexpr (kSqLorentz) {
-            if (mid)
-                lorentz_fast_p<true, MT, QT>(p, st, rk, lg, sRq, sLse, t4);
-            else
-                lorentz_fast_p<false, MT, QT>(p, st, rk, lg, sRq, sLse, t4);
-        } else {
-            dkdv_fast_p<MT, QT>(p, false, st, rk, sRq, sLse, t4);
-        }
+        Ops::template split_p<D, kEven, MT, QT>(p, mid, st, rk, lg, sRq, sLse, t4);
     } else if constexpr (!kEven) {
         wg_wait<0>();
         fence_regs<QT>(dpt[0]);
@@ -128,66 +121,17 @@ __device__ __forceinline__ void dkdv_ws_block(const AttnParams& p, const SeqInfo
     wg_commit();
     wg_wait<1>();  // dPᵀ
     fence_regs<QT>(dpt[0]);
-    if (split) {
-        if constexpr (kSqLorentz) {
-            if (mid)
-                lorentz_fast_ds<true, T, MT, QT, kRowSum>(st, dpt, bsum, csum, sRq, sDelta, t4);
-            else
-                lorentz_fast_ds<false, T, MT, QT, kRowSum>(st, dpt, bsum, csum, sRq, sDelta, t4);
-        } else {
-            dkdv_fast_ds<MT, QT>(false, st, dpt, sRq, sDelta, t4);
-        }
-    }
+    if (split) Ops::template split_ds<D, kEven, T, MT, QT, kRowSum>(mid, st, dpt, bsum, csum, sRq, sDelta, t4);
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) pack_a<T>(ads[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, D>::rs(acc_dk[0], ads[kk], n_desc(qb, kk), 1);
-    if constexpr (kLorentzTcRowSum<T, Score, D>) {
+    if constexpr (!kRowSum) {
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) Wgmma<T, 8>::rs(acc_b, ads[kk], mnmajor_desc<BM>(q0b, kk), 1);
     }
     wg_commit();
-}
-
-// Hyperbolic scores, fused backward: a_i += Σ_j w_ij k0_j over this warp's 16 keys for the block's 64
-// queries, w as the dQ product takes it (dS'ᵀ rounded to T: the dK product's A fragments, rows = keys g
-// and g + 8 of the warp, k0 of those keys in k0). Per thread its two keys for its 16 columns 8c + 2·t4 +
-// {0, 1}, then a reduce-scatter over the 8 lanes of a column quad (lane bits 4, 3, 2: halves of the
-// column groups c) leaves lane (g, t4) the sums of columns 8g + 2·t4 + {0, 1}: 14 shuffles, then two f32
-// atomics per lane.
-template <typename T, int BM>
-__device__ __forceinline__ void lorentz_rowsum_add(const AttnParams& p, const SeqInfo& si, int h, int i0,
-                                                   const uint32_t (&ads)[BM / 16][4], const float (&k0)[1][2],
-                                                   int lane) {
-    static_assert(BM == 64, "8 column groups: one per lane of a column quad after the reduce-scatter");
-    float v[8][2];
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {  // columns 16kk + 8hh + 2·t4: registers 2hh (key g), 2hh + 1 (g + 8)
-            const float2 w0 = unpack2<T>(ads[kk][2 * hh]), w1 = unpack2<T>(ads[kk][2 * hh + 1]);
-            v[2 * kk + hh][0] = fmaf(w0.x, k0[0][0], w1.x * k0[0][1]);
-            v[2 * kk + hh][1] = fmaf(w0.y, k0[0][0], w1.y * k0[0][1]);
-        }
-#pragma unroll
-    for (int step = 0; step < 3; ++step) {
-        const int half = 4 >> step, mask = 16 >> step;  // lane bit 4 − step: keep the upper or lower half
-        const bool upper = lane & mask;
-#pragma unroll
-        for (int c = 0; c < half; ++c)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float send = upper ? v[c][e] : v[c + half][e];
-                const float keep = upper ? v[c + half][e] : v[c][e];
-                v[c][e] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
-            }
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const int i = i0 + 8 * (lane / 4) + 2 * (lane % 4) + e;
-        if (i < si.len_q) atomicAdd(p.dq_rowsum + si.stats_index(p, h, i), v[0][e]);
-    }
 }
 
 template <typename T, int D, class Score, int BN, int BM, int kStages, bool kDq = false, bool kEven = false>
@@ -206,7 +150,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                   "fused dQ: one 64 × 64 dQ tile per warpgroup");
     // The hyperbolic scores' fused kernel: 64-query blocks (lorentz_rowsum_add), or at D = 64 the
     // every-tile-fast squared Lorentz kernel's 128 (kEven; the row sums in the dQ product, kTcDq).
-    static_assert(!kDq || !Score::kLorentz || BM == 64 || kEven, "fused dQ's row sums: the tiles above");
+    using Ops = typename Score::Ops;
+    static_assert(!kDq || !Ops::kRowSums || BM == 64 || kEven, "fused dQ's row sums: the tiles above");
     constexpr bool kKeySplit = kDq && D == 64 && BM == 64;
     constexpr int AT = D / 8;
     // kDq: a warp's 16 × 64 f32 dQ tile in shared memory, in dq_acc's tiled layout (SeqInfo::
@@ -221,7 +166,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     T* sV = sK + BN * D;                 // [BN × D] sw128
     T* sQ = sV + BN * D;                 // [kStages][BM × D] sw128
     T* sdO = sQ + kStages * BM * D;      // [kStages][BM × D] sw128
-    constexpr bool kTc = kLorentzTcRowSum<T, Score, D>;
+    constexpr bool kTc = Ops::template tc_rowsum<T, D>();
     // kTcDq (the fused kernel with kTc): dQ's row sums a_i = Σ_j w_ij k0_j in the dQ product, as 8 more
     // columns of its B operand K: a second sw128 column block of the keys' k0 pieces (hi, mid, lo in
     // columns 0..2, written by the producer), LBO bytes past K. Its
@@ -293,7 +238,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
             // store made visible to the wgmma by the proxy fence and a plain (release) arrival.
             static_assert(BN == kProducers, "one panel row per producer thread");
             const int j = j0 + pt;
-            lorentz_pieces_panel_row<T>(sK0p, pt, j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f);
+            Ops::template pieces_panel_row<T>(sK0p, pt, Ops::k_time(p, si, hk, j));
             fence_proxy_async();
             mbar_arrive(full_kv);
         }
@@ -312,13 +257,13 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                 cp_async_4(sLse + s * BM + pt, p.delta + stats_len + at, valid);
                 // Hyperbolic: q0 of the row (past the sequence the slot keeps a finite earlier q0 or the
                 // initial 1: such rows are masked, and their score only needs to stay finite).
-                if (Score::kLorentz && valid) cp_async_4(sRq + s * BM + pt, p.x0q + at, true);
+                if (Ops::kRowSums && valid) Ops::q_time_async(sRq + s * BM + pt, p, at);
                 if constexpr (kTc) {
                     // Row pt of the stage's panel (chunk 0 of its own panel, or chunk 1 + s of the fused
                     // kernel's k0 panel): q0's pieces (zeros past the sequence: those rows' w are 0), by a
                     // generic store made visible to the consumers' wgmma by the proxy fence and a plain
                     // (release) arrival.
-                    lorentz_pieces_panel_row<T>(q0_panel(s), pt, valid ? p.x0q[at] : 0.f, q0_chunk(s));
+                    Ops::template pieces_panel_row<T>(q0_panel(s), pt, valid ? Ops::q_time_at(p, at) : 0.f, q0_chunk(s));
                     fence_proxy_async();
                     mbar_arrive(full + s);
                 }
@@ -330,8 +275,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     }
     regs_inc<kConsumerRegs>();
 
-    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dkdv_store projects dk̂
-    const bool midpoint = Score::kLorentz && p.midpoint;
+    const bool norms = Ops::norms(p);  // q̂, k̂ given; dkdv_store projects dk̂
+    const bool midpoint = Ops::midpoint(p);
     const int g = lane / 4, t4 = lane % 4;
     const int wrow = warp * 16;
     int key[MT][2];
@@ -350,7 +295,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
     const int q0 = BM == 128 ? 64 * wg : 0, c0 = D == 128 ? 64 * wg : 0;
     const uint32_t ds_addr = smem_addr(sdS) + (BM == 128 ? wg * BN * 128 : kKeySplit ? wg * 64 * 128 : 0);
     const uint32_t kn_addr = smem_addr(sK) + (D == 128 ? wg * BN * 128 : kKeySplit ? wg * 64 * 128 : 0);
-    const float dq_mul = Score::kLorentz ? 1.f : p.scale;  // the hyperbolic scores: hyp_grad in attn_hyp_dq_store
+    const float dq_mul = Ops::fused_dq_mul(p);  // the hyperbolic scores: hyp_grad in attn_hyp_dq_store
     // kTcDq: the panel as the second column block of this warpgroup's B (kKeySplit: rows 64w.. of both).
     const uint32_t k0p_lbo = smem_addr(sK0p) + (kKeySplit ? wg * 64 * 128 : 0) - kn_addr;
     float* wdq = sdQ + warp * 16 * kDqLd;  // this warp's 16 rows of the dQ tile
@@ -369,7 +314,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
         // scores' unfused kernel at D = 128 spills more that way (72 → 180 bytes) and forms each step's
         // descriptor in full (kFull); their fused kernel there spills less the opaque way (64 + 80
         // bytes, against 124 + 140).
-        constexpr bool kFull = Score::kLorentz && D == 128 && !kDq;
+        constexpr bool kFull = Ops::template full_descs<D, kDq>();
         uint32_t ka = k_addr, va = v_addr, qa = q_addr + s * kTile, doa = do_addr + s * kTile;
         if constexpr (!kFull) {
             opaque(ka);
@@ -397,7 +342,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
                 const uint32_t chunk = 2 * kk + (l >> 4);  // 16-byte chunk of the row, before the swizzle
                 stsm_x4(ds_row + (chunk / 8) * BN * 128 + (((chunk % 8) ^ (l & 7)) << 4), ads[kk]);
             }
-            if constexpr (Score::kLorentz && !kTcDq) lorentz_rowsum_add<T, BM>(p, si, h, i0, ads, rk, lane);
+            if constexpr (Ops::kRowSums && !kTcDq) Ops::template ws_fused_rowsum<T, BM>(p, si, h, i0, ads, rk, lane);
             fence_proxy_async();
             if constexpr (kKeySplit)
                 named_bar_sync(2 + wg, kConsumers / 2);  // this warpgroup's keys of dS'ᵀ are stored
@@ -475,16 +420,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_ws(const AttnParams& p) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) bsum[0][r] = acc_b[0][2 * r] + acc_b[0][2 * r + 1];
     }
-    if constexpr (Score::kLorentz)
-        lorentz_dkdv_epilogue<T, MT, AT>(
-            p, si, hk, 0, acc_dk, acc_dv, bsum, csum, rk, key,
-            [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BN>(r, c))); },
-            [&](int r, int c) {
-                return to_f32(*reinterpret_cast<const T*>(base + BN * D * 2 + sw128_offset<BN>(r, c)));
-            },
-            wrow, lane, midpoint);
-    else
-        dkdv_store<T, MT, AT, true>(p, si, hk, 0, acc_dk, acc_dv, key, norms, t4);
+    Ops::template dkdv_epilogue<T, MT, AT, true>(
+        p, si, hk, 0, acc_dk, acc_dv, bsum, csum, rk, key,
+        [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BN>(r, c))); },
+        [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + BN * D * 2 + sw128_offset<BN>(r, c))); },
+        wrow, lane, midpoint, norms, t4);
 #else
     __trap();  // launched only on compute capability 9.0 (host dispatch)
 #endif
@@ -521,7 +461,8 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     // kTc (the hyperbolic scores on bf16): dQ's row sums a_i = Σ_j w_ij k0_j on tensor cores, an m64n8
     // product beside dQ's over the same dS' fragments and a panel of K_j's k0 pieces per K stage (hi,
     // mid, lo in columns 0..2; the producer writes it), instead of an FMA per element.
-    constexpr bool kTc = kLorentzTcK0<T, Score>;
+    using Ops = typename Score::Ops;
+    constexpr bool kTc = Ops::template tc_k0<T>();
     T* sK0p = sV + kVs * BN * D;                                               // kTc: [kKs][BN × 64] sw128
     float* sK0 = reinterpret_cast<float*>(sK0p + (kTc ? kKs * BN * 64 : 0));  // [kKs][BN] hyperbolic: k0
     float* sLg = sK0 + kKs * BN;  // [kKs][BN] hyperbolic midpoint: log γ_j
@@ -551,7 +492,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
         }
     }
     __syncthreads();
-    const bool midpoint = Score::kLorentz && p.midpoint;
+    const bool midpoint = Ops::midpoint(p);
 
     if (wg == 2) {  // producer
         regs_dec<kProducerRegs>();
@@ -572,8 +513,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
             if constexpr (kTc) {
                 if (pt < BN) {  // row pt of the stage's panel, chunk 0 (as the fused kernel's k0 panel)
                     const int j = n * BN + pt;
-                    lorentz_pieces_panel_row<T>(sK0p + ks * BN * 64, pt,
-                                                j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f);
+                    Ops::template pieces_panel_row<T>(sK0p + ks * BN * 64, pt, Ops::k_time(p, si, hk, j));
                     fence_proxy_async();
                     mbar_arrive(full_k + ks);
                 }
@@ -587,7 +527,7 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
     }
     regs_inc<kConsumerRegs>();
 
-    const bool norms = Score::kNorms && p.l2norm;  // q̂, k̂ given; dq_store writes dq̂ in f32
+    const bool norms = Ops::norms(p);  // q̂, k̂ given; dq_store writes dq̂ in f32
     const int g = lane / 4, t4 = lane % 4;
     const int wrow = warp * 16;
     int row[MT][2], lo[MT][2], hi[MT][2];
@@ -677,12 +617,10 @@ __device__ __forceinline__ void flash_bwd_dq_ws(const AttnParams& p) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) a[0][r] = acc_a[0][2 * r] + acc_a[0][2 * r + 1];
     }
-    if constexpr (Score::kLorentz)
-        lorentz_dq_epilogue<T, MT, DT>(
-            p, si, h, acc_dq, a, rq, row,
-            [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BM>(r, c))); }, wrow, lane);
-    else
-        dq_store<T, MT, DT>(p, si, h, acc_dq, row, norms, t4);
+    Ops::template dq_epilogue<T, MT, DT>(
+        p, si, h, acc_dq, a, rq, row,
+        [&](int r, int c) { return to_f32(*reinterpret_cast<const T*>(base + sw128_offset<BM>(r, c))); }, wrow, lane,
+        norms, t4);
 #else
     __trap();  // launched only on compute capability 9.0 (host dispatch)
 #endif

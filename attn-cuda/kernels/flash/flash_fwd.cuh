@@ -9,45 +9,26 @@
 //   online softmax: m, l, P = 2^(s − m)  (registers)
 //   O = α·O + P V       [16, D]    P straight from registers, V by ldmatrix.trans
 // Epilogue: o = O / l (0 for an empty row), LSE = m + ln l (−∞ for an empty row), f32.
-// Hyperbolic scores read the time coordinates k0 (and the Einstein midpoint's log γ_j) of each key
-// block into shared memory with its K tile (cp.async), q0 once per row; see score.h.
+// Per-family steps (scores, row and key scalars, statistic) are the score's hooks (Score::Ops, score.h):
+// the skeleton names no family.
 #pragma once
 #include "../common/loads.h"
 #include "../common/mask.h"
 #include "../common/online_softmax.h"
 #include "score.h"
-#include "../hyperbolic/lorentz_tile.cuh"
+#include "score_ops.cuh"
 #include "../common/tiles.h"
 
 namespace attn {
 
-// Hyperbolic scores: k0 (and, for the Einstein midpoint, log γ_j) of the BN keys of key block n
-// into shared memory (cp.async, in the caller's commit group; zero past the sequence).
-template <int BN>
-__device__ __forceinline__ void load_key_cols(const AttnParams& p, const SeqInfo& si, int hk, int n, float* k0,
-                                              float* lg, bool midpoint, int tid) {
-    if (tid < BN) {
-        const int j = n * BN + tid;
-        const bool valid = j < si.len_k;
-        const long long at = valid ? si.key_index(p, hk, j) : 0;
-        cp_async_4(k0 + tid, p.x0k + at, valid);
-        if (midpoint) cp_async_4(lg + tid, p.lgk + at, valid);
-    }
-}
-
 // The column scalars of key block n into shared memory (cp.async, in the caller's commit group; zero
-// past the sequence): for cosine-sim with fused norms 1/‖k‖ (from the inv-norm row kernel), for
+// past the sequence), the score's (Ops::load_key_scalars): for cosine-sim with fused norms 1/‖k‖, for
 // hyperbolic scores k0 and, for the Einstein midpoint, log γ_j. `col` takes 1/‖k‖ or k0 (a score has
 // one of them), `lg` log γ_j.
 template <class Score, int BN, int D>
 __device__ __forceinline__ void load_key_scalars(const AttnParams& p, const SeqInfo& si, int hk, int n, float* col,
                                                  float* lg, bool norms, bool midpoint, int tid) {
-    if constexpr (Score::kLorentz) load_key_cols<BN>(p, si, hk, n, col, lg, midpoint, tid);
-    if (norms && tid < BN) {
-        const int j = n * BN + tid;
-        const bool valid = j < si.len_k;
-        cp_async_4(col + tid, p.rk + (valid ? si.dk_off(p, j, hk) / D : 0), valid);
-    }
+    Score::Ops::template load_key_scalars<BN, D>(p, si, hk, n, col, lg, norms, midpoint, tid);
 }
 
 // The rows of a warp's MT 16-row tiles that this thread owns (two per tile, g and g + 8, from
@@ -67,8 +48,8 @@ __device__ __forceinline__ void fwd_rows(const AttnParams& p, const SeqInfo& si,
 }
 
 // Running state of those rows before the first key block: m (the fixed offset without a running
-// max), l = 0, and rq: 1 (cosine-sim fills 1/‖q‖ later) or, for hyperbolic scores, q0 (kQ0; without it
-// the kernel forms q0 from its Q tile, lorentz_q0_from_tile, and rq stays 1 until then).
+// max), l = 0, and rq: 1 (cosine-sim fills 1/‖q‖ later), or the score's row scalar
+// (Ops::init_q_scalar: hyperbolic q0 with kQ0; without it the wgmma forward forms q0 from its Q tile).
 template <class Score, int MT, bool kQ0 = true>
 __device__ __forceinline__ void fwd_state_init(const AttnParams& p, const SeqInfo& si, int h, const int (&row)[MT][2],
                                                float (&m)[MT][2], float (&l)[MT][2], float (&rq)[MT][2]) {
@@ -80,8 +61,7 @@ __device__ __forceinline__ void fwd_state_init(const AttnParams& p, const SeqInf
             m[mt][r] = m_init;
             l[mt][r] = 0.f;
             rq[mt][r] = 1.f;
-            if (Score::kLorentz && kQ0 && row[mt][r] < si.len_q)
-                rq[mt][r] = p.x0q[si.stats_index(p, h, row[mt][r])];
+            Score::Ops::template init_q_scalar<kQ0>(p, si, h, row[mt][r], rq[mt][r]);
         }
 }
 
@@ -90,8 +70,9 @@ __device__ __forceinline__ void fwd_state_init(const AttnParams& p, const SeqInf
 // rescale factor for the output accumulator (applied by the caller: the Hopper kernel applies it
 // only once the previous block's P·V has landed). rk, k0, lg: this key block's column scalars in
 // shared memory (1/‖k‖ for cosine-sim; k0 and log γ_j for hyperbolic scores). full: no row of
-// the query tile [i0, i0 + bm) masks any key of the block. kK0 (hyperbolic, kLorentzTcK0): the raw
-// products hold q·k − q0 k0 already, and k0 is not read.
+// the query tile [i0, i0 + bm) masks any key of the block. kK0 (Ops::tc_k0): the raw products hold
+// the score's full bilinear form already (hyperbolic: q·k − q0 k0), and k0 is not read. The score's
+// hook (Ops::fwd_scores).
 template <typename T, class Score, int MT, int NT, bool kK0 = false>
 __device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
                                                  bool norms, float (&s)[MT][NT][4], float (&m)[MT][2],
@@ -99,101 +80,12 @@ __device__ __forceinline__ void fwd_block_scores(const AttnParams& p, const SeqI
                                                  const int (&row)[MT][2], const int (&lo)[MT][2],
                                                  const int (&hi)[MT][2], const float* rk, const float* k0,
                                                  const float* lg, int t4) {
-    // Fast path (a tile with no mask, bias or softcap): keep the raw products (times 1/‖k‖ for
-    // cosine-sim) and fold scale·log2 e (times 1/‖q‖) into the exponential's FMA. General path:
-    // s = score + bias, masked → −∞, in log2 units.
-    if constexpr (Score::kPoly) {  // the weights themselves: no max, no rescale, 0 where masked
-        const Poly f(p);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            alpha[mt][0] = alpha[mt][1] = 1.f;
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const float cr = p.scale * rq[mt][r];
-                // Fast path (a tile with no mask, no per-key norms): the row's factor folded into the
-                // coefficients, f = a0 + s (a1 cr + a2 cr² s): two FMAs per element.
-                const float b1 = f.a1 * cr, b2 = f.a2 * cr * cr;
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                        float w;
-                        if (full && !norms) {
-                            w = fmaf(fmaf(b2, s[mt][nt][e], b1), s[mt][nt][e], f.a0);
-                        } else {
-                            const int cl = nt * 8 + 2 * t4 + (e & 1);
-                            const int col = j0 + cl;
-                            const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
-                            const float x = s[mt][nt][e] * cr * (norms ? rk[cl] : 1.f);
-                            w = allowed ? f.f(x) : 0.f;
-                        }
-                        s[mt][nt][e] = w;
-                        sum += w;
-                    }
-                l[mt][r] += sum;  // thread-partial, as softmax_rows
-            }
-        }
-        return;
-    }
-    const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
-    float c[MT][2];
-    if constexpr (Score::kLorentz) {
-        bool recip = false;  // the geodesic at β/√c = 1: the scores are already the weights 1/w
-        lorentz_variant<Score>(p, fast, [&](auto mid, auto rc, auto fc) {
-            lorentz_scores<Score, decltype(mid)::value, T, MT, NT, decltype(rc)::value, decltype(fc)::value, kK0>(
-                p, si, h, j0, full, s, c, rq, row, lo, hi, k0, lg, t4);
-            recip = decltype(rc)::value;
-        });
-        if (recip) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) softmax_rows<NT, false, true>(s[mt], m[mt], l[mt], true, c[mt], alpha[mt]);
-            return;
-        }
-    } else if (fast) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            c[mt][0] = p.scale * kLog2e * rq[mt][0];
-            c[mt][1] = p.scale * kLog2e * rq[mt][1];
-            if (norms) {
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[mt][nt][e] *= rk[nt * 8 + 2 * t4 + (e & 1)];
-            }
-        }
-    } else {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            c[mt][0] = c[mt][1] = 1.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const int cl = nt * 8 + 2 * t4 + (e & 1);
-                    const int col = j0 + cl;
-                    const bool allowed = full || (col >= lo[mt][r] && col < hi[mt][r]);
-                    float dtanh;
-                    float x = score<Score>(p, s[mt][nt][e], rq[mt][r], norms ? rk[cl] : 1.f, dtanh);
-                    if (allowed && p.bias != nullptr)
-                        x += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, row[mt][r], col)]);
-                    s[mt][nt][e] = allowed ? x * kLog2e : -CUDART_INF_F;
-                }
-        }
-    }
-
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        if (Score::kGeodesic && fast)  // c = −β/√c < 0: the row max comes from the smallest log2 w
-            softmax_rows<NT, true>(s[mt], m[mt], l[mt], true, c[mt], alpha[mt]);
-        else
-            softmax_rows<NT>(s[mt], m[mt], l[mt], Score::kGeodesic || p.running_max != 0, c[mt], alpha[mt]);
-    }
+    Score::Ops::template fwd_scores<T, MT, NT, kK0>(p, si, h, j0, full, norms, s, m, l, alpha, rq, row, lo, hi, rk, k0,
+                                                    lg, t4);
 }
 
 // Epilogue of a warp's MT 16-row tiles: o = O / l (0 for an empty row), LSE = m + ln l (−∞ for an
-// empty row), f32; TaylorScore: l itself.
+// empty row), f32; the statistic is the score's (Ops::row_stat; TaylorScore: l itself).
 template <typename T, class Score, int MT, int DT>
 __device__ __forceinline__ void fwd_epilogue(const AttnParams& p, const SeqInfo& si, int h,
                                              const float (&acc_o)[MT][DT][4], const float (&m)[MT][2],
@@ -206,7 +98,7 @@ __device__ __forceinline__ void fwd_epilogue(const AttnParams& p, const SeqInfo&
             const float lsum = quad_sum(l[mt][r]);
             const int i = row[mt][r];
             if (i >= si.len_q) continue;
-            const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+            const float inv = Score::Ops::inv_sum(lsum);
             T* orow = o + si.o_off(p, i, h);
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
@@ -214,13 +106,7 @@ __device__ __forceinline__ void fwd_epilogue(const AttnParams& p, const SeqInfo&
                 const uint32_t packed = pack2<T>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
                 *reinterpret_cast<V2*>(orow + dt * 8 + 2 * t4) = *reinterpret_cast<const V2*>(&packed);
             }
-            if (t4 == 0 && Score::kPoly) {  // Taylor's statistic: the denominator (0 for an empty row)
-                p.lse[si.stats_index(p, h, i)] = lsum;
-            } else if (t4 == 0) {
-                const float ref = m[mt][r] == -CUDART_INF_F ? 0.f : m[mt][r];
-                const float lse = lsum > 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
-                p.lse[si.stats_index(p, h, i)] = Score::kLorentz ? lse + p.hyp_lse : lse;
-            }
+            if (t4 == 0) p.lse[si.stats_index(p, h, i)] = Score::Ops::row_stat(p, m[mt][r], lsum);
         }
 }
 
@@ -253,17 +139,20 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
     const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
-    const bool norms = Score::kNorms && p.l2norm;
-    constexpr bool kHyp = Score::kLorentz;
-    const bool midpoint = kHyp && p.midpoint;
-    // Hyperbolic: the key block's k0 (and log γ_j) with its K tile.
-    auto load_cols = [&](int n, int buf) { load_key_cols<BN>(p, si, hk, n, sK0 + buf * BN, sLg + buf * BN, midpoint, tid); };
+    using Ops = typename Score::Ops;
+    const bool norms = Ops::norms(p);
+    const bool midpoint = Ops::midpoint(p);
+    // The score's key scalars with the K tile (hyperbolic: k0 and log γ_j; this kernel forms 1/‖k‖
+    // from the tile itself).
+    auto load_cols = [&](int n, int buf) {
+        load_key_scalars<Score, BN, D>(p, si, hk, n, sK0 + buf * BN, sLg + buf * BN, false, midpoint, tid);
+    };
 
     load_tile_async<T, BM, D, kThreads>(sQ, q, p.q_seq, i0, si.len_q, tid);
     if (n_count > 0) {
         load_tile_async<T, BN, D, kThreads>(sK, k, p.k_seq, n_first * BN, si.len_k, tid);
         load_tile_async<T, BN, D, kThreads>(sV, v, p.v_seq, n_first * BN, si.len_k, tid);
-        if constexpr (kHyp) load_cols(n_first, 0);
+        load_cols(n_first, 0);
     }
     cp_async_commit();
 
@@ -291,7 +180,7 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
         if (it + 1 < n_count) {
             load_tile_async<T, BN, D, kThreads>(sK + (buf ^ 1) * BN * ld, k, p.k_seq, (n + 1) * BN, si.len_k, tid);
             load_tile_async<T, BN, D, kThreads>(sV + (buf ^ 1) * BN * ld, v, p.v_seq, (n + 1) * BN, si.len_k, tid);
-            if constexpr (kHyp) load_cols(n + 1, buf ^ 1);
+            load_cols(n + 1, buf ^ 1);
         }
         cp_async_commit();
         if (norms) {  // prologue of the tile: reciprocal norms of its keys (and, once, of the queries)
@@ -336,7 +225,7 @@ __device__ __forceinline__ void flash_fwd(const AttnParams& p) {
         float alpha[MT][2];
         fwd_block_scores<T, Score, MT, NT>(p, si, h, j0, full, norms, s, m, l, alpha, rq, row, lo, hi,
                                            sRk + buf * BN, sK0 + buf * BN, sLg + buf * BN, t4);
-        if (Score::kGeodesic || (!Score::kPoly && p.running_max)) {
+        if (Ops::rescales(p)) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) rescale_rows<DT>(acc_o[mt], alpha[mt]);
         }

@@ -22,35 +22,6 @@
 
 namespace attn {
 
-// q0 = √(1/c + ‖q‖²) of a thread's two rows (r0 and r0 + 8 of the sw128 Q tile of BM rows in shared
-// memory; row: their indices in the sequence) into rq, valid rows only, as attn_hyp_rows forms it: the
-// squares summed in f64 and rounded once to f32. The four lanes of a quad split the row's 16-byte chunks
-// (t4, t4 + 4, …) and add their sums by two shuffles: the whole warp calls it. The wgmma forward forms
-// q0 so, from the tile it loads anyway, and the row kernel reads only the keys. For 16-bit inputs every square and every partial sum is exact in f64 unless the row's
-// magnitudes span more than ~2^30, so the sum's order does not change the result.
-template <typename T, int D, int BM>
-__device__ __forceinline__ void lorentz_q0_from_tile(const AttnParams& p, const SeqInfo& si, const T* sQ,
-                                                     const int (&row)[1][2], int r0, int t4, float (&rq)[1][2]) {
-    const unsigned char* base = reinterpret_cast<const unsigned char*>(sQ);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        double s = 0.0;
-#pragma unroll
-        for (int c = t4; c < D / 8; c += 4) {
-            const uint4 w = *reinterpret_cast<const uint4*>(base + sw128_offset<BM>(r0 + 8 * r, 8 * c));
-            const T* e = reinterpret_cast<const T*>(&w);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const double x = to_f32(e[i]);
-                s = fma(x, x, s);
-            }
-        }
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        if (row[0][r] < si.len_q) rq[0][r] = lorentz_time_coord(p.curvature, s);
-    }
-}
-
 // A consumer warp of the Hopper forwards (flash_fwd_wg, flash_fwd_ws) before its first key block: its
 // two rows (of the 16 from wrow) and their key ranges, O = 0, the running state, and for cosine-sim
 // with fused norms 1/‖q‖ of the rows (from the inv-norm row kernel).
@@ -74,7 +45,7 @@ __device__ __forceinline__ void wg_fwd_rows_init(const AttnParams& p, const SeqI
 
 // The wgmma operands of the Hopper forwards: warpgroup wg's 64 rows of the sw128 Q tile (BM rows),
 // and two buffers of BN rows each of K and of V. k16 step kk of a K-major operand is column block
-// kk / 4, +32 bytes per step inside it; of V, 16 rows = 2048 bytes. kK0 (kLorentzTcK0, the
+// kk / 4, +32 bytes per step inside it; of V, 16 rows = 2048 bytes. kK0 (Ops::tc_k0, the
 // warp-specialised forward): S gains one more k16 step over the q0 panel (BM rows) and the K stage's
 // k0 panel (BN rows each), sw128.
 template <typename T, int D, int BM, int BN, bool kK0 = false>
@@ -126,7 +97,7 @@ struct WgFwdOperands {
 template <typename T, class Score, int D, int BN>
 __device__ __forceinline__ void wg_fwd_next_p(const AttnParams& p, float (&acc_o)[D / 8][4], const float (&alpha)[2],
                                               const float (&s)[BN / 8][4], uint32_t (&pa)[BN / 16][4]) {
-    if (Score::kGeodesic || (!Score::kPoly && p.running_max)) rescale_rows<D / 8>(acc_o, alpha);
+    if (Score::Ops::rescales(p)) rescale_rows<D / 8>(acc_o, alpha);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) pack_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
 }
@@ -159,8 +130,9 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
     const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
     const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
-    const bool norms = Score::kNorms && p.l2norm;  // K holds k̂ (the host's copy); rows scaled by 1/‖q‖
-    const bool midpoint = Score::kLorentz && p.midpoint;
+    using Ops = typename Score::Ops;
+    const bool norms = Ops::norms(p);  // K holds k̂ (the host's copy); rows scaled by 1/‖q‖
+    const bool midpoint = Ops::midpoint(p);
     auto load_k = [&](int it) {
         const int buf = it & 1;
         load_tile_sw128<T, BN, D, kWgThreads>(sK + buf * BN * D, k, p.k_seq, (n_first + it) * BN, si.len_k, tid);
@@ -179,15 +151,11 @@ __device__ __forceinline__ void flash_fwd_wg(const AttnParams& p) {
     int row[MT][2], lo[MT][2], hi[MT][2];
     float acc_o[MT][DT][4];
     float m[MT][2], l[MT][2], rq[MT][2];
-    // The hyperbolic scores: q0 from the Q tile once it has landed (lorentz_q0_from_tile), so the row
-    // kernel before this one reads only the keys (dispatch::forward_forms_q0).
+    // The score's row scalars from the Q tile once it has landed (Ops::wg_fwd_q0: the hyperbolic q0,
+    // so the row kernel before this one reads only the keys, dispatch::forward_forms_q0).
     wg_fwd_rows_init<Score, D, false>(p, si, h, i0, warp * 16, g, norms, row, lo, hi, acc_o, m, l, rq);
     const WgFwdOperands<T, D, BM, BN> ops(sQ, sK, sV, wg);
-    if constexpr (Score::kLorentz) {  // before the loop: inside it, its registers made the kernel spill
-        cp_async_wait<0>();
-        __syncthreads();  // Q (and K_0) have landed
-        lorentz_q0_from_tile<T, D, BM>(p, si, sQ, row, warp * 16 + g, t4, rq);
-    }
+    Ops::template wg_fwd_q0<T, D, BM>(p, si, sQ, row, warp * 16 + g, t4, rq);
 
     uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
     for (int it = 0; it < n_count; ++it) {

@@ -2,23 +2,16 @@
 // epilogue and wgmma products of flash_fwd_wg.cuh, with the loads moved to a producer warpgroup, so the
 // consumer warpgroups never meet at a block barrier and carry no copy work.
 //
-// Tiles (batch b, query head h, query tile of BM = 64·NC rows; mask.h persistent_tile): by default one
-// per block (grid = every tile, blockIdx.x is the tile). Persistent (p.tile_counter set; host:
-// ATTN_CUDA_PERSISTENT_BLOCKS): the grid has at most one block per SM, and each block works through
-// tiles until none is left: its blockIdx.x first, then the next of a zeroed counter (one atomic per
-// tile). Not the default: correct in every test, but compute-sanitizer reports the hand-over of the
-// tile index. The producer loads the next tile's Q as soon as the consumers have
-// issued their last S of the current one, so their last P·V and epilogue overlap the next tile's
-// loads, and the K/V rings run on across tiles. One block = BM·2 + 128 threads:
+// One block per tile (batch b, query head h, query tile of BM = 64·NC rows): the grid is flat, blockIdx.x
+// the tile in mask.h's order (persistent_tile; host: dispatch, tiles_q). One block = BM·2 + 128 threads:
 //   warpgroups 0..NC−1: consumers, rows 64w..64w+63 (so every per-warp helper of the other forward
 //     kernels applies unchanged); after setmaxnreg 232 registers each for NC = 2 (D = 128), 160 for
 //     NC = 3 (D = 64);
-//   warpgroup NC: producer (40 or 32 registers); cp.async of Q per tile (one stage, full_q/empty_q;
-//     the tile's index in shared memory, read after a named barrier of the whole block) and of K_j,
-//     V_j into two stages each, and of the
-//     hyperbolic key scalars (k0, log γ) into three; hyperbolic on bf16 (kLorentzTcK0), also the
-//     panels of q0's and −k0's pieces beside Q and each K stage (generic stores, a proxy fence and a
-//     second arrival on full_q / full_k), whose k16 step adds −q0 k0 to S. Cosine-sim
+//   warpgroup NC: producer (40 or 32 registers); cp.async of Q (full_q) and of K_j, V_j into two
+//     stages each, and of the score's key scalars (Ops::kKeyCols: hyperbolic k0, log γ) into three;
+//     where the score has time-coordinate panels (Ops::tc_k0: hyperbolic on bf16), also the panels of
+//     q0's and −k0's pieces beside Q and each K stage (generic stores, a proxy fence and a second
+//     arrival on full_q / full_k), whose k16 step adds −q0 k0 to S. Cosine-sim
 //     with the l2-norm reads K as the host's normalised copy k̂ (backend.rs; rounded to T as
 //     l2-normalise-then-attend has it), so its scores read no per-key scalar; 1/‖q‖ scales the rows.
 // No block barrier after the start: each stage has a full barrier (the producer's 128 threads arrive
@@ -58,7 +51,8 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     constexpr int kCs = 3;  // stages of the key scalars
     static_assert(kCs * BN <= 2 * BN + BM, "the scalar ring fits wg_fwd_smem's scalars");
     constexpr int kKs = 2;  // stages of K
-    constexpr bool kK0 = kLorentzTcK0<T, Score>;  // q0 k0 on the tensor cores: panels beside Q and K
+    using Ops = typename Score::Ops;
+    constexpr bool kK0 = Ops::template tc_k0<T>();  // q0 k0 on the tensor cores: panels beside Q and K
 
     // The same layout as flash_fwd_wg (host: heuristics::wg_fwd_smem), stages in place of buffers.
     extern __shared__ __align__(1024) unsigned char smem_ws[];
@@ -66,17 +60,16 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     T* sQ = reinterpret_cast<T*>(base);  // [BM × D] sw128
     T* sK = sQ + BM * D;                 // [kKs][BN × D] sw128
     T* sV = sK + kKs * BN * D;           // [2][BN × D] sw128
-    T* sQ0p = sV + 2 * BN * D;           // kK0: [BM × 64] sw128, q0's pieces (lorentz_k0_panel_row)
+    T* sQ0p = sV + 2 * BN * D;           // kK0: [BM × 64] sw128, q0's pieces (Ops::k0_panel_row)
     T* sK0p = sQ0p + BM * 64;            // kK0: [kKs][BN × 64] sw128, −k0's pieces
     float* sK0 = reinterpret_cast<float*>(sV + 2 * BN * D + (kK0 ? (BM + kKs * BN) * 64 : 0));  // [3][BN] k0
     float* sLg = sK0 + 2 * BN + BM;  // [3][BN] hyperbolic midpoint: log γ_j (host: ws_fwd_smem)
     // full_q; full_k[kKs], full_v[2] (producer arrivals; full_k also covers the scalars loaded
     // with K_j; with kK0 full_q and full_k take a second, plain arrival per producer thread after its
-    // panel rows); empty_q, empty_k[kKs], empty_v[2], empty_c[3] (consumer arrivals).
-    __shared__ __align__(8) uint64_t bars[2 + 2 * kKs + 4 + kCs];
+    // panel rows); empty_k[kKs], empty_v[2], empty_c[3] (consumer arrivals).
+    __shared__ __align__(8) uint64_t bars[1 + 2 * kKs + 4 + kCs];
     uint64_t* full_q = bars;
-    uint64_t* empty_q = bars + 1;
-    uint64_t* full_k = bars + 2;
+    uint64_t* full_k = bars + 1;
     uint64_t* full_v = full_k + kKs;
     uint64_t* empty_k = full_v + 2;
     uint64_t* empty_v = empty_k + kKs;
@@ -86,22 +79,9 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     // Warp and warpgroup through a shuffle from lane 0: warp-uniform to the compiler, so the Q
     // descriptors of the warpgroup's rows live in uniform registers.
     const int warp = __shfl_sync(0xffffffffu, tid / 32, 0), wg = warp / 4;
-    const int tiles = p.tiles_q * p.heads_q * p.batch;
-    const bool persistent = p.tile_counter != nullptr;
-    // The tiles handed to the consumers (−1: none left), two slots used alternately: producer thread
-    // 0 writes tile qi's, the producer issues its Q and first K/V block, and the whole block meets at
-    // named barrier kSlot (the consumers once done with tile qi − 1); the consumers then read it. The
-    // slot written next (qi + 1's) was last read before the previous meeting, so every access pair is
-    // ordered by a barrier that all threads sync on (compute-sanitizer's racecheck does not follow an
-    // mbarrier phase or a bar.arrive from one thread group to another for plain shared accesses, and
-    // reported the one-slot versions that relied on them).
-    __shared__ int tile_slot[2];
-    __shared__ int tile_next;  // the producer's broadcast of a fetched tile index
-    constexpr int kSlot = 3, kAll = kProducers + kConsumers;
     constexpr int kFullArrivals = kProducers * (kK0 ? 2 : 1);
     if (tid == 0) {
         mbar_init(full_q, kFullArrivals);
-        mbar_init(empty_q, kConsumerWarps);
         for (int s = 0; s < kKs; ++s) {
             mbar_init(full_k + s, kFullArrivals);
             mbar_init(empty_k + s, kConsumerWarps);
@@ -117,94 +97,66 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
     }
     __syncthreads();
 
-    const bool norms = Score::kNorms && p.l2norm;  // K holds k̂ (the host's copy); rows scaled by 1/‖q‖
-    const bool midpoint = Score::kLorentz && p.midpoint;
-    const bool cols = Score::kLorentz;  // key scalars the consumers read and release
+    const bool norms = Ops::norms(p);  // K holds k̂ (the host's copy); rows scaled by 1/‖q‖
+    const bool midpoint = Ops::midpoint(p);
+    constexpr bool cols = Ops::kKeyCols;  // key scalars the consumers read and release
+    int b, h, m_block, i0, hk, n_first, n_count;
+    persistent_tile(p, blockIdx.x, b, h, m_block);
+    const SeqInfo si(p, b);
+    if (!query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count)) return;  // past its sequence
 
     if (wg == kNc) {  // producer
         regs_dec<kProducerRegs>();
         const int pt = tid - kConsumers;
-        // The next tile of this block: persistent, the counter's (one atomic, shared over a named
-        // barrier of the producer's threads); otherwise none (one tile per block).
-        auto fetch = [&](int t) {
-            if (!persistent) return tiles;  // one tile per block
-            if (pt == 0) tile_next = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
-            named_bar_sync(2, kProducers);
-            const int next = __shfl_sync(0xffffffffu, tile_next, 0);  // warp-uniform to the compiler
-            named_bar_sync(2, kProducers);  // every thread has read it before the next fetch writes
-            return next;
-        };
-        int tile = blockIdx.x, kv = 0;  // kv: key blocks loaded so far, the rings' position
-        for (int qi = 0;; ++qi) {
-            int b = 0, h = 0, m_block = 0, i0 = 0, hk = 0, n_first = 0, n_count = 0;
-            for (; tile < tiles; tile = fetch(tile)) {  // skip tiles past their sequence
-                persistent_tile(p, tile, b, h, m_block);
-                if (query_tile_at<BM, BN>(p, SeqInfo(p, b), h, m_block, i0, hk, n_first, n_count)) break;
-            }
-            if (persistent && pt == 0) tile_slot[qi & 1] = tile < tiles ? tile : -1;
-            if (tile >= tiles) {
-                if (persistent) named_bar_sync(kSlot, kAll);
-                break;
-            }
-            const SeqInfo si(p, b);
-            // kK0: the time coordinates of the tile's rows and of the first key block, loaded before the
-            // copies are issued (their panels are written once the copies are in flight), and each
-            // later key block's one block ahead.
-            constexpr int kQRows = (BM + kProducers - 1) / kProducers;
-            float q0r[kQRows], k0n = 0.f;
-            auto key_k0 = [&](int n) {
-                const int j = n * BN + pt;
-                return j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f;
-            };
-            if constexpr (kK0) {
+        // kK0: the time coordinates of the tile's rows and of the first key block, loaded before the
+        // copies are issued (their panels are written once the copies are in flight), and each later
+        // key block's one block ahead.
+        constexpr int kQRows = (BM + kProducers - 1) / kProducers;
+        float q0r[kQRows], k0n = 0.f;
+        if constexpr (kK0) {
 #pragma unroll
-                for (int r = 0; r < kQRows; ++r) {
-                    const int i = i0 + pt + r * kProducers;
-                    q0r[r] = pt + r * kProducers < BM && i < si.len_q ? p.x0q[si.stats_index(p, h, i)] : 0.f;
-                }
-                if (n_count > 0) k0n = key_k0(n_first);
+            for (int r = 0; r < kQRows; ++r) {
+                const int i = i0 + pt + r * kProducers;
+                q0r[r] = pt + r * kProducers < BM && i < si.len_q ? Ops::q_time(p, si, h, i) : 0.f;
             }
-            // The Q panel (after the first key block's copies, or at once without one), then the
-            // second arrival on full_q.
-            auto q_panel = [&] {
-#pragma unroll
-                for (int r = 0; r < kQRows; ++r)
-                    if (pt + r * kProducers < BM) lorentz_k0_panel_row<T, false>(sQ0p, pt + r * kProducers, q0r[r]);
-                fence_proxy_async();
-                mbar_arrive(full_q);
-            };
-            if (qi > 0) mbar_wait(empty_q, (qi - 1) & 1);  // the consumers are done with the last Q
-            const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
-            const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
-            const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
-            load_tile_sw128<T, BM, D, kProducers>(sQ, q, p.q_seq, i0, si.len_q, pt);
-            mbar_arrive_cp_async(full_q);
-            for (int it = 0; it < n_count; ++it, ++kv) {
-                const int s = kv % kKs, use = kv / kKs, n = n_first + it, c = kv % kCs, use_c = kv / kCs;
-                if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
-                load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
-                if (cols && use_c > 0) mbar_wait(empty_c + c, (use_c - 1) & 1);
-                load_key_scalars<Score, BN, D>(p, si, hk, n, sK0 + c * BN, sLg + c * BN, false, midpoint, pt);
-                mbar_arrive_cp_async(full_k + s);
-                if constexpr (kK0) {
-                    // K_j's panel row pt (its stage was released before K_j's copy above).
-                    const float k0 = k0n;
-                    if (it + 1 < n_count) k0n = key_k0(n + 1);
-                    lorentz_k0_panel_row<T, true>(sK0p + s * BN * 64, pt, k0);
-                    fence_proxy_async();
-                    mbar_arrive(full_k + s);
-                    if (it == 0) q_panel();
-                }
-                const int vs = kv & 1, use_v = kv >> 1;
-                if (use_v > 0) mbar_wait(empty_v + vs, (use_v - 1) & 1);
-                load_tile_sw128<T, BN, D, kProducers>(sV + vs * BN * D, v, p.v_seq, n * BN, si.len_k, pt);
-                mbar_arrive_cp_async(full_v + vs);
-                if (persistent && it == 0) named_bar_sync(kSlot, kAll);  // the consumers take the tile
-            }
-            if (kK0 && n_count == 0) q_panel();
-            if (persistent && n_count == 0) named_bar_sync(kSlot, kAll);
-            tile = fetch(tile);
+            if (n_count > 0) k0n = Ops::k_time(p, si, hk, n_first * BN + pt);
         }
+        // The Q panel (after the first key block's copies, or at once without one), then the second
+        // arrival on full_q.
+        auto q_panel = [&] {
+#pragma unroll
+            for (int r = 0; r < kQRows; ++r)
+                if (pt + r * kProducers < BM) Ops::template k0_panel_row<T, false>(sQ0p, pt + r * kProducers, q0r[r]);
+            fence_proxy_async();
+            mbar_arrive(full_q);
+        };
+        const T* q = static_cast<const T*>(p.q) + si.q_off(p, 0, h);
+        const T* k = static_cast<const T*>(p.k) + si.k_off(p, 0, hk);
+        const T* v = static_cast<const T*>(p.v) + si.v_off(p, 0, hk);
+        load_tile_sw128<T, BM, D, kProducers>(sQ, q, p.q_seq, i0, si.len_q, pt);
+        mbar_arrive_cp_async(full_q);
+        for (int it = 0; it < n_count; ++it) {
+            const int s = it % kKs, use = it / kKs, n = n_first + it, c = it % kCs, use_c = it / kCs;
+            if (use > 0) mbar_wait(empty_k + s, (use - 1) & 1);
+            load_tile_sw128<T, BN, D, kProducers>(sK + s * BN * D, k, p.k_seq, n * BN, si.len_k, pt);
+            if (cols && use_c > 0) mbar_wait(empty_c + c, (use_c - 1) & 1);
+            load_key_scalars<Score, BN, D>(p, si, hk, n, sK0 + c * BN, sLg + c * BN, false, midpoint, pt);
+            mbar_arrive_cp_async(full_k + s);
+            if constexpr (kK0) {
+                // K_j's panel row pt (its stage was released before K_j's copy above).
+                const float k0 = k0n;
+                if (it + 1 < n_count) k0n = Ops::k_time(p, si, hk, (n + 1) * BN + pt);
+                Ops::template k0_panel_row<T, true>(sK0p + s * BN * 64, pt, k0);
+                fence_proxy_async();
+                mbar_arrive(full_k + s);
+                if (it == 0) q_panel();
+            }
+            const int vs = it & 1, use_v = it >> 1;
+            if (use_v > 0) mbar_wait(empty_v + vs, (use_v - 1) & 1);
+            load_tile_sw128<T, BN, D, kProducers>(sV + vs * BN * D, v, p.v_seq, n * BN, si.len_k, pt);
+            mbar_arrive_cp_async(full_v + vs);
+        }
+        if (kK0 && n_count == 0) q_panel();
         cp_async_wait<0>();
         return;
     }
@@ -212,73 +164,50 @@ __device__ __forceinline__ void flash_fwd_ws(const AttnParams& p) {
 
     const int g = lane / 4, t4 = lane % 4;
     const WgFwdOperands<T, D, BM, BN, kK0> ops(sQ, sK, sV, wg, sQ0p, sK0p);  // stages in place of buffers
-    int kv = 0;  // key blocks consumed so far (every tile of this block): the rings' position
-    for (int qi = 0;; ++qi) {
-        int tile = qi == 0 ? (int)blockIdx.x : -1;  // one tile per block
-        if (persistent) {
-            named_bar_sync(kSlot, kAll);
-            // Lane 0 reads the slot and shuffles it to the warp, so the compiler knows the tile (and
-            // every index and wgmma descriptor derived from it) is warp-uniform.
-            int slot = 0;
-            if (lane == 0) slot = tile_slot[qi & 1];
-            tile = __shfl_sync(0xffffffffu, slot, 0);
-        }
-        if (tile < 0) break;
-        int b, h, m_block, i0, hk, n_first, n_count;
-        persistent_tile(p, tile, b, h, m_block);
-        const SeqInfo si(p, b);
-        // Persistent: true (the producer hands over only tiles inside their sequence); one tile per
-        // block: false for a tile past its sequence, which the producer skipped too.
-        if (!query_tile_at<BM, BN>(p, si, h, m_block, i0, hk, n_first, n_count)) break;
-        mbar_wait(full_q, qi & 1);
-        // The key blocks (and the rings' position) through shuffles too: the lengths come from global
-        // memory, which the compiler cannot prove warp-uniform, and the stages' descriptors follow.
-        n_first = __shfl_sync(0xffffffffu, n_first, 0);
-        n_count = __shfl_sync(0xffffffffu, n_count, 0);
-        kv = __shfl_sync(0xffffffffu, kv, 0);
-        int row[MT][2], lo[MT][2], hi[MT][2];
-        float acc_o[MT][DT][4];
-        float m[MT][2], l[MT][2], rq[MT][2];
-        wg_fwd_rows_init<Score, D>(p, si, h, i0, warp * 16, g, norms, row, lo, hi, acc_o, m, l, rq);
-        if (n_count == 0) mbar_arrive_warp(empty_q, lane);
+    mbar_wait(full_q, 0);
+    // The key blocks through shuffles too: the lengths come from global memory, which the compiler
+    // cannot prove warp-uniform, and the stages' descriptors follow.
+    n_first = __shfl_sync(0xffffffffu, n_first, 0);
+    n_count = __shfl_sync(0xffffffffu, n_count, 0);
+    int row[MT][2], lo[MT][2], hi[MT][2];
+    float acc_o[MT][DT][4];
+    float m[MT][2], l[MT][2], rq[MT][2];
+    wg_fwd_rows_init<Score, D>(p, si, h, i0, warp * 16, g, norms, row, lo, hi, acc_o, m, l, rq);
 
-        uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
-        for (int it = 0; it < n_count; ++it) {
-            const int j = kv + it, n = n_first + it, s = j % kKs, c = j % kCs, vp = (j - 1) & 1;  // vp: V_{j−1}
-            mbar_wait(full_k + s, (j / kKs) & 1);
-            if (it > 0) mbar_wait(full_v + vp, ((j - 1) >> 1) & 1);
-            fence_proxy_async();  // the producer's cp.async writes, visible to the wgmma reads
+    uint32_t pa[BN / 16][4];  // P of the previous key block as A fragments
+    for (int it = 0; it < n_count; ++it) {
+        const int n = n_first + it, s = it % kKs, c = it % kCs, vp = (it - 1) & 1;  // vp: V_{j−1}
+        mbar_wait(full_k + s, (it / kKs) & 1);
+        if (it > 0) mbar_wait(full_v + vp, ((it - 1) >> 1) & 1);
+        fence_proxy_async();  // the producer's cp.async writes, visible to the wgmma reads
 
-            float sc[MT][NT][4];
-            ops.products(sc[0], acc_o[0], pa, s, vp, it > 0);  // no P·V in a tile's first block
-            wg_wait<1>();
-            fence_regs<NT>(sc[0]);
-            mbar_arrive_warp(empty_k + s, lane);
-            if (it == n_count - 1) mbar_arrive_warp(empty_q, lane);  // the tile's last read of Q
+        float sc[MT][NT][4];
+        ops.products(sc[0], acc_o[0], pa, s, vp, it > 0);  // no P·V in the first block
+        wg_wait<1>();
+        fence_regs<NT>(sc[0]);
+        mbar_arrive_warp(empty_k + s, lane);
 
-            const int j0 = n * BN;
-            const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
-            float alpha[MT][2];
-            // K_j holds k̂: the scores see unit key norms (rq still scales the rows).
-            fwd_block_scores<T, Score, MT, NT, kK0>(p, si, h, j0, full, false, sc, m, l, alpha, rq, row, lo, hi,
-                                                    sK0 + c * BN, sK0 + c * BN, sLg + c * BN, t4);
-            if (cols) mbar_arrive(empty_c + c);
-            wg_wait<0>();
-            fence_regs<DT>(acc_o[0]);
-            fence_regs<BN / 16>(pa);
-            if (it > 0) mbar_arrive_warp(empty_v + vp, lane);
-            wg_fwd_next_p<T, Score, D, BN>(p, acc_o[0], alpha[0], sc[0], pa);
-        }
-        if (n_count > 0) {  // the last block's P·V
-            kv += n_count;
-            const int s = (kv - 1) & 1;
-            mbar_wait(full_v + s, ((kv - 1) >> 1) & 1);
-            fence_proxy_async();
-            ops.last_pv(acc_o[0], pa, s);
-            mbar_arrive_warp(empty_v + s, lane);
-        }
-        fwd_epilogue<T, Score, MT, DT>(p, si, h, acc_o, m, l, row, t4);
+        const int j0 = n * BN;
+        const bool full = si.tile_full(p, i0, i0 + BM, j0, j0 + BN);
+        float alpha[MT][2];
+        // K_j holds k̂: the scores see unit key norms (rq still scales the rows).
+        fwd_block_scores<T, Score, MT, NT, kK0>(p, si, h, j0, full, false, sc, m, l, alpha, rq, row, lo, hi,
+                                                sK0 + c * BN, sK0 + c * BN, sLg + c * BN, t4);
+        if (cols) mbar_arrive(empty_c + c);
+        wg_wait<0>();
+        fence_regs<DT>(acc_o[0]);
+        fence_regs<BN / 16>(pa);
+        if (it > 0) mbar_arrive_warp(empty_v + vp, lane);
+        wg_fwd_next_p<T, Score, D, BN>(p, acc_o[0], alpha[0], sc[0], pa);
     }
+    if (n_count > 0) {  // the last block's P·V
+        const int s = (n_count - 1) & 1;
+        mbar_wait(full_v + s, ((n_count - 1) >> 1) & 1);
+        fence_proxy_async();
+        ops.last_pv(acc_o[0], pa, s);
+        mbar_arrive_warp(empty_v + s, lane);
+    }
+    fwd_epilogue<T, Score, MT, DT>(p, si, h, acc_o, m, l, row, t4);
 #else
     __trap();  // launched only on compute capability 9.0 (host dispatch)
 #endif

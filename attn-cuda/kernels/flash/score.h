@@ -23,6 +23,16 @@
 
 namespace attn {
 
+// The hooks of a score on the flash skeleton (`Score::Ops`): the skeletons (flash_*.cuh) hold the
+// FlashAttention structure and reach every per-family step through them (row and key scalars, the
+// per-tile scores and gradients, the statistic, the epilogues). FlashOps (score_ops.cuh) serves
+// softmax, cosine-sim and Taylor; LorentzOps (hyperbolic/lorentz_tile.cuh) the hyperbolic scores, so a
+// file that instantiates a skeleton with a hyperbolic score includes that header.
+template <class Score>
+struct FlashOps;
+template <class Score>
+struct LorentzOps;
+
 // kNorms: scores use reciprocal row norms. kSoftcap: a softcap is possible. kLorentz: a hyperbolic
 // score (per-row time coordinates, optional per-key log γ). kGeodesic: its fast-path multiplier is
 // negative (the online max tracks the smallest value).
@@ -32,6 +42,7 @@ struct SoftmaxScore {
     static constexpr bool kLorentz = false;
     static constexpr bool kGeodesic = false;
     static constexpr bool kPoly = false;
+    using Ops = FlashOps<SoftmaxScore>;
 };
 
 struct CosineScore {
@@ -40,6 +51,7 @@ struct CosineScore {
     static constexpr bool kLorentz = false;
     static constexpr bool kGeodesic = false;
     static constexpr bool kPoly = false;
+    using Ops = FlashOps<CosineScore>;
 };
 
 struct SqLorentzScore {
@@ -48,6 +60,7 @@ struct SqLorentzScore {
     static constexpr bool kLorentz = true;
     static constexpr bool kGeodesic = false;
     static constexpr bool kPoly = false;
+    using Ops = LorentzOps<SqLorentzScore>;
 };
 
 struct GeodesicScore {
@@ -56,6 +69,7 @@ struct GeodesicScore {
     static constexpr bool kLorentz = true;
     static constexpr bool kGeodesic = true;
     static constexpr bool kPoly = false;
+    using Ops = LorentzOps<GeodesicScore>;
 };
 
 // Taylor order 2 on the flash skeleton (the quadratic form, docs/math.md §3): weight f(s) = a0 + a1 s +
@@ -68,6 +82,7 @@ struct TaylorScore {
     static constexpr bool kLorentz = false;
     static constexpr bool kGeodesic = false;
     static constexpr bool kPoly = true;
+    using Ops = FlashOps<TaylorScore>;
 };
 
 // The coefficients of a call (TaylorScore): f(x) = a0 + x (a1 + a2 x) and f'(x) = a1 + 2 a2 x, two FMAs
@@ -113,7 +128,7 @@ __device__ __forceinline__ float lorentz_value(float qk, float q0, float k0, con
         return kK0 ? qk : fmaf(-q0, k0, qk);
     }
     const float u_raw = kK0 ? -qk : fmaf(q0, k0, -qk);
-    const float u = fmaxf(u_raw, L.thr);
+    const float u = fmax_nan(u_raw, L.thr);  // the clamp keeps a NaN NaN (fmaxf would return thr)
     const float t = fmaf(u, u, -L.inv_c2);  // u² − 1/c² = (z² − 1)/c², no cancellation (exact square)
     const float rs = rsqrt_fast(t);
     if (kGrad) psi = u_raw < L.thr ? 0.f : rs;

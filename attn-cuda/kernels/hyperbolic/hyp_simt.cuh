@@ -100,9 +100,10 @@ __device__ __forceinline__ void hyp_simt_fwd(const AttnParams& p) {
         const long long kj = si.key_index(p, hk, j);
         hyp_row(kr, k + si.k_off(p, j, hk), p.nk[kj], p.x0k[kj], p.curvature, D, lane);
         float sigma;
-        float s = hyp_pair<Score>(p, q, kr, sigma) + hyp_lg(p, si, hk, j);
+        // A q or k row holding NaN or ±∞ makes the score NaN (docs/nan.md).
+        float s = finite_or_nan(hyp_pair<Score>(p, q, kr, sigma)) + hyp_lg(p, si, hk, j);
         if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
-        const float m_new = fmaxf(m, s);
+        const float m_new = fmax_nan(m, s);
         const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;
         const float alpha = expf(m - ref);
         const float pr = expf(s - ref);
@@ -115,14 +116,14 @@ __device__ __forceinline__ void hyp_simt_fwd(const AttnParams& p) {
         }
         m = m_new;
     }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l != 0.f ? 1.f / l : 0.f;  // NaN l: a NaN row
     float* o = static_cast<float*>(p.o) + si.o_off(p, i, h);
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) {
         const int d = lane + 32 * c;
         if (d < D) o[d] = acc[c] * inv;
     }
-    if (lane == 0) p.lse[qi] = l > 0.f ? (m == -CUDART_INF_F ? 0.f : m) + logf(l) : -CUDART_INF_F;
+    if (lane == 0) p.lse[qi] = l != 0.f ? (m == -CUDART_INF_F ? 0.f : m) + logf(l) : -CUDART_INF_F;
 }
 
 template <class Score>

@@ -27,6 +27,7 @@
 #include "../flash/flash_fwd_ws.cuh"
 #include "../flash/flash_bwd_wg.cuh"
 #include "../flash/flash_bwd_ws.cuh"
+#include "lorentz_tile.cuh"  // the hyperbolic scores' hooks (Score::Ops)
 #include "hyp_simt.cuh"
 
 namespace attn {
@@ -65,7 +66,7 @@ __device__ __forceinline__ void hyp_rows(const AttnParams& p, int h) {
             p.nk[at] = norm;
             if (p.midpoint) {
                 const bool clamped = n2 > kKleinMaxNorm2;
-                const double m2 = fmin(n2, kKleinMaxNorm2);
+                const double m2 = clamped ? kKleinMaxNorm2 : n2;  // a NaN norm stays NaN (fmin would return the bound)
                 p.lgk[at] = (float)(-0.5 * log1p(-m2));
                 p.dgk[at] = clamped ? 0.f : (float)(c / (1.0 - m2));
             }

@@ -13,7 +13,9 @@
 #include "../common/mask.h"
 #include "../common/mma.h"
 #include "../common/online_softmax.h"
+#include "../common/wgmma.h"
 #include "../flash/score.h"
+#include "../flash/score_ops.cuh"
 
 namespace attn {
 
@@ -407,5 +409,316 @@ __device__ __forceinline__ void lorentz_dkdv_epilogue(const AttnParams& p, const
             }
         }
 }
+
+// Hyperbolic scores: k0 (and, for the Einstein midpoint, log γ_j) of the BN keys of key block n
+// into shared memory (cp.async, in the caller's commit group; zero past the sequence).
+template <int BN>
+__device__ __forceinline__ void load_key_cols(const AttnParams& p, const SeqInfo& si, int hk, int n, float* k0,
+                                              float* lg, bool midpoint, int tid) {
+    if (tid < BN) {
+        const int j = n * BN + tid;
+        const bool valid = j < si.len_k;
+        const long long at = valid ? si.key_index(p, hk, j) : 0;
+        cp_async_4(k0 + tid, p.x0k + at, valid);
+        if (midpoint) cp_async_4(lg + tid, p.lgk + at, valid);
+    }
+}
+
+// q0 = √(1/c + ‖q‖²) of a thread's two rows (r0 and r0 + 8 of the sw128 Q tile of BM rows in shared
+// memory; row: their indices in the sequence) into rq, valid rows only, as attn_hyp_rows forms it: the
+// squares summed in f64 and rounded once to f32. The four lanes of a quad split the row's 16-byte chunks
+// (t4, t4 + 4, …) and add their sums by two shuffles: the whole warp calls it. The wgmma forward forms
+// q0 so, from the tile it loads anyway, and the row kernel reads only the keys. For 16-bit inputs every square and every partial sum is exact in f64 unless the row's
+// magnitudes span more than ~2^30, so the sum's order does not change the result.
+template <typename T, int D, int BM>
+__device__ __forceinline__ void lorentz_q0_from_tile(const AttnParams& p, const SeqInfo& si, const T* sQ,
+                                                     const int (&row)[1][2], int r0, int t4, float (&rq)[1][2]) {
+    const unsigned char* base = reinterpret_cast<const unsigned char*>(sQ);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        double s = 0.0;
+#pragma unroll
+        for (int c = t4; c < D / 8; c += 4) {
+            const uint4 w = *reinterpret_cast<const uint4*>(base + sw128_offset<BM>(r0 + 8 * r, 8 * c));
+            const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const double x = to_f32(e[i]);
+                s = fma(x, x, s);
+            }
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (row[0][r] < si.len_q) rq[0][r] = lorentz_time_coord(p.curvature, s);
+    }
+}
+
+// Hyperbolic scores, fused backward: a_i += Σ_j w_ij k0_j over this warp's 16 keys for the block's 64
+// queries, w as the dQ product takes it (dS'ᵀ rounded to T: the dK product's A fragments, rows = keys g
+// and g + 8 of the warp, k0 of those keys in k0). Per thread its two keys for its 16 columns 8c + 2·t4 +
+// {0, 1}, then a reduce-scatter over the 8 lanes of a column quad (lane bits 4, 3, 2: halves of the
+// column groups c) leaves lane (g, t4) the sums of columns 8g + 2·t4 + {0, 1}: 14 shuffles, then two f32
+// atomics per lane.
+template <typename T, int BM>
+__device__ __forceinline__ void lorentz_rowsum_add(const AttnParams& p, const SeqInfo& si, int h, int i0,
+                                                   const uint32_t (&ads)[BM / 16][4], const float (&k0)[1][2],
+                                                   int lane) {
+    static_assert(BM == 64, "8 column groups: one per lane of a column quad after the reduce-scatter");
+    float v[8][2];
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {  // columns 16kk + 8hh + 2·t4: registers 2hh (key g), 2hh + 1 (g + 8)
+            const float2 w0 = unpack2<T>(ads[kk][2 * hh]), w1 = unpack2<T>(ads[kk][2 * hh + 1]);
+            v[2 * kk + hh][0] = fmaf(w0.x, k0[0][0], w1.x * k0[0][1]);
+            v[2 * kk + hh][1] = fmaf(w0.y, k0[0][0], w1.y * k0[0][1]);
+        }
+#pragma unroll
+    for (int step = 0; step < 3; ++step) {
+        const int half = 4 >> step, mask = 16 >> step;  // lane bit 4 − step: keep the upper or lower half
+        const bool upper = lane & mask;
+#pragma unroll
+        for (int c = 0; c < half; ++c)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float send = upper ? v[c][e] : v[c + half][e];
+                const float keep = upper ? v[c + half][e] : v[c][e];
+                v[c][e] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
+            }
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int i = i0 + 8 * (lane / 4) + 2 * (lane % 4) + e;
+        if (i < si.len_q) atomicAdd(p.dq_rowsum + si.stats_index(p, h, i), v[0][e]);
+    }
+}
+
+// The hyperbolic scores' hooks on the flash skeleton (score.h's Score::Ops): the row and key scalars are
+// the time coordinates q0, k0 (and log γ_j of the Einstein midpoint) from the row kernels, the tiles are
+// the functions above, the statistic carries the score's constant, and the epilogues apply the row sums
+// of the time coordinates' gradients. What this family does not override is FlashOps' (no norms, no
+// softcap, no Taylor weights).
+template <class Score>
+struct LorentzOps : FlashOps<Score> {
+    __device__ __forceinline__ static bool midpoint(const AttnParams& p) { return p.midpoint; }
+    __device__ __forceinline__ static bool rescales(const AttnParams& p) {
+        return Score::kGeodesic || (!Score::kPoly && p.running_max);
+    }
+    static constexpr bool kKeyCols = true;
+    static constexpr bool kRowSums = true;
+    template <typename T>
+    __host__ __device__ static constexpr bool tc_k0() { return kLorentzTcK0<T, Score>; }
+    // The backward's row sums on tensor cores (flash_bwd_ws.cuh): bf16, and for the geodesic D = 64 only.
+    template <typename T, int D>
+    __host__ __device__ static constexpr bool tc_rowsum() {
+        return std::is_same<T, __nv_bfloat16>::value && (D == 64 || !Score::kGeodesic);
+    }
+    // The squared Lorentz score splits its fast dK/dV tile at D = 128 and in the every-tile-fast kernel.
+    template <int D, bool kEven>
+    __host__ __device__ static constexpr bool ws_split_own() { return !Score::kGeodesic && (D == 128 || kEven); }
+    template <int D, bool kDq>
+    __host__ __device__ static constexpr bool full_descs() { return D == 128 && !kDq; }
+    template <int D, bool kEven>
+    __device__ __forceinline__ static bool ws_split(const AttnParams& p, bool full) {
+        return ws_split_own<D, kEven>() && !Score::kPoly && dkdv_fast<Score>(p, full);
+    }
+    template <int D, bool kEven>
+    __device__ __forceinline__ static bool ws_split_mid(const AttnParams& p) {
+        return ws_split_own<D, kEven>() && p.midpoint;
+    }
+    __device__ __forceinline__ static float fused_dq_mul(const AttnParams&) { return 1.f; }
+
+    // The time coordinates: of key j (0 past the sequence), of query i, of stats index at.
+    __device__ __forceinline__ static float k_time(const AttnParams& p, const SeqInfo& si, int hk, int j) {
+        return j < si.len_k ? p.x0k[si.key_index(p, hk, j)] : 0.f;
+    }
+    __device__ __forceinline__ static float q_time(const AttnParams& p, const SeqInfo& si, int h, int i) {
+        return p.x0q[si.stats_index(p, h, i)];
+    }
+    __device__ __forceinline__ static float q_time_at(const AttnParams& p, long long at) { return p.x0q[at]; }
+    __device__ __forceinline__ static void q_time_async(float* dst, const AttnParams& p, long long at) {
+        cp_async_4(dst, p.x0q + at, true);
+    }
+    template <typename T, bool kKey>
+    __device__ __forceinline__ static void k0_panel_row(T* panel, int r, float x) {
+        lorentz_k0_panel_row<T, kKey>(panel, r, x);
+    }
+    template <typename T>
+    __device__ __forceinline__ static void pieces_panel_row(T* panel, int r, float x, int chunk = 0) {
+        lorentz_pieces_panel_row<T>(panel, r, x, chunk);
+    }
+
+    template <int BN, int D>
+    __device__ __forceinline__ static void load_key_scalars(const AttnParams& p, const SeqInfo& si, int hk, int n,
+                                                            float* col, float* lg, bool, bool midpoint, int tid) {
+        load_key_cols<BN>(p, si, hk, n, col, lg, midpoint, tid);
+    }
+    template <bool kQ0>
+    __device__ __forceinline__ static void init_q_scalar(const AttnParams& p, const SeqInfo& si, int h, int i,
+                                                         float& rq) {
+        if (kQ0 && i < si.len_q) rq = p.x0q[si.stats_index(p, h, i)];
+    }
+    // Before the wgmma forward's loop (inside it, its registers made the kernel spill): q0 from the Q tile.
+    template <typename T, int D, int BM>
+    __device__ __forceinline__ static void wg_fwd_q0(const AttnParams& p, const SeqInfo& si, const T* sQ,
+                                                     const int (&row)[1][2], int r0, int t4, float (&rq)[1][2]) {
+        cp_async_wait<0>();
+        __syncthreads();  // Q (and K_0) have landed
+        lorentz_q0_from_tile<T, D, BM>(p, si, sQ, row, r0, t4, rq);
+    }
+
+    template <typename T, int MT, int NT, bool kK0>
+    __device__ __forceinline__ static void fwd_scores(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full,
+                                                      bool, float (&s)[MT][NT][4], float (&m)[MT][2],
+                                                      float (&l)[MT][2], float (&alpha)[MT][2],
+                                                      const float (&rq)[MT][2], const int (&row)[MT][2],
+                                                      const int (&lo)[MT][2], const int (&hi)[MT][2], const float*,
+                                                      const float* k0, const float* lg, int t4) {
+        const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+        float c[MT][2];
+        {
+            bool recip = false;  // the geodesic at β/√c = 1: the scores are already the weights 1/w
+            lorentz_variant<Score>(p, fast, [&](auto mid, auto rc, auto fc) {
+                lorentz_scores<Score, decltype(mid)::value, T, MT, NT, decltype(rc)::value, decltype(fc)::value, kK0>(
+                    p, si, h, j0, full, s, c, rq, row, lo, hi, k0, lg, t4);
+                recip = decltype(rc)::value;
+            });
+            if (recip) {
+    #pragma unroll
+                for (int mt = 0; mt < MT; ++mt) softmax_rows<NT, false, true>(s[mt], m[mt], l[mt], true, c[mt], alpha[mt]);
+                return;
+            }
+        }
+
+    #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            if (Score::kGeodesic && fast)  // c = −β/√c < 0: the row max comes from the smallest log2 w
+                softmax_rows<NT, true>(s[mt], m[mt], l[mt], true, c[mt], alpha[mt]);
+            else
+                softmax_rows<NT>(s[mt], m[mt], l[mt], Score::kGeodesic || p.running_max != 0, c[mt], alpha[mt]);
+        }
+    }
+
+    // The statistic: LSE plus the score's constant (2β/c; −(β/√c) ln c); NaN for a NaN row.
+    __device__ __forceinline__ static float row_stat(const AttnParams& p, float m, float lsum) {
+        const float ref = m == -CUDART_INF_F ? 0.f : m;
+        const float lse = lsum != 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
+        return lse + p.hyp_lse;
+    }
+    // A query's LSE less the score's constant, and q0.
+    __device__ __forceinline__ static void bwd_q_row(const AttnParams& p, const SeqInfo& si, int h, int i, bool valid,
+                                                     float& lse2, float& rq) {
+        lse2 -= p.hyp_lse * kLog2e;
+        rq = valid ? p.x0q[si.stats_index(p, h, i)] : 1.f;
+    }
+    // A key's k0 and log γ_j.
+    __device__ __forceinline__ static void bwd_k_row(const AttnParams& p, const SeqInfo& si, int hk, int j,
+                                                     bool midpoint, float& rk, float& lg) {
+        const bool valid = j < si.len_k;
+        const long long at = si.key_index(p, hk, j);
+        rk = valid ? p.x0k[at] : 1.f;
+        if (midpoint && valid) lg = p.lgk[at];
+    }
+
+    template <typename T, int MT, int NT, bool kRowSum>
+    __device__ __forceinline__ static void dq_ds(const AttnParams& p, const SeqInfo& si, int h, int j0, bool full, bool,
+                                                 float (&s)[MT][NT][4], const float (&dp)[MT][NT][4],
+                                                 float (&a)[MT][2], const float (&rq)[MT][2], const float (&)[MT][2],
+                                                 const float (&lse2)[MT][2], const float (&delta)[MT][2],
+                                                 const int (&row)[MT][2], const int (&lo)[MT][2],
+                                                 const int (&hi)[MT][2], const float*, const float* sK0,
+                                                 const float* sLg, int t4) {
+        const bool fast = full && p.bias == nullptr && !(Score::kSoftcap && p.softcap > 0.f);
+        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
+            lorentz_dq_tile<Score, decltype(mid)::value, T, MT, NT, decltype(recip)::value, decltype(fc)::value,
+                            kRowSum>(p, si, h, j0, full, s, dp, a, rq, lse2, delta, row, lo, hi, sK0, sLg, t4);
+        });
+    }
+
+    template <typename T, int MT, int QT, bool kRowSum>
+    __device__ __forceinline__ static void dkdv_pds(const AttnParams& p, const SeqInfo& si, int h, int i0, bool full,
+                                                    bool, float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
+                                                    float (&bsum)[MT][2], float (&csum)[MT][2],
+                                                    const float (&rk)[MT][2], const float (&lg)[MT][2],
+                                                    const int (&key)[MT][2], const float* sRq, const float* sLse,
+                                                    const float* sDelta, int t4) {
+        const bool fast = dkdv_fast<Score>(p, full);
+        lorentz_variant<Score>(p, fast, [&](auto mid, auto recip, auto fc) {
+            lorentz_dkdv_tile<Score, decltype(mid)::value, T, MT, QT, decltype(recip)::value, decltype(fc)::value,
+                              kRowSum>(p, si, h, i0, full, st, dpt, bsum, csum, rk, lg, key, sRq, sLse, sDelta, t4);
+        });
+    }
+
+    template <int D, bool kEven, int MT, int QT>
+    __device__ __forceinline__ static void split_p(const AttnParams& p, bool mid, float (&st)[MT][QT][4],
+                                                   const float (&rk)[MT][2], const float (&lg)[MT][2],
+                                                   const float* sRq, const float* sLse, int t4) {
+        if constexpr (ws_split_own<D, kEven>()) {
+            if (mid)
+                lorentz_fast_p<true, MT, QT>(p, st, rk, lg, sRq, sLse, t4);
+            else
+                lorentz_fast_p<false, MT, QT>(p, st, rk, lg, sRq, sLse, t4);
+        } else {
+            dkdv_fast_p<MT, QT>(p, false, st, rk, sRq, sLse, t4);
+        }
+    }
+    template <int D, bool kEven, typename T, int MT, int QT, bool kRowSum>
+    __device__ __forceinline__ static void split_ds(bool mid, const float (&st)[MT][QT][4], float (&dpt)[MT][QT][4],
+                                                    float (&bsum)[MT][2], float (&csum)[MT][2], const float* sRq,
+                                                    const float* sDelta, int t4) {
+        if constexpr (ws_split_own<D, kEven>()) {
+            if (mid)
+                lorentz_fast_ds<true, T, MT, QT, kRowSum>(st, dpt, bsum, csum, sRq, sDelta, t4);
+            else
+                lorentz_fast_ds<false, T, MT, QT, kRowSum>(st, dpt, bsum, csum, sRq, sDelta, t4);
+        } else {
+            dkdv_fast_ds<MT, QT>(false, st, dpt, sRq, sDelta, t4);
+        }
+    }
+
+    template <typename T, int MT, int DT, class QAt>
+    __device__ __forceinline__ static void dq_epilogue(const AttnParams& p, const SeqInfo& si, int h,
+                                                       const float (&acc)[MT][DT][4], const float (&a)[MT][2],
+                                                       const float (&q0)[MT][2], const int (&row)[MT][2],
+                                                       const QAt& q_at, int wrow, int lane, bool, int) {
+        lorentz_dq_epilogue<T, MT, DT>(p, si, h, acc, a, q0, row, q_at, wrow, lane);
+    }
+    template <typename T, int MT, int AT, bool kProject, class KAt, class VAt>
+    __device__ __forceinline__ static void dkdv_epilogue(const AttnParams& p, const SeqInfo& si, int hk, int d0,
+                                                         const float (&acc_dk)[MT][AT][4],
+                                                         const float (&acc_dv)[MT][AT][4], const float (&bsum)[MT][2],
+                                                         const float (&csum)[MT][2], const float (&k0)[MT][2],
+                                                         const int (&key)[MT][2], const KAt& k_at, const VAt& v_at,
+                                                         int wrow, int lane, bool midpoint, bool, int) {
+        lorentz_dkdv_epilogue<T, MT, AT>(p, si, hk, d0, acc_dk, acc_dv, bsum, csum, k0, key, k_at, v_at, wrow, lane,
+                                         midpoint);
+    }
+
+    // The wgmma fused backward: a_i += Σ_j w_ij k0_j over the tile's keys, w as stored in sdS (rounded to
+    // T, as the dQ product takes it): warp w sums keys 16w.. for the query pair 2·lane, 2·lane + 1.
+    template <typename T, int BN>
+    __device__ __forceinline__ static void wg_fused_rowsum(const AttnParams& p, const SeqInfo& si, int h, int i0,
+                                                           const T* sdS, const float* sKey0, int warp, int lane) {
+        const unsigned char* dst = reinterpret_cast<const unsigned char*>(sdS);
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj) {
+            const int j = warp * 16 + jj;
+            const T* w = reinterpret_cast<const T*>(dst + sw128_offset<BN>(j, 2 * lane));
+            a0 = fmaf(to_f32(w[0]), sKey0[j], a0);
+            a1 = fmaf(to_f32(w[1]), sKey0[j], a1);
+        }
+        const int i = i0 + 2 * lane;
+        if (i < si.len_q) atomicAdd(p.dq_rowsum + si.stats_index(p, h, i), a0);
+        if (i + 1 < si.len_q) atomicAdd(p.dq_rowsum + si.stats_index(p, h, i + 1), a1);
+    }
+    // The warp-specialised fused backward's (lorentz_rowsum_add).
+    template <typename T, int BM>
+    __device__ __forceinline__ static void ws_fused_rowsum(const AttnParams& p, const SeqInfo& si, int h, int i0,
+                                                           const uint32_t (&ads)[BM / 16][4], const float (&k0)[1][2],
+                                                           int lane) {
+        lorentz_rowsum_add<T, BM>(p, si, h, i0, ads, k0, lane);
+    }
+};
 
 }  // namespace attn
