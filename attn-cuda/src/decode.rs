@@ -172,7 +172,8 @@ fn launch_forward(
         let combine = Launch {
             module: Module::Decode,
             name: &name,
-            grid: (rows.div_ceil(4), 1, 1),
+            // One block per row (decode_combine).
+            grid: (rows, 1, 1),
             threads: 128,
             smem: 0,
         };

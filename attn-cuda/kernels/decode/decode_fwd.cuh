@@ -75,6 +75,11 @@ __device__ __forceinline__ void load_kv(const DecodeParams& p, T* sk, T* sv, int
     constexpr int ld = Cfg<D>::ld;
     const T* k = static_cast<const T*>(p.k);
     const T* v = static_cast<const T*>(p.v);
+    // A paged cache: tiles start at multiples of kKeys, so a page of at least kKeys slots holds the
+    // whole tile and its id is read once; smaller pages are looked up once per row (K and V share it).
+    long long tile_page = -1;
+    if (p.page_size >= kKeys && j0 < j_stop)
+        tile_page = p.block_table[(long long)b * p.pages_per_seq + (j0 >> p.page_shift)];
 #pragma unroll
     for (int c = tid; c < kKeys * kChunks; c += kThreads) {
         const int r = c / kChunks, col = (c % kChunks) * 8;
@@ -83,8 +88,17 @@ __device__ __forceinline__ void load_kv(const DecodeParams& p, T* sk, T* sv, int
         const T* ks = k;
         const T* vs = v;
         if (valid) {
-            ks = k + kv_row(p, b, j, p.k_batch, p.k_seq, p.k_head, hk) + col;
-            vs = v + kv_row(p, b, j, p.v_batch, p.v_seq, p.v_head, hk) + col;
+            if (p.page_size) {
+                const long long page =
+                    tile_page >= 0 ? tile_page
+                                   : (long long)p.block_table[(long long)b * p.pages_per_seq + (j >> p.page_shift)];
+                const long long slot = page * p.page_size + (j & (p.page_size - 1));
+                ks = k + slot * p.k_seq + (long long)hk * p.k_head + col;
+                vs = v + slot * p.v_seq + (long long)hk * p.v_head + col;
+            } else {
+                ks = k + (long long)b * p.k_batch + (long long)j * p.k_seq + (long long)hk * p.k_head + col;
+                vs = v + (long long)b * p.v_batch + (long long)j * p.v_seq + (long long)hk * p.v_head + col;
+            }
         }
         cp_async_16(sk + r * ld + col, ks, valid);
         cp_async_16(sv + r * ld + col, vs, valid);
@@ -379,47 +393,63 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
 }
 
 // Merge the S partial outputs of each row through their LSEs: LSE = M + log Σ_s exp(LSE_s − M),
-// o = Σ_s exp(LSE_s − LSE)·o_s; a row whose every chunk is empty is zeros with LSE −∞. One warp per
-// row (b, h, i), lanes over the columns.
+// o = Σ_s exp(LSE_s − LSE)·o_s; a row whose every chunk is empty is zeros with LSE −∞. One block per
+// row (b, h, i): the S LSEs into shared memory and their max and sum over the block, then each
+// thread sums its columns over the chunks with independent loads (the weights from shared memory).
+constexpr int kMaxSplits = 1024;  // decode::plan::MAX_SPLITS
+
+__device__ __forceinline__ float block_reduce(float x, bool is_max, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float y = __shfl_xor_sync(0xffffffffu, x, off);
+        x = is_max ? nan_max(x, y) : x + y;
+    }
+    __syncthreads();  // `red` is free (a previous reduction's readers are done)
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    x = red[0];
+    for (int w = 1; w < warps; ++w) x = is_max ? nan_max(x, red[w]) : x + red[w];
+    return x;
+}
+
 template <typename T>
 __device__ __forceinline__ void decode_combine(const DecodeParams& p) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ float s_w[kMaxSplits];
+    __shared__ float red[32];
     const long long rows = (long long)p.batch * p.heads_q * p.seq_q;
-    const long long stat = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (stat >= rows) return;
+    const long long stat = blockIdx.x;
+    const int S = min(p.splits, kMaxSplits);
+    float mm = -INFINITY;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const float l = p.ws_lse[(long long)s * rows + stat];
+        s_w[s] = l;
+        mm = nan_max(mm, l);
+    }
+    mm = block_reduce(mm, true, red);
+    const float bse = mm == -INFINITY ? 0.f : mm;
+    float l = 0.f;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) l += expf(s_w[s] - bse);
+    l = block_reduce(l, false, red);
+    const bool empty = mm == -INFINITY || l == 0.f;
+    const float lse = empty ? -INFINITY : bse + logf(l);
+    // Each thread turns the LSEs it read into weights (an empty chunk: 0; its o is zeros).
+    for (int s = threadIdx.x; s < S; s += blockDim.x) s_w[s] = s_w[s] == -INFINITY ? 0.f : expf(s_w[s] - lse);
+    __syncthreads();
     const int i = (int)(stat % p.seq_q);
     const int h = (int)((stat / p.seq_q) % p.heads_q);
     const int b = (int)(stat / ((long long)p.seq_q * p.heads_q));
     const int dv = p.head_dim_v;
-    float mm = -INFINITY;
-    for (int s = lane; s < p.splits; s += 32) mm = nan_max(mm, p.ws_lse[(long long)s * rows + stat]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mm = nan_max(mm, __shfl_xor_sync(0xffffffffu, mm, off));
-    const float bse = mm == -INFINITY ? 0.f : mm;
-    float l = 0.f;
-    for (int s = lane; s < p.splits; s += 32) l += expf(p.ws_lse[(long long)s * rows + stat] - bse);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-    const bool empty = mm == -INFINITY || l == 0.f;
-    const float lse = empty ? -INFINITY : bse + logf(l);
-    constexpr int kMaxCols = 256 / 32;
-    float acc[kMaxCols];
-#pragma unroll
-    for (int c = 0; c < kMaxCols; ++c) acc[c] = 0.f;
-    for (int s = 0; s < p.splits; ++s) {
-        const float ls = p.ws_lse[(long long)s * rows + stat];
-        if (ls == -INFINITY) continue;  // an empty chunk: weight 0 (its o is zeros)
-        const float w = empty ? 0.f : expf(ls - lse);
-        const float* src = p.ws_o + ((long long)s * rows + stat) * dv;
-#pragma unroll
-        for (int c = 0; c < kMaxCols; ++c)
-            if (lane + 32 * c < dv) acc[c] += w * src[lane + 32 * c];
-    }
     T* out = static_cast<T*>(p.o) + (long long)b * p.o_batch + (long long)i * p.o_seq + (long long)h * p.o_head;
-#pragma unroll
-    for (int c = 0; c < kMaxCols; ++c)
-        if (lane + 32 * c < dv) out[lane + 32 * c] = from_f32<T>(acc[c]);
-    if (lane == 0) p.lse[stat] = lse;
+    const float* src = p.ws_o + stat * dv;
+    const long long step = rows * dv;  // one chunk's rows
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float acc = 0.f;
+#pragma unroll 8
+        for (int s = 0; s < S; ++s) acc += s_w[s] * src[(long long)s * step + c];
+        out[c] = from_f32<T>(empty ? 0.f : acc);
+    }
+    if (threadIdx.x == 0) p.lse[stat] = lse;
 }
 
 // Append k_new, v_new of sequence b at cache positions key_lens[b] + t (t < new_tokens), kv head
