@@ -29,7 +29,9 @@ template <int D> struct Cfg {
     static constexpr int kTileElems = kKeys * ld;
     // Q tile, then kStages × (K tile, V tile); the f32 per-row scalars after them.
     static constexpr int kElems = kRows * ld + kStages * 2 * kTileElems;
-    static constexpr int kBytes = kElems * 2 + (kRows + kStages * kKeys * 2) * 4;
+    static constexpr int kFloatsEnd = kElems * 2 + (kRows + kStages * kKeys * 2) * 4;
+    // One mbarrier per stage after the floats (the bulk-copy ring).
+    static constexpr int kBytes = kFloatsEnd + kStages * 8;
     // The merge reuses the K/V ring for kWarps × 16 × D floats.
     static_assert(kWarps * kRows * D * 4 <= kStages * 2 * kTileElems * 2, "merge scratch fits the ring");
 };
@@ -105,6 +107,85 @@ __device__ __forceinline__ void load_kv(const DecodeParams& p, T* sk, T* sv, int
     }
 }
 
+// The bulk-copy ring (sm_90): each stage has an mbarrier whose phase completes once its tile's bytes
+// have landed. Compiled to nothing below sm_90, where `bulk` is never set.
+__device__ __forceinline__ void bar_init(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+// The initialised barriers visible to the async proxy (the copies' complete-tx), before the block
+// barrier that publishes them to the other threads.
+__device__ __forceinline__ void bar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// The stage's one arrival, announcing `bytes` of copies (issued after it, so the count never
+// goes below zero).
+__device__ __forceinline__ void bar_expect(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t addr = smem_addr(bar);
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+    } while (!done);
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Bytes of tile t's valid K and V rows (what its barrier expects).
+template <int D>
+__device__ __forceinline__ uint32_t tile_bytes(int j0, int j_stop) {
+    return (uint32_t)min(j_stop - j0, kKeys) * (uint32_t)(D * 2 * 2);
+}
+
+// Keys [j0, j0 + kKeys) of K and V into one stage by bulk copies, one row per thread (threads 0–63
+// K, 64–127 V), completing on `bar`; rows at or past j_stop are zeroed by the thread (and fenced for
+// the bulk copies that later reuse the stage).
+template <typename T, int D>
+__device__ __forceinline__ void load_kv_bulk(const DecodeParams& p, T* sk, T* sv, int b, int hk, int j0, int j_stop,
+                                             int tid, uint64_t* bar) {
+    static_assert(kThreads == 2 * kKeys, "one row per thread");
+    constexpr int ld = Cfg<D>::ld;
+    const int r = tid & (kKeys - 1);
+    const bool is_v = tid >= kKeys;
+    const int j = j0 + r;
+    T* dst = (is_v ? sv : sk) + r * ld;
+    if (j < j_stop) {
+        const T* base = static_cast<const T*>(is_v ? p.v : p.k);
+        const long long sb = is_v ? p.v_batch : p.k_batch, ss = is_v ? p.v_seq : p.k_seq;
+        const long long sh = is_v ? p.v_head : p.k_head;
+        bulk_copy(dst, base + kv_row(p, b, j, sb, ss, sh, hk), D * 2, bar);
+    } else {
+#pragma unroll
+        for (int c = 0; c < D * 2 / 16; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
+        fence_proxy_async_smem();
+    }
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
     using C = Cfg<D>;
@@ -114,7 +195,8 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
     T* sq = reinterpret_cast<T*>(smem_raw);
     T* ring = sq + kRows * ld;
     float* s_rows = reinterpret_cast<float*>(ring + kStages * 2 * C::kTileElems);  // per-row scalar
-    float* s_keys = s_rows + kRows;  // per stage: kKeys key scalars, then kKeys log γ
+    float* s_keys = s_rows + kRows;  // the merge's per-warp maxima and sums
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw + C::kFloatsEnd);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int split = blockIdx.x / p.row_tiles, tile = blockIdx.x % p.row_tiles;
@@ -153,11 +235,29 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
             cp_async_16(sq + rr * ld + col, src, valid);
         }
     }
+    const bool bulk = p.bulk != 0;
+    if (bulk) {
+        cp_async_commit();  // Q's group
+        if (tid == 0) {
+            for (int s = 0; s < kStages; ++s) bar_init(&bars[s]);
+            bar_init_fence();
+        }
+        __syncthreads();
+        if (tid == 0)
+            for (int s = 0; s < kStages - 1 && s < n_tiles; ++s)
+                bar_expect(&bars[s], tile_bytes<D>(j_start + s * kKeys, j_stop));
+        __syncthreads();  // every expect before any copy
+        for (int s = 0; s < kStages - 1 && s < n_tiles; ++s)
+            load_kv_bulk<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
+                               j_start + s * kKeys, j_stop, tid, &bars[s]);
+    } else {
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < n_tiles) load_kv<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
-                                       j_start + s * kKeys, j_stop, tid);
-        cp_async_commit();
+        for (int s = 0; s < kStages - 1; ++s) {
+            if (s < n_tiles)
+                load_kv<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
+                              j_start + s * kKeys, j_stop, tid);
+            cp_async_commit();
+        }
     }
 
     const bool norms = needs_norms(p);
@@ -183,13 +283,22 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
     float qs[2] = {1.f, 1.f};
 
     for (int n = 0; n < n_tiles; ++n) {
-        cp_async_wait<kStages - 2>();
-        __syncthreads();
-        {
-            const int nl = n + kStages - 1;
-            const int st = nl % kStages;
-            if (nl < n_tiles) load_kv<T, D>(p, ring + 2 * st * C::kTileElems, ring + (2 * st + 1) * C::kTileElems, b,
-                                            hk, j_start + nl * kKeys, j_stop, tid);
+        const int nl = n + kStages - 1;  // the tile whose loads this iteration issues
+        const int sl = nl % kStages;     // its stage: the one tile n − 1 used
+        if (bulk) {
+            if (n == 0) cp_async_wait<0>();  // Q
+            bar_wait(&bars[n % kStages], (uint32_t)(n / kStages) & 1u);
+            if (tid == 0 && nl < n_tiles) bar_expect(&bars[sl], tile_bytes<D>(j_start + nl * kKeys, j_stop));
+            __syncthreads();  // tile n visible (zeroed rows too); every warp done with tile n − 1
+            if (nl < n_tiles)
+                load_kv_bulk<T, D>(p, ring + 2 * sl * C::kTileElems, ring + (2 * sl + 1) * C::kTileElems, b, hk,
+                                   j_start + nl * kKeys, j_stop, tid, &bars[sl]);
+        } else {
+            cp_async_wait<kStages - 2>();
+            __syncthreads();
+            if (nl < n_tiles)
+                load_kv<T, D>(p, ring + 2 * sl * C::kTileElems, ring + (2 * sl + 1) * C::kTileElems, b, hk,
+                              j_start + nl * kKeys, j_stop, tid);
             cp_async_commit();
         }
         const int st = n % kStages;

@@ -36,11 +36,12 @@ pub(crate) fn stages(d: usize) -> usize {
     }
 }
 
-/// Dynamic shared memory of the forward at head dim `d` (`Cfg<D>::kBytes`).
+/// Dynamic shared memory of the forward at head dim `d` (`Cfg<D>::kBytes`): Q, the K/V ring, f32
+/// scratch, one 8-byte mbarrier per stage.
 pub(crate) fn smem_bytes(d: usize) -> usize {
     let ld = d + 8;
     let elems = ROWS * ld + stages(d) * 2 * KEYS * ld;
-    elems * 2 + (ROWS + stages(d) * KEYS * 2) * 4
+    elems * 2 + (ROWS + stages(d) * KEYS * 2) * 4 + stages(d) * 8
 }
 
 /// Row tiles per kv head: ⌈seq_q·group / 16⌉.
@@ -134,8 +135,12 @@ mod tests {
 
     #[test]
     fn smem_fits_the_h200_and_matches_the_kernel_layout() {
-        // Q 16 × 136 + 3 × 2 × 64 × 136 f16, then 16 + 3·128 f32 at D = 128: 108 KiB, two blocks per SM.
-        assert_eq!(smem_bytes(128), (16 * 136 + 6 * 64 * 136) * 2 + (16 + 384) * 4);
+        // Q 16 × 136 + 3 × 2 × 64 × 136 f16, then 16 + 3·128 f32 and 3 mbarriers at D = 128: 108 KiB,
+        // two blocks per SM.
+        assert_eq!(
+            smem_bytes(128),
+            (16 * 136 + 6 * 64 * 136) * 2 + (16 + 384) * 4 + 3 * 8
+        );
         for d in HEAD_DIMS {
             assert!(smem_bytes(d) <= 227 * 1024, "{d}");
             // The merge scratch (4 warps × 16 rows × D f32) fits the K/V ring.
