@@ -8,7 +8,8 @@
 //! [B, T, Hkv, D] keys; then KV-cache steps of one new token against a contiguous cache and paged
 //! caches of 16- and 256-slot pages holding T keys. Each row: median µs of CUDA-event timings,
 //! the K/V bytes read once (2·B·T·Hkv·D·2) over the time in GB/s, and that as a % of the device's
-//! copy bandwidth, measured first (a 1 GiB device-to-device copy, read + write bytes).
+//! copy bandwidth, measured first (a 1 GiB device-to-device copy, read + write bytes). At B = 1,
+//! Nq = 1 the decode path is also timed at forced split counts 8 … 128 (KernelConfig::decode_splits).
 
 mod common;
 
@@ -93,6 +94,15 @@ fn main() {
                 "decode cp.async",
                 time_ms(&cp_async, 3, reps, || forward(&cp_async, &spec, &mut bufs)),
             );
+            // The split heuristic's neighbourhood at one sequence (the grid is B·Hkv blocks per chunk).
+            if b == 1 && nq == 1 {
+                for splits in [8, 16, 32, 64, 128] {
+                    let forced = CudaAttn::with_config(s.clone(), cfg(Route::Everywhere, Some(splits)))
+                        .expect("config");
+                    let ms = time_ms(&forced, 3, reps, || forward(&forced, &spec, &mut bufs));
+                    row(&format!("decode S={splits}"), ms);
+                }
+            }
             row(
                 "flash",
                 time_ms(&off, 2, reps.min(5), || forward(&off, &spec, &mut bufs)),
