@@ -139,7 +139,8 @@ fn check_row_strides(spec: &AttnSpec, op: Op) -> Result<()> {
 
 /// Launch the forward (and with S > 1 the combine) with `p` filled but for the split and the load
 /// path: bulk copies on mbarriers where the Hopper kernels are on (compute capability 9.0 and
-/// `KernelConfig::hopper`), cp.async elsewhere.
+/// `KernelConfig::hopper`) and the head dim is at least `plan::BULK_MIN_HEAD_DIM`, cp.async
+/// elsewhere.
 fn launch_forward(
     attn: &CudaAttn,
     kernels: &Kernels,
@@ -150,7 +151,7 @@ fn launch_forward(
 ) -> Result<()> {
     let stream = attn.stream();
     let mut p = *p;
-    p.bulk = i32::from(kernels.hopper(attn.config()).on);
+    p.bulk = i32::from(kernels.hopper(attn.config()).on && plan::bulk_loads(spec.head_dim()));
     let p = &p;
     let tiles = plan::row_tiles(spec.seq_q(), spec.group());
     let dt = dtype_name(spec.dtype());
