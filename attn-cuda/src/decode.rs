@@ -137,15 +137,22 @@ fn check_row_strides(spec: &AttnSpec, op: Op) -> Result<()> {
     Ok(())
 }
 
-/// Launch the forward (and with S > 1 the combine) with `p` filled but for the split.
+/// Launch the forward (and with S > 1 the combine) with `p` filled but for the split and the load
+/// path: bulk copies on mbarriers where the Hopper kernels are on (compute capability 9.0 and
+/// `KernelConfig::hopper`) and the head dim is at least `plan::BULK_MIN_HEAD_DIM`, cp.async
+/// elsewhere.
 fn launch_forward(
+    attn: &CudaAttn,
     kernels: &Kernels,
-    stream: &CudaStream,
     spec: &AttnSpec,
     p: &DecodeParams,
     split: plan::Split,
     op: Op,
 ) -> Result<()> {
+    let stream = attn.stream();
+    let mut p = *p;
+    p.bulk = i32::from(kernels.hopper(attn.config()).on && plan::bulk_loads(spec.head_dim()));
+    let p = &p;
     let tiles = plan::row_tiles(spec.seq_q(), spec.group());
     let dt = dtype_name(spec.dtype());
     let d = spec.head_dim();
@@ -172,7 +179,8 @@ fn launch_forward(
         let combine = Launch {
             module: Module::Decode,
             name: &name,
-            grid: (rows.div_ceil(4), 1, 1),
+            // One block per row (decode_combine).
+            grid: (rows, 1, 1),
             threads: 128,
             smem: 0,
         };
@@ -258,7 +266,7 @@ pub(crate) fn forward<T: DeviceElem>(
     } else {
         None
     };
-    launch_forward(&kernels, stream, spec, &p, split, op)
+    launch_forward(attn, &kernels, spec, &p, split, op)
 }
 
 /// The split workspace of KV-cache steps of one [`KvCacheSpec`] on one backend: partial outputs and
@@ -539,7 +547,7 @@ impl CudaAttn {
             // ATTN_CUDA_CHECK_LAUNCHES).
             unsafe { kernels.launch_params(stream, &append, &p, op) }?;
         }
-        launch_forward(&kernels, stream, a, &p, split, op)
+        launch_forward(self, &kernels, a, &p, split, op)
     }
 }
 

@@ -3,11 +3,13 @@
 //! benchmark, this is the kernel author's stopwatch.
 //!
 //! For each (B, Hq, Hkv, Nq, T, D), bf16, bottom-right causal: the forward on the decode kernels
-//! (KernelConfig::decode = Everywhere) and on the flash kernels (decode Off), both on dense
+//! (KernelConfig::decode = Everywhere; bulk copies, and cp.async with KernelConfig::hopper off) and on
+//! the flash kernels (decode Off), all on dense
 //! [B, T, Hkv, D] keys; then KV-cache steps of one new token against a contiguous cache and paged
 //! caches of 16- and 256-slot pages holding T keys. Each row: median µs of CUDA-event timings,
 //! the K/V bytes read once (2·B·T·Hkv·D·2) over the time in GB/s, and that as a % of the device's
-//! copy bandwidth, measured first (a 1 GiB device-to-device copy, read + write bytes).
+//! copy bandwidth, measured first (a 1 GiB device-to-device copy, read + write bytes). At B = 1,
+//! Nq = 1 the decode path is also timed at forced split counts 8 … 128 (KernelConfig::decode_splits).
 
 mod common;
 
@@ -31,6 +33,15 @@ fn main() {
     };
     let on = CudaAttn::with_config(s.clone(), cfg(Route::Everywhere, None)).expect("config");
     let off = CudaAttn::with_config(s.clone(), cfg(Route::Off, None)).expect("config");
+    // The cp.async loads (KernelConfig::hopper off) against the default bulk copies.
+    let cp_async = CudaAttn::with_config(
+        s.clone(),
+        KernelConfig {
+            hopper: false,
+            ..cfg(Route::Everywhere, None)
+        },
+    )
+    .expect("config");
 
     // Copy bandwidth: 1 GiB device to device, read + write bytes.
     let n = 1usize << 29; // bf16 elements = 1 GiB
@@ -79,6 +90,19 @@ fn main() {
         {
             let mut bufs = Bufs::new(&base, &spec);
             row("decode", time_ms(&on, 3, reps, || forward(&on, &spec, &mut bufs)));
+            row(
+                "decode cp.async",
+                time_ms(&cp_async, 3, reps, || forward(&cp_async, &spec, &mut bufs)),
+            );
+            // The split heuristic's neighbourhood at one sequence (the grid is B·Hkv blocks per chunk).
+            if b == 1 && nq == 1 {
+                for splits in [8, 16, 32, 64, 128] {
+                    let forced = CudaAttn::with_config(s.clone(), cfg(Route::Everywhere, Some(splits)))
+                        .expect("config");
+                    let ms = time_ms(&forced, 3, reps, || forward(&forced, &spec, &mut bufs));
+                    row(&format!("decode S={splits}"), ms);
+                }
+            }
             row(
                 "flash",
                 time_ms(&off, 2, reps.min(5), || forward(&off, &spec, &mut bufs)),

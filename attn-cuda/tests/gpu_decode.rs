@@ -57,6 +57,15 @@ fn decode_configs() -> Vec<Config> {
                 ..d
             },
         ),
+        // The cp.async loads (the sm_80 path) in place of the bulk copies.
+        (
+            "decode-portable-splits-3",
+            KernelConfig {
+                hopper: false,
+                decode_splits: Some(3),
+                ..d
+            },
+        ),
         (
             "decode-splits-max",
             KernelConfig {

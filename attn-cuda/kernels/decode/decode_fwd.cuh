@@ -29,7 +29,9 @@ template <int D> struct Cfg {
     static constexpr int kTileElems = kKeys * ld;
     // Q tile, then kStages × (K tile, V tile); the f32 per-row scalars after them.
     static constexpr int kElems = kRows * ld + kStages * 2 * kTileElems;
-    static constexpr int kBytes = kElems * 2 + (kRows + kStages * kKeys * 2) * 4;
+    static constexpr int kFloatsEnd = kElems * 2 + (kRows + kStages * kKeys * 2) * 4;
+    // One mbarrier per stage after the floats (the bulk-copy ring).
+    static constexpr int kBytes = kFloatsEnd + kStages * 8;
     // The merge reuses the K/V ring for kWarps × 16 × D floats.
     static_assert(kWarps * kRows * D * 4 <= kStages * 2 * kTileElems * 2, "merge scratch fits the ring");
 };
@@ -75,6 +77,11 @@ __device__ __forceinline__ void load_kv(const DecodeParams& p, T* sk, T* sv, int
     constexpr int ld = Cfg<D>::ld;
     const T* k = static_cast<const T*>(p.k);
     const T* v = static_cast<const T*>(p.v);
+    // A paged cache: tiles start at multiples of kKeys, so a page of at least kKeys slots holds the
+    // whole tile and its id is read once; smaller pages are looked up once per row (K and V share it).
+    long long tile_page = -1;
+    if (p.page_size >= kKeys && j0 < j_stop)
+        tile_page = p.block_table[(long long)b * p.pages_per_seq + (j0 >> p.page_shift)];
 #pragma unroll
     for (int c = tid; c < kKeys * kChunks; c += kThreads) {
         const int r = c / kChunks, col = (c % kChunks) * 8;
@@ -83,11 +90,99 @@ __device__ __forceinline__ void load_kv(const DecodeParams& p, T* sk, T* sv, int
         const T* ks = k;
         const T* vs = v;
         if (valid) {
-            ks = k + kv_row(p, b, j, p.k_batch, p.k_seq, p.k_head, hk) + col;
-            vs = v + kv_row(p, b, j, p.v_batch, p.v_seq, p.v_head, hk) + col;
+            if (p.page_size) {
+                const long long page =
+                    tile_page >= 0 ? tile_page
+                                   : (long long)p.block_table[(long long)b * p.pages_per_seq + (j >> p.page_shift)];
+                const long long slot = page * p.page_size + (j & (p.page_size - 1));
+                ks = k + slot * p.k_seq + (long long)hk * p.k_head + col;
+                vs = v + slot * p.v_seq + (long long)hk * p.v_head + col;
+            } else {
+                ks = k + (long long)b * p.k_batch + (long long)j * p.k_seq + (long long)hk * p.k_head + col;
+                vs = v + (long long)b * p.v_batch + (long long)j * p.v_seq + (long long)hk * p.v_head + col;
+            }
         }
         cp_async_16(sk + r * ld + col, ks, valid);
         cp_async_16(sv + r * ld + col, vs, valid);
+    }
+}
+
+// The bulk-copy ring (sm_90): each stage has an mbarrier whose phase completes once its tile's bytes
+// have landed. Compiled to nothing below sm_90, where `bulk` is never set.
+__device__ __forceinline__ void bar_init(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+// The initialised barriers visible to the async proxy (the copies' complete-tx), before the block
+// barrier that publishes them to the other threads.
+__device__ __forceinline__ void bar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// The stage's one arrival, announcing `bytes` of copies (issued after it, so the count never
+// goes below zero).
+__device__ __forceinline__ void bar_expect(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t addr = smem_addr(bar);
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+    } while (!done);
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Bytes of tile t's valid K and V rows (what its barrier expects).
+template <int D>
+__device__ __forceinline__ uint32_t tile_bytes(int j0, int j_stop) {
+    return (uint32_t)min(j_stop - j0, kKeys) * (uint32_t)(D * 2 * 2);
+}
+
+// Keys [j0, j0 + kKeys) of K and V into one stage by bulk copies, one row per thread (threads 0–63
+// K, 64–127 V), completing on `bar`; rows at or past j_stop are zeroed by the thread (and fenced for
+// the bulk copies that later reuse the stage).
+template <typename T, int D>
+__device__ __forceinline__ void load_kv_bulk(const DecodeParams& p, T* sk, T* sv, int b, int hk, int j0, int j_stop,
+                                             int tid, uint64_t* bar) {
+    static_assert(kThreads == 2 * kKeys, "one row per thread");
+    constexpr int ld = Cfg<D>::ld;
+    const int r = tid & (kKeys - 1);
+    const bool is_v = tid >= kKeys;
+    const int j = j0 + r;
+    T* dst = (is_v ? sv : sk) + r * ld;
+    if (j < j_stop) {
+        const T* base = static_cast<const T*>(is_v ? p.v : p.k);
+        const long long sb = is_v ? p.v_batch : p.k_batch, ss = is_v ? p.v_seq : p.k_seq;
+        const long long sh = is_v ? p.v_head : p.k_head;
+        bulk_copy(dst, base + kv_row(p, b, j, sb, ss, sh, hk), D * 2, bar);
+    } else {
+#pragma unroll
+        for (int c = 0; c < D * 2 / 16; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
+        fence_proxy_async_smem();
     }
 }
 
@@ -100,7 +195,8 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
     T* sq = reinterpret_cast<T*>(smem_raw);
     T* ring = sq + kRows * ld;
     float* s_rows = reinterpret_cast<float*>(ring + kStages * 2 * C::kTileElems);  // per-row scalar
-    float* s_keys = s_rows + kRows;  // per stage: kKeys key scalars, then kKeys log γ
+    float* s_keys = s_rows + kRows;  // the merge's per-warp maxima and sums
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw + C::kFloatsEnd);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int split = blockIdx.x / p.row_tiles, tile = blockIdx.x % p.row_tiles;
@@ -139,11 +235,29 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
             cp_async_16(sq + rr * ld + col, src, valid);
         }
     }
+    const bool bulk = p.bulk != 0;
+    if (bulk) {
+        cp_async_commit();  // Q's group
+        if (tid == 0) {
+            for (int s = 0; s < kStages; ++s) bar_init(&bars[s]);
+            bar_init_fence();
+        }
+        __syncthreads();
+        if (tid == 0)
+            for (int s = 0; s < kStages - 1 && s < n_tiles; ++s)
+                bar_expect(&bars[s], tile_bytes<D>(j_start + s * kKeys, j_stop));
+        __syncthreads();  // every expect before any copy
+        for (int s = 0; s < kStages - 1 && s < n_tiles; ++s)
+            load_kv_bulk<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
+                               j_start + s * kKeys, j_stop, tid, &bars[s]);
+    } else {
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < n_tiles) load_kv<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
-                                       j_start + s * kKeys, j_stop, tid);
-        cp_async_commit();
+        for (int s = 0; s < kStages - 1; ++s) {
+            if (s < n_tiles)
+                load_kv<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
+                              j_start + s * kKeys, j_stop, tid);
+            cp_async_commit();
+        }
     }
 
     const bool norms = needs_norms(p);
@@ -169,13 +283,22 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
     float qs[2] = {1.f, 1.f};
 
     for (int n = 0; n < n_tiles; ++n) {
-        cp_async_wait<kStages - 2>();
-        __syncthreads();
-        {
-            const int nl = n + kStages - 1;
-            const int st = nl % kStages;
-            if (nl < n_tiles) load_kv<T, D>(p, ring + 2 * st * C::kTileElems, ring + (2 * st + 1) * C::kTileElems, b,
-                                            hk, j_start + nl * kKeys, j_stop, tid);
+        const int nl = n + kStages - 1;  // the tile whose loads this iteration issues
+        const int sl = nl % kStages;     // its stage: the one tile n − 1 used
+        if (bulk) {
+            if (n == 0) cp_async_wait<0>();  // Q
+            bar_wait(&bars[n % kStages], (uint32_t)(n / kStages) & 1u);
+            if (tid == 0 && nl < n_tiles) bar_expect(&bars[sl], tile_bytes<D>(j_start + nl * kKeys, j_stop));
+            __syncthreads();  // tile n visible (zeroed rows too); every warp done with tile n − 1
+            if (nl < n_tiles)
+                load_kv_bulk<T, D>(p, ring + 2 * sl * C::kTileElems, ring + (2 * sl + 1) * C::kTileElems, b, hk,
+                                   j_start + nl * kKeys, j_stop, tid, &bars[sl]);
+        } else {
+            cp_async_wait<kStages - 2>();
+            __syncthreads();
+            if (nl < n_tiles)
+                load_kv<T, D>(p, ring + 2 * sl * C::kTileElems, ring + (2 * sl + 1) * C::kTileElems, b, hk,
+                              j_start + nl * kKeys, j_stop, tid);
             cp_async_commit();
         }
         const int st = n % kStages;
@@ -379,47 +502,63 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
 }
 
 // Merge the S partial outputs of each row through their LSEs: LSE = M + log Σ_s exp(LSE_s − M),
-// o = Σ_s exp(LSE_s − LSE)·o_s; a row whose every chunk is empty is zeros with LSE −∞. One warp per
-// row (b, h, i), lanes over the columns.
+// o = Σ_s exp(LSE_s − LSE)·o_s; a row whose every chunk is empty is zeros with LSE −∞. One block per
+// row (b, h, i): the S LSEs into shared memory and their max and sum over the block, then each
+// thread sums its columns over the chunks with independent loads (the weights from shared memory).
+constexpr int kMaxSplits = 1024;  // decode::plan::MAX_SPLITS
+
+__device__ __forceinline__ float block_reduce(float x, bool is_max, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float y = __shfl_xor_sync(0xffffffffu, x, off);
+        x = is_max ? nan_max(x, y) : x + y;
+    }
+    __syncthreads();  // `red` is free (a previous reduction's readers are done)
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    x = red[0];
+    for (int w = 1; w < warps; ++w) x = is_max ? nan_max(x, red[w]) : x + red[w];
+    return x;
+}
+
 template <typename T>
 __device__ __forceinline__ void decode_combine(const DecodeParams& p) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ float s_w[kMaxSplits];
+    __shared__ float red[32];
     const long long rows = (long long)p.batch * p.heads_q * p.seq_q;
-    const long long stat = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (stat >= rows) return;
+    const long long stat = blockIdx.x;
+    const int S = min(p.splits, kMaxSplits);
+    float mm = -INFINITY;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const float l = p.ws_lse[(long long)s * rows + stat];
+        s_w[s] = l;
+        mm = nan_max(mm, l);
+    }
+    mm = block_reduce(mm, true, red);
+    const float bse = mm == -INFINITY ? 0.f : mm;
+    float l = 0.f;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) l += expf(s_w[s] - bse);
+    l = block_reduce(l, false, red);
+    const bool empty = mm == -INFINITY || l == 0.f;
+    const float lse = empty ? -INFINITY : bse + logf(l);
+    // Each thread turns the LSEs it read into weights (an empty chunk: 0; its o is zeros).
+    for (int s = threadIdx.x; s < S; s += blockDim.x) s_w[s] = s_w[s] == -INFINITY ? 0.f : expf(s_w[s] - lse);
+    __syncthreads();
     const int i = (int)(stat % p.seq_q);
     const int h = (int)((stat / p.seq_q) % p.heads_q);
     const int b = (int)(stat / ((long long)p.seq_q * p.heads_q));
     const int dv = p.head_dim_v;
-    float mm = -INFINITY;
-    for (int s = lane; s < p.splits; s += 32) mm = nan_max(mm, p.ws_lse[(long long)s * rows + stat]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mm = nan_max(mm, __shfl_xor_sync(0xffffffffu, mm, off));
-    const float bse = mm == -INFINITY ? 0.f : mm;
-    float l = 0.f;
-    for (int s = lane; s < p.splits; s += 32) l += expf(p.ws_lse[(long long)s * rows + stat] - bse);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-    const bool empty = mm == -INFINITY || l == 0.f;
-    const float lse = empty ? -INFINITY : bse + logf(l);
-    constexpr int kMaxCols = 256 / 32;
-    float acc[kMaxCols];
-#pragma unroll
-    for (int c = 0; c < kMaxCols; ++c) acc[c] = 0.f;
-    for (int s = 0; s < p.splits; ++s) {
-        const float ls = p.ws_lse[(long long)s * rows + stat];
-        if (ls == -INFINITY) continue;  // an empty chunk: weight 0 (its o is zeros)
-        const float w = empty ? 0.f : expf(ls - lse);
-        const float* src = p.ws_o + ((long long)s * rows + stat) * dv;
-#pragma unroll
-        for (int c = 0; c < kMaxCols; ++c)
-            if (lane + 32 * c < dv) acc[c] += w * src[lane + 32 * c];
-    }
     T* out = static_cast<T*>(p.o) + (long long)b * p.o_batch + (long long)i * p.o_seq + (long long)h * p.o_head;
-#pragma unroll
-    for (int c = 0; c < kMaxCols; ++c)
-        if (lane + 32 * c < dv) out[lane + 32 * c] = from_f32<T>(acc[c]);
-    if (lane == 0) p.lse[stat] = lse;
+    const float* src = p.ws_o + stat * dv;
+    const long long step = rows * dv;  // one chunk's rows
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float acc = 0.f;
+#pragma unroll 8
+        for (int s = 0; s < S; ++s) acc += s_w[s] * src[(long long)s * step + c];
+        out[c] = from_f32<T>(empty ? 0.f : acc);
+    }
+    if (threadIdx.x == 0) p.lse[stat] = lse;
 }
 
 // Append k_new, v_new of sequence b at cache positions key_lens[b] + t (t < new_tokens), kv head

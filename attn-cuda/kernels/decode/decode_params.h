@@ -46,5 +46,5 @@ struct DecodeParams {
     float eps;                 // cosine-sim l2-norm epsilon
     float curvature;           // hyperbolic c
     float beta;                // hyperbolic β
-    int pad;
+    int bulk;                  // 1: K/V tiles by bulk copies on mbarriers (sm_90); 0: cp.async
 };

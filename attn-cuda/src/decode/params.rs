@@ -65,7 +65,8 @@ pub(crate) struct DecodeParams {
     pub eps: f32,
     pub curvature: f32,
     pub beta: f32,
-    pub pad: i32,
+    /// 1: K/V tiles by bulk copies on mbarriers (sm_90); 0: cp.async.
+    pub bulk: i32,
 }
 
 impl Default for DecodeParams {
@@ -85,7 +86,7 @@ mod tests {
 
     #[test]
     fn layout_matches_decode_params_h() {
-        // 14 pointers + 18 strides (8 bytes), then 22 ints, 5 floats and the padding int (4 bytes).
+        // 14 pointers + 18 strides (8 bytes), then 22 ints, 5 floats and `bulk` (4 bytes).
         assert_eq!(std::mem::size_of::<DecodeParams>(), 14 * 8 + 18 * 8 + 28 * 4);
         assert_eq!(std::mem::offset_of!(DecodeParams, q_batch), 14 * 8);
         assert_eq!(std::mem::offset_of!(DecodeParams, batch), 32 * 8);

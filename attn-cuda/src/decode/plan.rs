@@ -27,6 +27,17 @@ pub(crate) const BLOCKS_PER_SM: usize = 2;
 /// The most key chunks: bounds the workspace (S × rows × Dv f32) and the combine's loop.
 pub(crate) const MAX_SPLITS: usize = 1024;
 
+/// The smallest head dim whose K/V rows are loaded by bulk copies on Hopper. H200, 2026-12-03 (bf16,
+/// Nq = 1, µs, bulk / cp.async): D = 64 (1, 32, 32, 16k) 97.5 / 79.6 and (16, 32, 32, 4k) 355.9 / 279.3,
+/// bulk 20–27% slower; D = 128 (1, 32, 8, 32k) 73.2 / 70.9, (1, 32, 8, 128k) 196.2 / 200.6,
+/// (32, 32, 8, 4k) 200.1 / 203.8, within −3 … +2%. Smaller rows (fewer bytes per copy) keep cp.async.
+pub(crate) const BULK_MIN_HEAD_DIM: usize = 128;
+
+/// Whether a forward at head dim `d` loads K and V by bulk copies where the Hopper kernels are on.
+pub(crate) fn bulk_loads(d: usize) -> bool {
+    d >= BULK_MIN_HEAD_DIM
+}
+
 /// Pipeline depth of the K/V ring (`Cfg<D>::kStages`).
 pub(crate) fn stages(d: usize) -> usize {
     if d >= 256 {
@@ -36,11 +47,12 @@ pub(crate) fn stages(d: usize) -> usize {
     }
 }
 
-/// Dynamic shared memory of the forward at head dim `d` (`Cfg<D>::kBytes`).
+/// Dynamic shared memory of the forward at head dim `d` (`Cfg<D>::kBytes`): Q, the K/V ring, f32
+/// scratch, one 8-byte mbarrier per stage.
 pub(crate) fn smem_bytes(d: usize) -> usize {
     let ld = d + 8;
     let elems = ROWS * ld + stages(d) * 2 * KEYS * ld;
-    elems * 2 + (ROWS + stages(d) * KEYS * 2) * 4
+    elems * 2 + (ROWS + stages(d) * KEYS * 2) * 4 + stages(d) * 8
 }
 
 /// Row tiles per kv head: ⌈seq_q·group / 16⌉.
@@ -134,14 +146,32 @@ mod tests {
 
     #[test]
     fn smem_fits_the_h200_and_matches_the_kernel_layout() {
-        // Q 16 × 136 + 3 × 2 × 64 × 136 f16, then 16 + 3·128 f32 at D = 128: 108 KiB, two blocks per SM.
-        assert_eq!(smem_bytes(128), (16 * 136 + 6 * 64 * 136) * 2 + (16 + 384) * 4);
+        // Q 16 × 136 + 3 × 2 × 64 × 136 f16, then 16 + 3·128 f32 and 3 mbarriers at D = 128: 108 KiB,
+        // two blocks per SM.
+        assert_eq!(
+            smem_bytes(128),
+            (16 * 136 + 6 * 64 * 136) * 2 + (16 + 384) * 4 + 3 * 8
+        );
         for d in HEAD_DIMS {
             assert!(smem_bytes(d) <= 227 * 1024, "{d}");
             // The merge scratch (4 warps × 16 rows × D f32) fits the K/V ring.
             assert!(4 * 16 * d * 4 <= stages(d) * 2 * KEYS * (d + 8) * 2, "{d}");
         }
         assert!(2 * smem_bytes(128) <= 228 * 1024);
+    }
+
+    #[test]
+    fn bulk_copies_only_for_rows_of_128_elements_and_more() {
+        for (d, bulk) in [
+            (16, false),
+            (32, false),
+            (64, false),
+            (96, false),
+            (128, true),
+            (256, true),
+        ] {
+            assert_eq!(bulk_loads(d), bulk, "{d}");
+        }
     }
 
     #[test]
