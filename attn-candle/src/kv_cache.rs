@@ -22,7 +22,7 @@
 //! They must be contiguous, must not share storage with each other or with another argument, and are
 //! not part of the autograd graph (the step is forward only; `o` has no gradient).
 //!
-//! CPU tensors run attn-cpu-ref's `forward_kv_cache`, which checks `cache_seqlens` and
+//! CPU tensors run attn-cpu-ref's `fast::forward_kv_cache` (f32 accumulation), which checks `cache_seqlens` and
 //! `block_table` against the cache before anything is written. On CUDA (feature `cuda`) the lengths
 //! and the table stay on the device and are the caller's contract (see `kv_cache/cuda.rs`).
 
@@ -688,7 +688,7 @@ fn cpu_step<E: HostElem>(
     let v_new = c.v_new.as_ref().map(Tensor::storage_and_layout);
     let lens = c.cache_seqlens.storage_and_layout();
     let table = c.block_table.as_ref().map(Tensor::storage_and_layout);
-    let f = attn_cpu_ref::kv_cache::forward_kv_cache::<E>(
+    let f = attn_cpu_ref::fast::forward_kv_cache::<E>(
         &c.spec,
         KvCacheIo {
             q: read_host(&q.0, q.1, op, "q")?,

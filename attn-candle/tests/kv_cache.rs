@@ -1,5 +1,5 @@
 //! Generation through a KV cache on the CPU: `flash_attn_with_kvcache` runs attn-cpu-ref's
-//! `forward_kv_cache` on the tensors' own data and writes the caches in place; the cache types
+//! `fast::forward_kv_cache` on the tensors' own data and writes the caches in place; the cache types
 //! (contiguous, paged, Taylor) give the causal forward of the whole sequence when fed a prompt and
 //! then one token at a time, while growing; the decoder layer through a cache equals the same layer
 //! run over the whole sequence; bad arguments are typed errors naming them.
@@ -9,7 +9,8 @@ use attn_candle::{
     DecoderAttentionConfig, Family, KvAttnOptions, KvCache, PagedKvCache, Rotary, TaylorCache,
 };
 use attn_core::{DType as ADType, KvCacheProblem, KvLayout, SoftmaxParams};
-use attn_cpu_ref::kv_cache::{forward_kv_cache, KvCacheIo};
+use attn_cpu_ref::fast::forward_kv_cache;
+use attn_cpu_ref::kv_cache::KvCacheIo;
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 

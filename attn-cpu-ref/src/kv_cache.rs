@@ -19,7 +19,7 @@
 //! uses keep their contents.
 
 use crate::{check_dtype, Forward, Inputs};
-use attn_core::{shape_str, AttnError, Element, KvCacheSpec, KvLayout, Pass, Result};
+use attn_core::{shape_str, AttnError, AttnSpec, Element, KvCacheSpec, KvLayout, Pass, Result};
 
 /// The buffers of one step, all contiguous in the layouts of [`KvCacheSpec`] (attn-core's
 /// `kv_cache` module doc).
@@ -159,6 +159,19 @@ fn gather<E: Copy + Default>(
 /// outside the pool (`block_table`), a dtype other than the spec's (`dtype`). The cache is written
 /// only after every check passed.
 pub fn forward_kv_cache<E: Element>(spec: &KvCacheSpec, io: KvCacheIo<'_, E>) -> Result<Forward<E, f32>> {
+    step(spec, io, crate::forward)
+}
+
+/// The attention of a step once its cache holds the new tokens: the reference's or the fast path's
+/// key-padded forward.
+pub(crate) type Attend<E> = fn(&AttnSpec, Inputs<'_, E>) -> Result<Forward<E, f32>>;
+
+/// [`forward_kv_cache`] with the attention computed by `attend`.
+pub(crate) fn step<E: Element>(
+    spec: &KvCacheSpec,
+    io: KvCacheIo<'_, E>,
+    attend_fn: Attend<E>,
+) -> Result<Forward<E, f32>> {
     let attend = spec.attend();
     check_dtype::<E>(attend, Pass::Forward)?;
     let (d, dv) = (attend.head_dim(), attend.head_dim_v());
@@ -201,7 +214,7 @@ pub fn forward_kv_cache<E: Element>(spec: &KvCacheSpec, io: KvCacheIo<'_, E>) ->
         append(spec, io.v_cache, v_new, hkv * dv, io.cache_seqlens, table)?;
     }
     match spec.layout() {
-        KvLayout::Contiguous { .. } => crate::forward(
+        KvLayout::Contiguous { .. } => attend_fn(
             &dense,
             Inputs {
                 q: io.q,
@@ -213,7 +226,7 @@ pub fn forward_kv_cache<E: Element>(spec: &KvCacheSpec, io: KvCacheIo<'_, E>) ->
         KvLayout::Paged { .. } => {
             let k = gather(spec, io.k_cache, hkv * d, io.cache_seqlens, table)?;
             let v = gather(spec, io.v_cache, hkv * dv, io.cache_seqlens, table)?;
-            crate::forward(
+            attend_fn(
                 &dense,
                 Inputs {
                     q: io.q,

@@ -226,6 +226,15 @@ pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<
     Ok(forward::run(&ctx))
 }
 
+/// One step against a KV cache ([`crate::kv_cache::forward_kv_cache`]'s checks, append and
+/// gather) with the attention on this fast path.
+pub fn forward_kv_cache<E: Element>(
+    spec: &attn_core::KvCacheSpec,
+    io: crate::kv_cache::KvCacheIo<'_, E>,
+) -> Result<Forward<E, f32>> {
+    crate::kv_cache::step(spec, io, forward)
+}
+
 /// Backward pass given the forward's o and LSE: dq, dk, dv (and dbias) in the storage dtype, f32
 /// accumulation. Same contract as [`crate::backward`]; `Unsupported` for Taylor.
 pub fn backward<E: Element>(
