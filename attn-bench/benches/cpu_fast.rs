@@ -37,9 +37,11 @@ fn point(pass: PassKind, dtype: DType, n: usize, d: usize) -> GridPoint {
         batch: 1,
         heads_q: 8,
         heads_kv: 8,
+        seq_q: n,
         seq: n,
         head_dim: d,
         causal: false,
+        page_size: None,
     }
 }
 
