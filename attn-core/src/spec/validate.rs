@@ -16,7 +16,9 @@ impl AttnProblem {
         };
         let family = resolve_family(op, &self.family, self.head_dim)?;
 
-        // Sizes.
+        // Sizes. A batch or a sequence may be empty (as in candle and PyTorch): every buffer the call
+        // writes is then empty, or, for queries without keys (seq_k = 0), rows of zeros with the
+        // no-key statistic. Heads and head dims are at least 1.
         for (arg, n) in [
             ("batch", self.batch),
             ("heads_q", self.heads_q),
@@ -24,7 +26,7 @@ impl AttnProblem {
             ("seq_q", self.seq_q),
             ("seq_k", self.seq_k),
         ] {
-            if n == 0 {
+            if n == 0 && (arg == "heads_q" || arg == "heads_kv") {
                 return Err(invalid(arg, "must be at least 1".into()));
             }
             if n > MAX_INDEX {
