@@ -170,7 +170,10 @@ fn empty_batches_and_sequences_validate_with_empty_buffers() {
     let s = problem(0, 3).validate().expect("seq_q 0 validates");
     assert_eq!(lens(&s), [0, 96, 96, 0, 0, 96, 96, 0, 0]);
     // Nk = 0: the key side is empty; o and the statistics hold every query row (zeros, LSE −∞).
-    let s = problem(3, 0).with_bias(1, 4).validate().expect("seq_k 0 validates");
+    let s = problem(3, 0)
+        .with_bias(1, 4)
+        .validate()
+        .expect("seq_k 0 validates");
     assert_eq!(lens(&s), [192, 0, 0, 192, 192, 0, 0, 24, 0]);
     for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
         let s = problem(3, 0).with_causal(causal).validate().unwrap();
@@ -198,7 +201,12 @@ fn empty_batches_and_sequences_validate_with_empty_buffers() {
         .unwrap();
     assert_eq!(lens(&s), [0; 9]);
     // Explicit strides over an empty sequence: the extent is 0.
-    let st = Strides { batch: 1 << 20, seq: 64, head: 8, dim: 1 };
+    let st = Strides {
+        batch: 1 << 20,
+        seq: 64,
+        head: 8,
+        dim: 1,
+    };
     let s = problem(0, 2)
         .with_strides(attn_core::InputStrides { q: st, k: st, v: st })
         .validate()
@@ -223,7 +231,10 @@ fn empty_varlen_batches_validate() {
         .unwrap();
     assert_eq!((s.total_q(), s.total_k()), (5, 6));
     assert_eq!(s.seq_lens(0).q, 0);
-    assert!((0..3).all(|i| s.key_range(1, i).is_empty()), "entry 1 has no keys");
+    assert!(
+        (0..3).all(|i| s.key_range(1, i).is_empty()),
+        "entry 1 has no keys"
+    );
     assert_eq!(s.key_range(2, 1), 0..4);
     // Packed batches of queries only or keys only.
     let s = AttnProblem::new(Family::softmax(), DType::F32, 2, 2, 1, 4, 4, 8)
@@ -236,9 +247,18 @@ fn empty_varlen_batches_validate() {
 #[test]
 fn heads_and_head_dims_stay_at_least_one() {
     for (p, arg) in [
-        (AttnProblem::new(Family::softmax(), DType::F32, 1, 0, 1, 2, 2, 8), "heads_q"),
-        (AttnProblem::new(Family::softmax(), DType::F32, 1, 1, 0, 2, 2, 8), "heads_kv"),
-        (AttnProblem::new(Family::softmax(), DType::F32, 1, 1, 1, 2, 2, 0), "head_dim"),
+        (
+            AttnProblem::new(Family::softmax(), DType::F32, 1, 0, 1, 2, 2, 8),
+            "heads_q",
+        ),
+        (
+            AttnProblem::new(Family::softmax(), DType::F32, 1, 1, 0, 2, 2, 8),
+            "heads_kv",
+        ),
+        (
+            AttnProblem::new(Family::softmax(), DType::F32, 1, 1, 1, 2, 2, 0),
+            "head_dim",
+        ),
     ] {
         match p.validate() {
             Err(AttnError::InvalidArgument { arg: a, .. }) => assert_eq!(a, arg),
