@@ -40,6 +40,7 @@ mod check;
 mod config;
 mod decode;
 mod dispatch;
+mod empty;
 mod error;
 mod heuristics;
 mod params;
