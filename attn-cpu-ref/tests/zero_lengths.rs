@@ -355,3 +355,50 @@ fn check_empty(name: &str, spec: &AttnSpec, f: &Forward<f64, f64>, g: &Gradients
         "{name}: the case is not an empty call"
     );
 }
+
+/// Taylor decode over empty prompts and steps: a prefill of 0 tokens (or of a batch of 0) gives empty
+/// outputs and an empty state; a step of 0 tokens writes and appends nothing; the next one-token step
+/// equals the causal forward of that token alone.
+#[test]
+fn taylor_decode_with_empty_prompts_and_steps() {
+    use attn_cpu_ref::decode;
+    for order in [1u8, 2] {
+        let family = families()
+            .into_iter()
+            .find(|(n, _)| *n == if order == 1 { "taylor1" } else { "taylor2" })
+            .map(|(_, f)| f)
+            .expect("a Taylor family");
+        let p =
+            |b, n| AttnProblem::new(family, DType::F32, b, 2, 1, n, n, 8).with_causal(Causal::BottomRight);
+        let name = format!("taylor{order}");
+        // A batch of 0.
+        let spec = p(0, 3).validate().unwrap();
+        let (f, state) = decode::prefill_f64(&spec, random_case(&spec, 1).inputs()).unwrap();
+        assert!(
+            f.o.is_empty() && f.stats.is_empty() && state.is_empty(),
+            "{name}: batch 0"
+        );
+        // An empty prompt, an empty step, then one token.
+        let spec = p(2, 0).validate().unwrap();
+        let (f, mut state) = decode::prefill_f64(&spec, random_case(&spec, 2).inputs()).unwrap();
+        assert!(f.o.is_empty() && f.stats.is_empty(), "{name}: empty prompt");
+        let f = decode::step_f64(&mut state, &spec, random_case(&spec, 3).inputs()).unwrap();
+        assert!(f.o.is_empty() && f.stats.is_empty(), "{name}: empty step");
+        assert_eq!((state.len(0), state.len(1)), (0, 0), "{name}: nothing appended");
+        let one = p(2, 1).validate().unwrap();
+        let case = random_case(&one, 4);
+        let got = decode::step_f64(&mut state, &one, case.inputs()).unwrap();
+        let want = forward_f64(&one, case.inputs()).unwrap();
+        let err = got
+            .o
+            .iter()
+            .zip(&want.o)
+            .chain(got.stats.iter().zip(&want.stats))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            err < 1e-12,
+            "{name}: a one-token step after empty ones differs by {err}"
+        );
+    }
+}

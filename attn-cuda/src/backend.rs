@@ -371,7 +371,11 @@ impl CudaAttn {
         let _ = c.input("v", a.v, spec.v_len())?;
         let _ = bias.map(|b| c.input("bias", b, spec.bias_len())).transpose()?;
         crate::empty::zero(&c, &self.stream, "o", a.o, spec.o_len())?;
-        let what = if spec.family().is_softmax_like() { "lse" } else { "stats" };
+        let what = if spec.family().is_softmax_like() {
+            "lse"
+        } else {
+            "stats"
+        };
         crate::empty::fill_stats(&c, &self.stream, what, a.lse)
     }
 
@@ -389,7 +393,11 @@ impl CudaAttn {
         let _ = c.input("v", a.v, spec.v_len())?;
         let _ = c.input("o", a.o, spec.o_len())?;
         let _ = c.input("d_o", a.d_o, spec.o_len())?;
-        let what = if spec.family().is_softmax_like() { "lse" } else { "stats" };
+        let what = if spec.family().is_softmax_like() {
+            "lse"
+        } else {
+            "stats"
+        };
         let _ = c.input(what, a.lse, spec.stats_len())?;
         let _ = bias.map(|b| c.input("bias", b, spec.bias_len())).transpose()?;
         crate::empty::zero(&c, &self.stream, "dq", a.dq, spec.dq_len())?;

@@ -266,7 +266,10 @@ fn empty_sequences_and_zero_sizes_follow_the_reference() {
             for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
                 let p = |b, nq, nk| AttnProblem::new(family, dtype, b, 4, 2, nq, nk, 64);
                 let mut problems = vec![
-                    ("key_lens [0, 130, 0]", p(3, 70, 130).with_key_lens(vec![0, 130, 0])),
+                    (
+                        "key_lens [0, 130, 0]",
+                        p(3, 70, 130).with_key_lens(vec![0, 130, 0]),
+                    ),
                     ("key_lens [0, 0]", p(2, 70, 130).with_key_lens(vec![0, 0])),
                     (
                         "varlen (0,64) (70,0) (0,0) (65,129)",

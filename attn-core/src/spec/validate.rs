@@ -5,6 +5,11 @@ use super::*;
 
 impl AttnProblem {
     /// Check everything and resolve defaults. The only way to obtain an [`AttnSpec`].
+    ///
+    /// `batch`, `seq_q` and `seq_k` may be 0 (an empty call, as with empty tensors in candle and
+    /// PyTorch): the buffers of the empty side have length 0 and, for `seq_k = 0`, every row's
+    /// `key_range` is empty, so backends return empty outputs, or zeros with the no-key statistic,
+    /// and zero gradients (docs/nan.md, "Empty calls"). Heads and head dims must be at least 1.
     pub fn validate(&self) -> Result<AttnSpec> {
         let op = Op::new(self.family.kind(), Pass::Spec);
         let invalid = |arg: &'static str, reason: String| AttnError::InvalidArgument { op, arg, reason };
