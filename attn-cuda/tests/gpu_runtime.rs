@@ -5,8 +5,8 @@
 mod common;
 
 use attn_core::{
-    Aggregation, AttnBackend, AttnError, AttnProblem, AttnSpec, Causal, DType, Family, ForwardIo, HypScore,
-    InputStrides, Strides,
+    Aggregation, AttnBackend, AttnError, AttnProblem, AttnSpec, Causal, DType, Family, FamilySpec, ForwardIo,
+    HypScore, InputStrides, Strides,
 };
 use attn_cuda::cudarc::driver::CudaSlice;
 use attn_cuda::{CudaAttn, CudaAttnError, ForwardViews};
@@ -261,7 +261,8 @@ fn every_family() -> Vec<(&'static str, Family)> {
 fn empty_sequences_and_zero_sizes_follow_the_reference() {
     let mut cases = common::Cases::new("empty_sequences_and_zero_sizes_follow_the_reference");
     for (fam, family) in every_family() {
-        let softmax_like = family.kind() != attn_core::FamilyKind::Taylor;
+        // The bias cases on the families whose naive baseline (`common::naive`) takes a bias.
+        let with_bias = matches!(family, Family::Softmax(_) | Family::CosineSim(_));
         for dtype in [DType::BF16, DType::F16, DType::F32] {
             for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
                 let p = |b, nq, nk| AttnProblem::new(family, dtype, b, 4, 2, nq, nk, 64);
@@ -294,7 +295,7 @@ fn empty_sequences_and_zero_sizes_follow_the_reference() {
                     ("varlen batch 0", p(0, 70, 130).with_varlen(vec![0], vec![0])),
                     ("seq_q 1 seq_k 0 (decode shape)", p(3, 1, 0)),
                 ];
-                if softmax_like {
+                if with_bias {
                     problems.push(("seq_k 0 bias", p(2, 70, 0).with_bias(2, 1)));
                     problems.push(("seq_q 0 bias", p(2, 0, 130).with_bias(1, 4)));
                 }
@@ -302,12 +303,92 @@ fn empty_sequences_and_zero_sizes_follow_the_reference() {
                     let spec = p.with_causal(causal).validate().expect("a valid problem");
                     let label = format!("{fam} {dtype} {causal:?} {label}");
                     // An empty tensor is uploaded as a one-element buffer (`common::upload`).
-                    cases.record(label, common::check_dtype(&spec, 17, 0));
+                    cases.record(label, empty_case(&spec));
                 }
             }
         }
     }
     cases.finish();
+}
+
+/// One case of `empty_sequences_and_zero_sizes_follow_the_reference`: the documented rows exactly
+/// ([`documented`]), then the accuracy of the rest against the reference with the naive baseline of
+/// the family (softmax, cosine-sim: `common::check`; hyperbolic: `common::hyperbolic::check_points`;
+/// Taylor's accuracy under masks is gpu_taylor's, its rows here are checked by [`documented`] only).
+fn empty_case(spec: &AttnSpec) -> Result<(), String> {
+    use common::hyperbolic::{check_points, Points};
+    match spec.dtype() {
+        DType::F32 => documented::<f32>(spec)?,
+        DType::F16 => documented::<half::f16>(spec)?,
+        DType::BF16 => documented::<bf16>(spec)?,
+    }
+    let points = Points::Scaled { radius: 1.5 };
+    match (spec.family(), spec.dtype()) {
+        (FamilySpec::Softmax { .. } | FamilySpec::CosineSim { .. }, _) => common::check_dtype(spec, 17, 0),
+        (FamilySpec::Hyperbolic { .. }, DType::F32) => check_points::<f32>(spec, 17, 0, points),
+        (FamilySpec::Hyperbolic { .. }, DType::F16) => check_points::<half::f16>(spec, 17, 0, points),
+        (FamilySpec::Hyperbolic { .. }, DType::BF16) => check_points::<bf16>(spec, 17, 0, points),
+        (FamilySpec::Taylor { .. }, _) => Ok(()),
+    }
+}
+
+/// The GPU's result on the rows and keys with nothing to attend, exactly (outputs poisoned with NaN
+/// first by `common::run_gpu`): o and dq zeros and the statistic −∞ (Taylor 0) on every row with no
+/// key, dk and dv zeros on every key no row sees, dbias zeros on an empty call; everything finite.
+fn documented<T: attn_cuda::DeviceElem>(spec: &AttnSpec) -> Result<(), String> {
+    let mut case = attn_cpu_ref::testing::random_case(spec, 23);
+    for x in [&mut case.q, &mut case.k, &mut case.v, &mut case.d_o] {
+        x.iter_mut().for_each(|v| *v = T::from_f64(*v).to_f64());
+    }
+    if let Some(b) = case.bias.as_mut() {
+        b.iter_mut().for_each(|v| *v = T::from_f64(*v).to_f64());
+    }
+    let got = common::run_gpu::<T>(spec, &case, 0)?;
+    let no_key = if spec.family().is_softmax_like() {
+        f64::NEG_INFINITY
+    } else {
+        0.0
+    };
+    let (d, dv) = (spec.head_dim(), spec.head_dim_v());
+    for (what, x) in [("o", &got.o), ("dq", &got.dq), ("dk", &got.dk), ("dv", &got.dv)] {
+        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+            return Err(format!("{what}[{i}] = {}", x[i]));
+        }
+    }
+    for b in 0..spec.batch() {
+        let lens = spec.seq_lens(b);
+        for i in (0..lens.q).filter(|&i| spec.key_range(b, i).is_empty()) {
+            for h in 0..spec.heads_q() {
+                let o = &got.o[spec.o_offset(b, i, h)..][..dv];
+                let dq = &got.dq[spec.dq_offset(b, i, h)..][..d];
+                let st = got.lse[spec.stats_index(b, h, i)];
+                if o.iter().chain(dq).any(|&x| x != 0.0) || st != no_key {
+                    return Err(format!(
+                        "row (b {b}, i {i}, h {h}) has no key: o {o:?}, dq {dq:?}, statistic {st}"
+                    ));
+                }
+            }
+        }
+        for j in (0..lens.k).filter(|&j| (0..lens.q).all(|i| !spec.key_range(b, i).contains(&j))) {
+            for hk in 0..spec.heads_kv() {
+                let dk = &got.dk[spec.dk_offset(b, j, hk)..][..d];
+                let dvr = &got.dv[spec.dv_offset(b, j, hk)..][..dv];
+                if dk.iter().chain(dvr).any(|&x| x != 0.0) {
+                    return Err(format!(
+                        "key (b {b}, j {j}, hk {hk}) no row sees: dk or dv nonzero"
+                    ));
+                }
+            }
+        }
+    }
+    if spec.total_q() == 0 || spec.total_k() == 0 {
+        if let Some(db) = &got.dbias {
+            if db.iter().any(|&x| x != 0.0) {
+                return Err("dbias of an empty call is not zero".into());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Eight host threads, each with its own `CudaAttn` on its own stream of the one context, run forward
