@@ -473,3 +473,130 @@ fn eight_threads_on_their_own_streams_match_a_serial_run() {
     let failures: Vec<String> = results.into_iter().filter_map(Result::err).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// o, den and, for a prefill, the state it built.
+type Run = (Vec<f64>, Vec<f64>, Option<attn_cuda::TaylorDecodeState>);
+
+/// Taylor decode through empty prompts and steps (order 2, bf16, D = 64, B = 2, Hq/Hkv = 4/2): a
+/// prefill of a batch of 0; a causal prefill of 0 tokens, a step of 0 tokens (nothing written or
+/// appended), then a step of 1 token; a non-causal prefill of 0 queries over 5 keys (its keys are
+/// folded), then a step of 1 token. Each one-token step follows attn-cpu-ref's decode on the same
+/// state (o within 2u + 1e-5 relative, den within 1e-5).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn taylor_decode_with_empty_prompts_and_steps_follows_the_cpu_decode() {
+    use attn_cpu_ref::decode::{prefill_f64, step_f64};
+    use attn_cpu_ref::testing::{max_abs, max_abs_diff, random_case};
+    let g = gpu();
+    let s = g.stream();
+    let family = common::taylor_family(2);
+    let mk = |b: usize, nq: usize, nk: usize, causal: Causal| {
+        AttnProblem::new(family, DType::BF16, b, 4, 2, nq, nk, 64)
+            .with_causal(causal)
+            .validate()
+            .expect("valid")
+    };
+    // One element at least: a zero-byte device allocation is a driver error.
+    let up = |x: &[f64]| {
+        let mut v: Vec<bf16> = x.iter().map(|&e| bf16::from_f64(e)).collect();
+        if v.is_empty() {
+            v.push(bf16::from_f64(f64::NAN));
+        }
+        s.clone_htod(&v).expect("upload")
+    };
+    let round = |c: &mut attn_cpu_ref::testing::Case| {
+        for x in [&mut c.q, &mut c.k, &mut c.v] {
+            x.iter_mut().for_each(|e| *e = bf16::from_f64(*e).to_f64());
+        }
+    };
+    // Runs `spec` as a prefill (state None) or a step; returns o and den as f64.
+    let run = |spec: &AttnSpec,
+               c: &attn_cpu_ref::testing::Case,
+               state: Option<&mut attn_cuda::TaylorDecodeState>|
+     -> Result<Run, String> {
+        let (q, k, v) = (up(&c.q), up(&c.k), up(&c.v));
+        let mut o = up(&vec![f64::NAN; spec.o_len()]);
+        let mut den = s
+            .clone_htod(&vec![f32::NAN; spec.stats_len().max(1)])
+            .expect("upload");
+        let views = ForwardViews {
+            q: q.slice(..),
+            k: k.slice(..),
+            v: v.slice(..),
+            bias: None,
+            o: o.slice_mut(..),
+            lse: den.slice_mut(..),
+        };
+        let built = match state {
+            None => Some(g.taylor_prefill(spec, views).map_err(|e| e.to_string())?),
+            Some(st) => {
+                g.taylor_decode_step(st, spec, views).map_err(|e| e.to_string())?;
+                None
+            }
+        };
+        let o: Vec<f64> = s
+            .clone_dtoh(&o)
+            .expect("download")
+            .iter()
+            .map(|x| x.to_f64())
+            .collect();
+        let den: Vec<f64> = s
+            .clone_dtoh(&den)
+            .expect("download")
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        Ok((
+            o[..spec.o_len()].to_vec(),
+            den[..spec.stats_len()].to_vec(),
+            built,
+        ))
+    };
+    let mut cases = common::Cases::new("taylor_decode_with_empty_prompts_and_steps");
+    // A batch of 0.
+    let spec = mk(0, 3, 3, Causal::BottomRight);
+    let c = random_case(&spec, 1);
+    cases.record("prefill of a batch of 0", run(&spec, &c, None).map(|_| ()));
+    for (label, prompt) in [
+        ("causal prefill of 0 tokens", mk(2, 0, 0, Causal::BottomRight)),
+        (
+            "non-causal prefill of 0 queries over 5 keys",
+            mk(2, 0, 5, Causal::None),
+        ),
+    ] {
+        let r = (|| -> Result<(), String> {
+            let mut pc = random_case(&prompt, 2);
+            round(&mut pc);
+            let (_, mut cpu) = prefill_f64(&prompt, pc.inputs()).map_err(|e| e.to_string())?;
+            let (o, den, state) = run(&prompt, &pc, None)?;
+            if !(o.is_empty() && den.is_empty()) {
+                return Err(format!("prefill: o {} and den {} elements", o.len(), den.len()));
+            }
+            let mut state = state.ok_or("prefill returned no state")?;
+            let empty = mk(2, 0, 0, Causal::BottomRight);
+            let ec = random_case(&empty, 3);
+            run(&empty, &ec, Some(&mut state))?;
+            step_f64(&mut cpu, &empty, ec.inputs()).map_err(|e| e.to_string())?;
+            let one = mk(2, 1, 1, Causal::BottomRight);
+            let mut c1 = random_case(&one, 4);
+            round(&mut c1);
+            let want = step_f64(&mut cpu, &one, c1.inputs()).map_err(|e| e.to_string())?;
+            let (o, den, _) = run(&one, &c1, Some(&mut state))?;
+            let (eo, ed) = (max_abs_diff(&o, &want.o), max_abs_diff(&den, &want.stats));
+            let u = DType::BF16.unit_roundoff();
+            let (to, td) = (
+                (2.0 * u + 1e-5) * max_abs(&want.o).max(1e-3),
+                1e-5 * max_abs(&want.stats).max(1.0),
+            );
+            if eo <= to && ed <= td {
+                Ok(())
+            } else {
+                Err(format!(
+                    "one-token step: o error {eo:.3e} (tol {to:.3e}), den error {ed:.3e} (tol {td:.3e})"
+                ))
+            }
+        })();
+        cases.record(label, r);
+    }
+    cases.finish();
+}
