@@ -600,3 +600,94 @@ fn taylor_decode_with_empty_prompts_and_steps_follows_the_cpu_decode() {
     }
     cases.finish();
 }
+
+/// KV-cache steps with an empty batch or no query (bf16, D = 64, Hq/Hkv = 4/2, contiguous cache of
+/// 40 slots, 3 new tokens): a batch of 0 returns without a launch; `seq_q = 0` appends the new tokens
+/// exactly as attn-cpu-ref's step does (the caches compared bit for bit) and attends nothing.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn kv_cache_steps_with_an_empty_batch_or_no_query() {
+    use attn_core::{KvCacheProblem, KvLayout};
+    let g = gpu();
+    let s = g.stream();
+    let (hq, hkv, d, cap, new) = (4, 2, 64, 40, 3);
+    let layout = KvLayout::Contiguous { capacity: cap };
+    let mut cases = common::Cases::new("kv_cache_steps_with_an_empty_batch_or_no_query");
+    let up = |x: &[bf16]| {
+        let nan = [bf16::from_f64(f64::NAN)];
+        s.clone_htod(if x.is_empty() { &nan[..] } else { x })
+            .expect("upload")
+    };
+    let up_i = |x: &[i32]| {
+        s.clone_htod(if x.is_empty() { &[0][..] } else { x })
+            .expect("upload")
+    };
+    for b in [0usize, 2] {
+        let label = format!("B = {b}, seq_q = 0");
+        let r = (|| -> Result<(), String> {
+            let spec = KvCacheProblem::new(Family::softmax(), DType::BF16, b, hq, hkv, 0, d, layout)
+                .with_new_tokens(new)
+                .validate()
+                .map_err(|e| e.to_string())?;
+            let rnd = |n: usize, seed: u64| -> Vec<bf16> {
+                (0..n)
+                    .map(|i| bf16::from_f64(((i as u64 * 2654435761 + seed) % 1000) as f64 / 500.0 - 1.0))
+                    .collect()
+            };
+            let cache_len = b * cap * hkv * d;
+            let (k0, v0) = (rnd(cache_len, 1), rnd(cache_len, 2));
+            let (kn, vn) = (rnd(b * new * hkv * d, 3), rnd(b * new * hkv * d, 4));
+            let lens: Vec<i32> = (0..b as i32).map(|i| 5 + 7 * i).collect();
+            // The CPU step.
+            let (mut kc, mut vc) = (k0.clone(), v0.clone());
+            attn_cpu_ref::kv_cache::forward_kv_cache(
+                &spec,
+                attn_cpu_ref::kv_cache::KvCacheIo {
+                    q: &[],
+                    k_cache: &mut kc,
+                    v_cache: &mut vc,
+                    k_new: Some(&kn),
+                    v_new: Some(&vn),
+                    cache_seqlens: &lens,
+                    block_table: None,
+                },
+            )
+            .map_err(|e| format!("cpu: {e}"))?;
+            // The GPU step.
+            let mut ws = g.kv_cache_workspace(&spec).map_err(|e| e.to_string())?;
+            let q = up(&[]);
+            let (mut dk, mut dv) = (up(&k0), up(&v0));
+            let (dkn, dvn) = (up(&kn), up(&vn));
+            let dl = up_i(&lens);
+            let mut o = up(&[]);
+            let mut lse = s.clone_htod(&[f32::NAN]).expect("upload");
+            g.forward_kv_cache(
+                &spec,
+                attn_cuda::KvCacheIo {
+                    q: &q,
+                    k_cache: &mut dk,
+                    v_cache: &mut dv,
+                    k_new: Some(&dkn),
+                    v_new: Some(&dvn),
+                    cache_seqlens: &dl,
+                    block_table: None,
+                    o: &mut o,
+                    lse: &mut lse,
+                },
+                &mut ws,
+            )
+            .map_err(|e| e.to_string())?;
+            s.synchronize().map_err(|e| e.to_string())?;
+            if b > 0 {
+                let gk: Vec<bf16> = s.clone_dtoh(&dk).expect("download");
+                let gv: Vec<bf16> = s.clone_dtoh(&dv).expect("download");
+                if gk != kc || gv != vc {
+                    return Err("the appended caches differ from attn-cpu-ref's".into());
+                }
+            }
+            Ok(())
+        })();
+        cases.record(label, r);
+    }
+    cases.finish();
+}
