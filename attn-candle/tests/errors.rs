@@ -65,14 +65,11 @@ fn heads_that_do_not_group_are_rejected() -> Result<()> {
 }
 
 #[test]
-fn empty_dims_and_oversized_heads_name_the_tensor() -> Result<()> {
-    let q = t(&[1, 0, 2, 8], DType::F32)?;
-    let k = t(&[1, 4, 2, 8], DType::F32)?;
-    let msg = message(attention(&q, &k, &k, &AttnOptions::new(Family::softmax())));
-    assert_eq!(
-        msg,
-        "softmax attention: invalid `q`: q [1, 0, 2, 8] F32 on Cpu has an empty dimension"
-    );
+fn empty_heads_and_oversized_heads_name_the_tensor() -> Result<()> {
+    // An empty batch or sequence is a valid call (tests/zero_lengths.rs); no heads is not.
+    let q = t(&[1, 4, 0, 8], DType::F32)?;
+    let msg = message(attention(&q, &q, &q, &AttnOptions::new(Family::softmax())));
+    assert_mentions(&msg, &["softmax attention", "`q`", "q [1, 4, 0, 8]"]);
     let q = t(&[1, 4, 2, 300], DType::F32)?;
     let v = t(&[1, 4, 2, 8], DType::F32)?;
     let msg = message(attention(&q, &q, &v, &AttnOptions::new(Family::softmax())));
@@ -172,7 +169,7 @@ fn bad_key_lengths_and_varlen_offsets_are_rejected() -> Result<()> {
     ));
     assert_eq!(
         msg,
-        "softmax attention: invalid `max_seqlen_q`: must be at least 1"
+        "softmax attention: invalid `seqlens_q`: sequence 0 has length 3, more than max_seqlen_q = 0"
     );
     // attention() with packed lengths names the option `cu_seqlens_q`.
     let opts = AttnOptions::new(Family::softmax()).with_varlen(vec![0, 8, 7], vec![0, 3, 7]);

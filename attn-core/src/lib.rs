@@ -6,7 +6,9 @@
 //! Every family computes, per (batch, query head) slice,
 //! `o_i = Σ_j w_ij v_j / Σ_j w_ij` over the keys `j` that the mask allows for query `i`, with a
 //! family-specific weight `w_ij` ([`Family`]). A user describes a call as an [`AttnProblem`];
-//! [`AttnProblem::validate`] checks it once and returns the [`AttnSpec`] that backends accept.
+//! [`AttnProblem::validate`] checks it once and returns the [`AttnSpec`] that backends accept. A batch
+//! or a sequence may be empty: backends then return empty outputs and zero-size gradients (zeros
+//! with LSE −∞, Taylor denominator 0, for queries without keys).
 //!
 //! ```
 //! use attn_core::{AttnProblem, Causal, DType, Family};

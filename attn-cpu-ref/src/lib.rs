@@ -92,9 +92,50 @@ fn check_inputs<T>(spec: &AttnSpec, pass: Pass, x: &Inputs<'_, T>) -> Result<()>
     }
 }
 
+/// Whether the call has no query row or no key at all (a batch of 0, `seq_q = 0` or `seq_k = 0`,
+/// or packed batches of such entries): its result needs no score, so every entry point returns it
+/// before any sweep.
+pub(crate) fn is_empty_call(spec: &AttnSpec) -> bool {
+    spec.total_q() == 0 || spec.total_k() == 0
+}
+
+/// The forward of an empty call ([`is_empty_call`]): o zeros and every statistic that of a row with
+/// no allowed key: `lse_none` (−∞) for the softmax-like families, `den_none` (0) for Taylor. Both
+/// are empty when there is no query row.
+pub(crate) fn empty_forward<T: Clone, S: Clone>(
+    spec: &AttnSpec,
+    zero: T,
+    lse_none: S,
+    den_none: S,
+) -> Forward<T, S> {
+    let no_key = if spec.family().is_softmax_like() {
+        lse_none
+    } else {
+        den_none
+    };
+    Forward {
+        o: vec![zero; spec.o_len()],
+        stats: vec![no_key; spec.stats_len()],
+    }
+}
+
+/// The gradients of an empty call ([`is_empty_call`]): zeros of the spec's lengths (empty where
+/// the side is empty).
+pub(crate) fn empty_gradients<T: Clone>(spec: &AttnSpec, zero: T) -> Gradients<T> {
+    Gradients {
+        dq: vec![zero.clone(); spec.dq_len()],
+        dk: vec![zero.clone(); spec.dk_len()],
+        dv: vec![zero.clone(); spec.dv_len()],
+        dbias: spec.bias().map(|_| vec![zero; spec.bias_len()]),
+    }
+}
+
 /// Forward pass on f64 data: the exact oracle. Statistics in f64.
 pub fn forward_f64(spec: &AttnSpec, x: Inputs<'_, f64>) -> Result<Forward<f64, f64>> {
     check_inputs(spec, Pass::Forward, &x)?;
+    if is_empty_call(spec) {
+        return Ok(empty_forward(spec, 0.0, f64::NEG_INFINITY, 0.0));
+    }
     let mut o = vec![0.0; spec.o_len()];
     let mut stats = vec![0.0; spec.stats_len()];
     if spec.family().is_softmax_like() {
@@ -117,6 +158,9 @@ pub fn backward_f64(
     spec.check_len(Pass::Backward, "o", o.len(), spec.o_len())?;
     spec.check_len(Pass::Backward, "d_o", d_o.len(), spec.o_len())?;
     spec.check_len(Pass::Backward, "stats", stats.len(), spec.stats_len())?;
+    if is_empty_call(spec) {
+        return Ok(empty_gradients(spec, 0.0));
+    }
     let mut g = Gradients {
         dq: vec![0.0; spec.dq_len()],
         dk: vec![0.0; spec.dk_len()],
@@ -153,6 +197,10 @@ fn check_dtype<E: Element>(spec: &AttnSpec, pass: Pass) -> Result<()> {
 /// Forward pass on storage-dtype data: f64 inside, o rounded to `E`, statistics to f32.
 pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<E, f32>> {
     check_dtype::<E>(spec, Pass::Forward)?;
+    if is_empty_call(spec) {
+        check_inputs(spec, Pass::Forward, &x)?;
+        return Ok(empty_forward(spec, E::from_f64(0.0), f32::NEG_INFINITY, 0.0));
+    }
     let (q, k, v) = (widen(x.q), widen(x.k), widen(x.v));
     let bias = x.bias.map(widen);
     let f = forward_f64(
@@ -179,6 +227,13 @@ pub fn backward<E: Element>(
     stats: &[f32],
 ) -> Result<Gradients<E>> {
     check_dtype::<E>(spec, Pass::Backward)?;
+    if is_empty_call(spec) {
+        check_inputs(spec, Pass::Backward, &x)?;
+        spec.check_len(Pass::Backward, "o", o.len(), spec.o_len())?;
+        spec.check_len(Pass::Backward, "d_o", d_o.len(), spec.o_len())?;
+        spec.check_len(Pass::Backward, "stats", stats.len(), spec.stats_len())?;
+        return Ok(empty_gradients(spec, E::from_f64(0.0)));
+    }
     let (q, k, v) = (widen(x.q), widen(x.k), widen(x.v));
     let bias = x.bias.map(widen);
     let stats: Vec<f64> = stats.iter().map(|&s| s as f64).collect();

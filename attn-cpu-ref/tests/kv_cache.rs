@@ -578,3 +578,64 @@ fn bad_lengths_tables_and_buffers_are_typed_errors_that_write_nothing() {
     .unwrap();
     assert_eq!(run(&bf, &q, 2 * 32 * w, Some(&kn), &[0, 0], None), "dtype");
 }
+
+/// A step of a batch of 0 returns empty o and LSE and writes nothing; a step with `seq_q = 0`
+/// appends its new tokens (the same rows as a step with queries) and returns empty o and LSE.
+#[test]
+fn steps_with_an_empty_batch_or_no_query() {
+    let (hq, hkv, d, cap, new) = (4, 2, 8, 6, 2);
+    let layout = KvLayout::Contiguous { capacity: cap };
+    let mut rng = StdRng::seed_from_u64(9);
+    // B = 0.
+    let spec = KvCacheProblem::new(Family::softmax(), DType::F32, 0, hq, hkv, 1, d, layout)
+        .with_new_tokens(new)
+        .validate()
+        .expect("a batch of 0 validates");
+    let (mut kc, mut vc) = (Vec::<f32>::new(), Vec::<f32>::new());
+    let f = forward_kv_cache(
+        &spec,
+        KvCacheIo {
+            q: &[],
+            k_cache: &mut kc,
+            v_cache: &mut vc,
+            k_new: Some(&[]),
+            v_new: Some(&[]),
+            cache_seqlens: &[],
+            block_table: None,
+        },
+    )
+    .expect("a step of a batch of 0");
+    assert!(f.o.is_empty() && f.stats.is_empty());
+    // seq_q = 0 against seq_q = 1: the same append, no output.
+    let b = 2;
+    let k_new = uniform(&mut rng, b * new * hkv * d);
+    let v_new = uniform(&mut rng, b * new * hkv * d);
+    let lens = [1i32, 3];
+    let mut caches = Vec::new();
+    for seq_q in [0, 1] {
+        let spec = KvCacheProblem::new(Family::softmax(), DType::F32, b, hq, hkv, seq_q, d, layout)
+            .with_new_tokens(new)
+            .validate()
+            .expect("valid");
+        let q = uniform(&mut rng, b * seq_q * hq * d);
+        let (mut kc, mut vc) = (vec![0f32; b * cap * hkv * d], vec![0f32; b * cap * hkv * d]);
+        let f = forward_kv_cache(
+            &spec,
+            KvCacheIo {
+                q: &q,
+                k_cache: &mut kc,
+                v_cache: &mut vc,
+                k_new: Some(&k_new),
+                v_new: Some(&v_new),
+                cache_seqlens: &lens,
+                block_table: None,
+            },
+        )
+        .unwrap_or_else(|e| panic!("seq_q {seq_q}: {e}"));
+        assert_eq!(f.o.len(), b * seq_q * hq * d, "seq_q {seq_q}: o");
+        assert_eq!(f.stats.len(), b * seq_q * hq, "seq_q {seq_q}: LSE");
+        caches.push((kc, vc));
+    }
+    assert_eq!(caches[0], caches[1], "seq_q = 0 appends as seq_q = 1 does");
+    assert!(caches[0].0.iter().any(|&x| x != 0.0), "the new keys were written");
+}

@@ -358,10 +358,64 @@ impl CudaAttn {
         }
     }
 
+    /// The forward of an empty call (crate::empty): buffers checked, o zeroed, the statistics set
+    /// to the no-key value; no kernel.
+    fn forward_empty<T: DeviceElem>(&self, spec: &AttnSpec, a: FwdArgs<'_, T>) -> Result<()> {
+        let bias = bias_pair(spec, spec.op(Pass::Forward), a.bias, "bias")?;
+        let c = Checker {
+            tensor_cores: false,
+            ..self.checker(spec, Pass::Forward)
+        };
+        let _ = c.input("q", a.q, spec.q_len())?;
+        let _ = c.input("k", a.k, spec.k_len())?;
+        let _ = c.input("v", a.v, spec.v_len())?;
+        let _ = bias.map(|b| c.input("bias", b, spec.bias_len())).transpose()?;
+        crate::empty::zero(&c, &self.stream, "o", a.o, spec.o_len())?;
+        let what = if spec.family().is_softmax_like() {
+            "lse"
+        } else {
+            "stats"
+        };
+        crate::empty::fill_stats(&c, &self.stream, what, a.lse)
+    }
+
+    /// The backward of an empty call: buffers checked, every gradient zeroed; no kernel.
+    fn backward_empty<T: DeviceElem>(&self, spec: &AttnSpec, a: BwdArgs<'_, T>) -> Result<()> {
+        let op = spec.op(Pass::Backward);
+        let bias = bias_pair(spec, op, a.bias, "bias")?;
+        let dbias = bias_pair(spec, op, a.dbias, "dbias")?;
+        let c = Checker {
+            tensor_cores: false,
+            ..self.checker(spec, Pass::Backward)
+        };
+        let _ = c.input("q", a.q, spec.q_len())?;
+        let _ = c.input("k", a.k, spec.k_len())?;
+        let _ = c.input("v", a.v, spec.v_len())?;
+        let _ = c.input("o", a.o, spec.o_len())?;
+        let _ = c.input("d_o", a.d_o, spec.o_len())?;
+        let what = if spec.family().is_softmax_like() {
+            "lse"
+        } else {
+            "stats"
+        };
+        let _ = c.input(what, a.lse, spec.stats_len())?;
+        let _ = bias.map(|b| c.input("bias", b, spec.bias_len())).transpose()?;
+        crate::empty::zero(&c, &self.stream, "dq", a.dq, spec.dq_len())?;
+        crate::empty::zero(&c, &self.stream, "dk", a.dk, spec.dk_len())?;
+        crate::empty::zero(&c, &self.stream, "dv", a.dv, spec.dv_len())?;
+        if let Some(db) = dbias {
+            crate::empty::zero(&c, &self.stream, "dbias", db, spec.bias_len())?;
+        }
+        Ok(())
+    }
+
     fn forward_impl<T: DeviceElem>(&self, spec: &AttnSpec, a: FwdArgs<'_, T>) -> Result<()> {
         let pass = Pass::Forward;
         let op = spec.op(pass);
         dtype_check::<T>(spec, op)?;
+        if crate::empty::is_empty(spec) {
+            return self.forward_empty(spec, a);
+        }
         let taylor = matches!(spec.family(), FamilySpec::Taylor { .. });
         if taylor && !self.taylor_on_flash(spec, pass, &[a.q, a.k, a.v]) {
             let t = crate::taylor::Forward {
@@ -512,6 +566,9 @@ impl CudaAttn {
         let pass = Pass::Backward;
         let op = spec.op(pass);
         dtype_check::<T>(spec, op)?;
+        if crate::empty::is_empty(spec) {
+            return self.backward_empty(spec, a);
+        }
         let taylor = matches!(spec.family(), FamilySpec::Taylor { .. });
         if taylor && !self.taylor_on_flash(spec, pass, &[a.q, a.k, a.v, a.o, a.d_o]) {
             let t = crate::taylor::Backward {

@@ -498,6 +498,10 @@ impl CudaAttn {
             }
         }
 
+        // An empty batch appends and attends nothing; o and the LSE are empty (crate::empty).
+        if a.batch() == 0 {
+            return Ok(());
+        }
         let mut p = params_for(a);
         (p.q, p.o, p.lse) = (qp, op_, lp);
         (p.k, p.v, p.k_cache, p.v_cache) = (kc, vc, kc, vc);
@@ -546,6 +550,10 @@ impl CudaAttn {
             // the table entries name pages of the pool (the caller's contract, checked under
             // ATTN_CUDA_CHECK_LAUNCHES).
             unsafe { kernels.launch_params(stream, &append, &p, op) }?;
+        }
+        // seq_q = 0: the new tokens are appended, there is no query to attend (o and LSE empty).
+        if a.total_q() == 0 {
+            return Ok(());
         }
         launch_forward(self, &kernels, a, &p, split, op)
     }

@@ -26,7 +26,12 @@
 //! (LSE = −∞). Head dims 32, 64, 96, 128, 256 (and 16 for cosine-sim), `Dv = D`; anything else
 //! is a typed `Unsupported` error (so is a geodesic curvature outside `[1e-12, 1e12]`).
 //!
-//! Without nvcc at build time the crate still builds and every call returns
+//! Empty calls (a batch of 0, `seq_q = 0` or `seq_k = 0`) launch no kernel: their buffers are checked,
+//! then o and the gradients are zeroed and the statistics set to the no-key value (LSE −∞, Taylor
+//! denominator 0) by memsets on the stream; `forward_views` and `backward_views` do this before
+//! routing, so it needs neither the kernels nor a supported head dim (docs/nan.md, "Empty calls").
+//!
+//! Without nvcc at build time the crate still builds and every call that launches a kernel returns
 //! [`CudaAttnError::KernelsNotBuilt`]; without a GPU [`CudaAttn::new`] returns
 //! [`CudaAttnError::NoGpu`].
 //!
@@ -40,6 +45,7 @@ mod check;
 mod config;
 mod decode;
 mod dispatch;
+mod empty;
 mod error;
 mod heuristics;
 mod params;

@@ -304,7 +304,7 @@ fn check_spec(p: &AttnProblem, spec: &AttnSpec) {
     // at its last row and head. A dense batch has the same lengths in every entry (check the last);
     // key padding and varlen carry one length per entry in a vector the input spelled out.
     let entries: Vec<usize> = match spec.lengths() {
-        SeqLengths::Dense => vec![spec.batch() - 1],
+        SeqLengths::Dense => spec.batch().checked_sub(1).into_iter().collect(),
         _ => (0..spec.batch()).collect(),
     };
     let (mut sum_q, mut sum_k) = (0usize, 0usize);
@@ -344,13 +344,19 @@ fn check_spec(p: &AttnProblem, spec: &AttnSpec) {
     if let Some(bias) = spec.bias() {
         assert!(bias.batch == 1 || bias.batch == spec.batch());
         assert!(bias.heads == 1 || bias.heads == hq);
-        let last = spec.bias_index(spec.batch() - 1, hq - 1, spec.seq_q() - 1, spec.seq_k() - 1);
-        fits(
-            "bias",
-            last.expect("a spec with a bias has bias indices"),
-            spec.bias_len(),
-            spec,
-        );
+        // An empty batch or sequence has no bias element to address (and an empty bias buffer).
+        let (b, nq, nk) = (spec.batch(), spec.seq_q(), spec.seq_k());
+        if b == 0 || nq == 0 || nk == 0 {
+            assert_eq!(spec.bias_len(), 0, "a bias over an empty call is empty");
+        } else {
+            let last = spec.bias_index(b - 1, hq - 1, nq - 1, nk - 1);
+            fits(
+                "bias",
+                last.expect("a spec with a bias has bias indices"),
+                spec.bias_len(),
+                spec,
+            );
+        }
     }
     if let Ok(shape) = DecodeShape::of(spec, Pass::Decode) {
         let _ = shape.check_step(spec).map_err(|e| e.to_string());

@@ -1056,11 +1056,14 @@ mod tests {
             (vec![1, 4, 1, 8], vec![2, 4, 1, 8], vec![2, 4, 1, 8], "k"),
             (vec![1, 4, 3, 8], vec![1, 4, 2, 8], vec![1, 4, 2, 8], "k"),
             (vec![1, 4, 1, 8], vec![1, 4, 1, 8], vec![1, 5, 1, 8], "v"),
-            (vec![1, 0, 1, 8], vec![1, 4, 1, 8], vec![1, 4, 1, 8], "seq_q"),
+            (vec![1, 4, 0, 8], vec![1, 4, 1, 8], vec![1, 4, 1, 8], "heads_q"),
         ] {
             let msg = message(parse(&file(&qkv(&q, &k, &v)), &opts()));
             assert!(msg.contains(what), "{q:?} {k:?} {v:?}: {msg}");
         }
+        // An empty sequence is a valid (empty) call, as in candle and PyTorch.
+        let p = parse(&file(&qkv(&[1, 0, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8])), &opts());
+        assert_eq!(p.expect("an empty query sequence parses").spec.o_len(), 0);
         let mut t = qkv(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8]);
         let (d, s, b) = f32s(&[1, 4, 1, 9]);
         t.push(("do", d, s, b));

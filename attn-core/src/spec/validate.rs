@@ -5,6 +5,11 @@ use super::*;
 
 impl AttnProblem {
     /// Check everything and resolve defaults. The only way to obtain an [`AttnSpec`].
+    ///
+    /// `batch`, `seq_q` and `seq_k` may be 0 (an empty call, as with empty tensors in candle and
+    /// PyTorch): the buffers of the empty side have length 0 and, for `seq_k = 0`, every row's
+    /// `key_range` is empty, so backends return empty outputs, or zeros with the no-key statistic,
+    /// and zero gradients (docs/nan.md, "Empty calls"). Heads and head dims must be at least 1.
     pub fn validate(&self) -> Result<AttnSpec> {
         let op = Op::new(self.family.kind(), Pass::Spec);
         let invalid = |arg: &'static str, reason: String| AttnError::InvalidArgument { op, arg, reason };
@@ -16,7 +21,9 @@ impl AttnProblem {
         };
         let family = resolve_family(op, &self.family, self.head_dim)?;
 
-        // Sizes.
+        // Sizes. A batch or a sequence may be empty (as in candle and PyTorch): every buffer the call
+        // writes is then empty, or, for queries without keys (seq_k = 0), rows of zeros with the
+        // no-key statistic. Heads and head dims are at least 1.
         for (arg, n) in [
             ("batch", self.batch),
             ("heads_q", self.heads_q),
@@ -24,7 +31,7 @@ impl AttnProblem {
             ("seq_q", self.seq_q),
             ("seq_k", self.seq_k),
         ] {
-            if n == 0 {
+            if n == 0 && (arg == "heads_q" || arg == "heads_kv") {
                 return Err(invalid(arg, "must be at least 1".into()));
             }
             if n > MAX_INDEX {

@@ -222,6 +222,14 @@ impl<'a, E: Element> Ctx<'a, E> {
 pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<E, f32>> {
     let kind = check::<E>(spec, Pass::Forward)?;
     check_inputs(spec, Pass::Forward, &x)?;
+    if crate::is_empty_call(spec) {
+        return Ok(crate::empty_forward(
+            spec,
+            E::from_f64(0.0),
+            f32::NEG_INFINITY,
+            0.0,
+        ));
+    }
     let ctx = Ctx::new(spec, kind, &x);
     Ok(forward::run(&ctx))
 }
@@ -249,6 +257,9 @@ pub fn backward<E: Element>(
     spec.check_len(Pass::Backward, "o", o.len(), spec.o_len())?;
     spec.check_len(Pass::Backward, "d_o", d_o.len(), spec.o_len())?;
     spec.check_len(Pass::Backward, "stats", stats.len(), spec.stats_len())?;
+    if crate::is_empty_call(spec) {
+        return Ok(crate::empty_gradients(spec, E::from_f64(0.0)));
+    }
     let ctx = Ctx::new(spec, kind, &x);
     Ok(backward::run(&ctx, o, d_o, stats))
 }

@@ -10,6 +10,7 @@
 
 use super::heuristics::{self, DECODE_FEATURES};
 use super::{check, Call, Forward};
+use crate::check::Checker;
 use crate::config::KernelConfig;
 use crate::error::Result;
 use crate::views::{DeviceElem, ForwardViews};
@@ -84,8 +85,6 @@ impl Decode<'_> {
         let pass = Pass::Forward;
         check::<T>(spec, pass)?;
         let mut state = self.empty(spec)?;
-        let call = Call::new(self.stream, self.config, spec, pass)?;
-        let (mut p, _lengths) = call.params()?;
         let ForwardViews {
             q,
             k,
@@ -94,18 +93,45 @@ impl Decode<'_> {
             mut o,
             mut lse,
         } = io;
-        super::forward_impl(
-            &call,
-            &mut p,
-            Forward {
-                q: &q,
-                k: &k,
-                v: &v,
-                bias: bias.as_ref().map(|b| b as &dyn DevicePtr<T>),
-                o: &mut o,
-                stats: &mut lse,
-            },
-        )?;
+        // No query row or no key (crate::empty): o zeros and denominators 0 without a kernel; with
+        // no key at all the state stays empty, otherwise the keys are folded below.
+        let empty = crate::empty::is_empty(spec);
+        if empty {
+            if bias.is_some() {
+                super::no_bias(spec, pass, "bias", true)?;
+            }
+            let c = Checker {
+                spec,
+                op: spec.op(pass),
+                pass,
+                stream: self.stream,
+                tensor_cores: false,
+            };
+            let _ = c.input("q", &q, spec.q_len())?;
+            crate::empty::zero(&c, self.stream, "o", &mut o, spec.o_len())?;
+            crate::empty::fill_stats(&c, self.stream, "stats", &mut lse)?;
+            if spec.total_k() == 0 {
+                let _ = c.input("k", &k, spec.k_len())?;
+                let _ = c.input("v", &v, spec.v_len())?;
+                return Ok(state);
+            }
+        }
+        let call = Call::new(self.stream, self.config, spec, pass)?;
+        let (mut p, _lengths) = call.params()?;
+        if !empty {
+            super::forward_impl(
+                &call,
+                &mut p,
+                Forward {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    bias: bias.as_ref().map(|b| b as &dyn DevicePtr<T>),
+                    o: &mut o,
+                    stats: &mut lse,
+                },
+            )?;
+        }
         let d = spec.head_dim();
         // The prefill reads k and v again: hold their stream guards until it is enqueued.
         let c = call.checker(pass);
@@ -150,6 +176,22 @@ impl Decode<'_> {
         check_state_device(state, spec, self.stream)?;
         if io.bias.is_some() {
             super::no_bias(spec, pass, "bias", true)?;
+        }
+        // A step of no token (t = 0) or of an empty batch appends nothing and writes nothing.
+        if crate::empty::is_empty(spec) {
+            let c = Checker {
+                spec,
+                op: spec.op(pass),
+                pass,
+                stream: self.stream,
+                tensor_cores: false,
+            };
+            let _ = c.input("q", &io.q, spec.q_len())?;
+            let _ = c.input("k", &io.k, spec.k_len())?;
+            let _ = c.input("v", &io.v, spec.v_len())?;
+            let ForwardViews { mut o, mut lse, .. } = io;
+            crate::empty::zero(&c, self.stream, "o", &mut o, spec.o_len())?;
+            return crate::empty::fill_stats(&c, self.stream, "stats", &mut lse);
         }
         let call = Call::new(self.stream, self.config, spec, pass)?;
         let (mut p, _lengths) = call.params()?;

@@ -495,7 +495,11 @@ pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Ou
     out
 }
 
+/// `data` on the device; an empty `data` as one NaN (a zero-byte allocation is a driver error; the
+/// buffers are checked for at least the spec's length).
 fn upload<T: DeviceElem>(data: &[T]) -> CudaSlice<T> {
+    let nan = [T::from_f64(f64::NAN)];
+    let data = if data.is_empty() { &nan[..] } else { data };
     gpu().stream().clone_htod(data).expect("upload")
 }
 
