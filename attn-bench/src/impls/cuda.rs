@@ -89,6 +89,33 @@ struct Bufs<T> {
     grads: Option<Grads<T>>,
 }
 
+/// The `Runner` methods every GPU runner shares (fields `gpu: &'static Gpu` and
+/// `peak: DevicePeak`): CUDA-event timing on the kernels' stream, the pool's peak, the GPU's name.
+macro_rules! on_the_gpu {
+    () => {
+        fn sync(&mut self) -> Result<(), BenchError> {
+            Ok(self.gpu.stream().synchronize()?)
+        }
+
+        fn time(&mut self, runs: usize) -> Result<Vec<f64>, BenchError> {
+            let g = self.gpu;
+            gpu::time_events(g.stream(), runs, || self.call())
+        }
+
+        fn timer(&self) -> &'static str {
+            "cuda_event"
+        }
+
+        fn peak(&mut self) -> Option<Peak> {
+            self.peak.read().ok()
+        }
+
+        fn device(&self) -> Option<String> {
+            Some(self.gpu.name.clone())
+        }
+    };
+}
+
 struct CudaRunner<T: PoolElem> {
     gpu: &'static Gpu,
     spec: AttnSpec,
@@ -191,26 +218,7 @@ impl<T: PoolElem> Runner for CudaRunner<T> {
         Ok(())
     }
 
-    fn sync(&mut self) -> Result<(), BenchError> {
-        Ok(self.gpu.stream().synchronize()?)
-    }
-
-    fn time(&mut self, runs: usize) -> Result<Vec<f64>, BenchError> {
-        let g = self.gpu;
-        gpu::time_events(g.stream(), runs, || self.call())
-    }
-
-    fn timer(&self) -> &'static str {
-        "cuda_event"
-    }
-
-    fn peak(&mut self) -> Option<Peak> {
-        self.peak.read().ok()
-    }
-
-    fn device(&self) -> Option<String> {
-        Some(self.gpu.name.clone())
-    }
+    on_the_gpu!();
 }
 
 impl<T: PoolElem> Drop for CudaRunner<T> {
@@ -343,26 +351,7 @@ impl<T: PoolElem> Runner for PagedRunner<T> {
         Ok(())
     }
 
-    fn sync(&mut self) -> Result<(), BenchError> {
-        Ok(self.gpu.stream().synchronize()?)
-    }
-
-    fn time(&mut self, runs: usize) -> Result<Vec<f64>, BenchError> {
-        let g = self.gpu;
-        gpu::time_events(g.stream(), runs, || self.call())
-    }
-
-    fn timer(&self) -> &'static str {
-        "cuda_event"
-    }
-
-    fn peak(&mut self) -> Option<Peak> {
-        self.peak.read().ok()
-    }
-
-    fn device(&self) -> Option<String> {
-        Some(self.gpu.name.clone())
-    }
+    on_the_gpu!();
 }
 
 /// attn-cuda on a paged cache for a decode point (`CudaAttn::forward_kv_cache`).
