@@ -94,8 +94,9 @@ fn bias_pair<X>(spec: &AttnSpec, op: Op, buf: Option<X>, what: &str) -> Result<O
     }
 }
 
-/// Strides of f16/bf16 inputs must keep every row 16-byte aligned for cp.async.
-fn check_strides(spec: &AttnSpec, op: Op) -> Result<()> {
+/// Strides of f16/bf16 inputs must keep every row 16-byte aligned for cp.async (the flash and the
+/// decode kernels).
+pub(crate) fn check_strides(spec: &AttnSpec, op: Op) -> Result<()> {
     for (what, s) in [
         ("q", spec.q_strides()),
         ("k", spec.k_strides()),

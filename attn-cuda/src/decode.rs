@@ -23,7 +23,7 @@ use crate::runtime::{self, Kernels, Launch};
 use crate::views::DeviceElem;
 use crate::CudaAttn;
 use attn_core::{
-    Aggregation, AttnError, AttnSpec, Causal, DType, FamilySpec, HypScore, KvCacheSpec, KvLayout, Op, Pass,
+    Aggregation, AttnError, AttnSpec, DType, FamilySpec, HypScore, KvCacheSpec, KvLayout, Op, Pass,
     SeqLengths,
 };
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -64,17 +64,8 @@ fn params_for(spec: &AttnSpec) -> DecodeParams {
     p.seq_k = to_i32(spec.seq_k());
     p.head_dim = to_i32(spec.head_dim());
     p.head_dim_v = to_i32(spec.head_dim_v());
-    p.causal = match spec.causal() {
-        Causal::None => 0,
-        Causal::TopLeft => 1,
-        Causal::BottomRight => 2,
-    };
-    // A window wider than both sequences is no window (as for the flash kernels' parameters).
-    let cap = spec.seq_q() + spec.seq_k();
-    let side = |w: Option<usize>| w.map(|w| to_i32(w.min(cap))).unwrap_or(-1);
-    let window = spec.window().unwrap_or_default();
-    p.window_left = side(window.left);
-    p.window_right = side(window.right);
+    p.causal = crate::params::causal_code(spec);
+    (p.window_left, p.window_right) = crate::params::window_sides(spec);
     p.scale = 1.0;
     match *spec.family() {
         FamilySpec::Softmax { scale, softcap } => {
@@ -112,29 +103,6 @@ fn params_for(spec: &AttnSpec) -> DecodeParams {
         FamilySpec::Taylor { .. } => {}
     }
     p
-}
-
-/// f16/bf16 rows are read with 16-byte cp.async: strides in whole 16-byte units.
-fn check_row_strides(spec: &AttnSpec, op: Op) -> Result<()> {
-    for (what, s) in [
-        ("q", spec.q_strides()),
-        ("k", spec.k_strides()),
-        ("v", spec.v_strides()),
-    ] {
-        if s.batch % 8 != 0 || s.seq % 8 != 0 || s.head % 8 != 0 {
-            return Err(AttnError::Unsupported {
-                op,
-                backend: dispatch::BACKEND,
-                what: format!(
-                    "`{what}` strides (batch {}, seq {}, head {}) that are not multiples of 8 elements \
-                     (rows must be 16-byte aligned for the tensor-core kernels)",
-                    s.batch, s.seq, s.head
-                ),
-            }
-            .into());
-        }
-    }
-    Ok(())
 }
 
 /// Launch the forward (and with S > 1 the combine) with `p` filled but for the split and the load
@@ -226,7 +194,7 @@ pub(crate) fn forward<T: DeviceElem>(
     }
     let tensor_cores = spec.dtype() != DType::F32;
     if tensor_cores {
-        check_row_strides(spec, op)?;
+        crate::backend::check_strides(spec, op)?;
     }
     let stream = attn.stream();
     let kernels = runtime::kernels_for(stream.context(), op)?;

@@ -137,6 +137,24 @@ fn set_strides(s: Strides) -> (i64, i64, i64) {
     (s.batch as i64, s.seq as i64, s.head as i64)
 }
 
+/// The kernels' causal code: 0 none, 1 top-left, 2 bottom-right.
+pub(crate) fn causal_code(spec: &AttnSpec) -> i32 {
+    match spec.causal() {
+        Causal::None => 0,
+        Causal::TopLeft => 1,
+        Causal::BottomRight => 2,
+    }
+}
+
+/// The window's (left, right) sides for the kernels, −1 for an unbounded side. A window wider than
+/// both sequences is no window; clamping keeps device arithmetic in i32.
+pub(crate) fn window_sides(spec: &AttnSpec) -> (i32, i32) {
+    let cap = spec.seq_q() + spec.seq_k();
+    let side = |w: Option<usize>| w.map(|w| to_i32(w.min(cap))).unwrap_or(-1);
+    let window = spec.window().unwrap_or_default();
+    (side(window.left), side(window.right))
+}
+
 impl AttnParams {
     /// Everything but the pointers, from a checked spec.
     pub(crate) fn from_spec(spec: &AttnSpec) -> Self {
@@ -157,17 +175,8 @@ impl AttnParams {
         p.total_q = to_i32(spec.total_q());
         p.total_k = to_i32(spec.total_k());
         p.head_dim = to_i32(spec.head_dim());
-        p.causal = match spec.causal() {
-            Causal::None => 0,
-            Causal::TopLeft => 1,
-            Causal::BottomRight => 2,
-        };
-        // A window wider than both sequences is no window; clamping keeps device arithmetic in i32.
-        let cap = spec.seq_q() + spec.seq_k();
-        let side = |w: Option<usize>| w.map(|w| to_i32(w.min(cap))).unwrap_or(-1);
-        let window = spec.window().unwrap_or_default();
-        p.window_left = side(window.left);
-        p.window_right = side(window.right);
+        p.causal = causal_code(spec);
+        (p.window_left, p.window_right) = window_sides(spec);
         if let Some(b) = spec.bias() {
             p.bias_batch = to_i32(b.batch);
             p.bias_heads = to_i32(b.heads);
