@@ -30,6 +30,8 @@ use attn_core::{
 use attn_cpu_ref::testing::{random_case, Case};
 use attn_cpu_ref::{backward, backward_f64, forward, forward_f64, Forward, Gradients, Inputs};
 use compare::{compare, Comparison};
+pub use example::{make_example, ExampleShape, EXAMPLE_SHAPE};
+pub use family::{family_with_options, FamilyOptions};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use std::collections::HashMap;
@@ -38,6 +40,8 @@ use std::path::{Path, PathBuf};
 pub mod compare;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod example;
+mod family;
 
 /// Where the call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -679,190 +683,6 @@ pub fn check(
     }
     std::fs::write(output, file).map_err(|e| BenchError::io(output, e))?;
     Ok(summary)
-}
-
-/// Shape of the example input: `B = 2`, `Hq = 4` over `Hk = 2` (GQA), `Nq = 100`, `Nk = 128`
-/// (unequal, and neither a multiple of 64, so masks and tile tails are exercised), `D = 64`.
-pub const EXAMPLE_SHAPE: ExampleShape = ExampleShape {
-    batch: 2,
-    heads_q: 4,
-    heads_kv: 2,
-    seq_q: 100,
-    seq_k: 128,
-    head_dim: 64,
-};
-
-/// The dimensions of [`make_example`]'s tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExampleShape {
-    pub batch: usize,
-    pub heads_q: usize,
-    pub heads_kv: usize,
-    pub seq_q: usize,
-    pub seq_k: usize,
-    pub head_dim: usize,
-}
-
-/// Write an input file for `check`: `q`, `k`, `v` and `do` of [`EXAMPLE_SHAPE`] in `dtype` and
-/// `layout`, uniform in (−1, 1) from a fixed seed (for an Einstein-midpoint family the values are
-/// scaled into the Klein ball, as [`random_case`] draws them). Returns the tensors written.
-///
-/// ```
-/// use attn_bench::check::make_example;
-/// use attn_core::{DType, Family, Layout};
-/// let path = std::env::temp_dir().join(format!("attn-bench-doc-{}.safetensors", std::process::id()));
-/// let tensors = make_example(&path, Family::softmax(), DType::BF16, Layout::Bnhd)?;
-/// assert_eq!(tensors[0], "q BF16 [2, 100, 4, 64]");
-/// # std::fs::remove_file(&path).ok();
-/// # Ok::<(), attn_bench::BenchError>(())
-/// ```
-pub fn make_example(
-    path: &Path,
-    family: Family,
-    dtype: DType,
-    layout: Layout,
-) -> Result<Vec<String>, BenchError> {
-    let s = EXAMPLE_SHAPE;
-    let spec = AttnProblem::new(
-        family, dtype, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim,
-    )
-    .with_layout(layout)
-    .validate()?;
-    let case = random_case(&spec, 0);
-    fn tensors<E: Stored>(spec: &AttnSpec, case: &Case) -> Vec<Out> {
-        let narrow = |x: &[f64]| E::encode(&x.iter().map(|&v| E::from_f64(v)).collect::<Vec<E>>());
-        vec![
-            Out {
-                name: "q",
-                dtype: E::ST_DTYPE,
-                shape: spec.q_shape(),
-                data: narrow(&case.q),
-            },
-            Out {
-                name: "k",
-                dtype: E::ST_DTYPE,
-                shape: spec.k_shape(),
-                data: narrow(&case.k),
-            },
-            Out {
-                name: "v",
-                dtype: E::ST_DTYPE,
-                shape: spec.v_shape(),
-                data: narrow(&case.v),
-            },
-            Out {
-                name: "do",
-                dtype: E::ST_DTYPE,
-                shape: spec.o_shape(),
-                data: narrow(&case.d_o),
-            },
-        ]
-    }
-    let outs = match dtype {
-        DType::F32 => tensors::<f32>(&spec, &case),
-        DType::F16 => tensors::<f16>(&spec, &case),
-        DType::BF16 => tensors::<bf16>(&spec, &case),
-    };
-    let metadata = HashMap::from([(
-        "made_by".to_string(),
-        "attn-bench check --make-example (seed 0)".to_string(),
-    )]);
-    write_file(path, &outs, metadata)?;
-    Ok(tensor_lines(&outs))
-}
-
-/// Family parameters a user can set on the command line; `None` keeps the family's default.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FamilyOptions {
-    pub scale: Option<f32>,
-    pub softcap: Option<f32>,
-    /// Taylor `[a0, a1]` or `[a0, a1, a2]`.
-    pub a: Option<Vec<f32>>,
-    /// `qk_l2norm` of cosine-sim and Taylor.
-    pub l2norm: Option<bool>,
-    pub eps: Option<f32>,
-    pub curvature: Option<f32>,
-    pub beta: Option<f32>,
-    pub aggregation: Option<Aggregation>,
-}
-
-/// The family `id` with the options applied; an option the family does not have is an error.
-///
-/// ```
-/// use attn_bench::check::{family_with_options, FamilyOptions};
-/// use attn_bench::grid::FamilyId;
-/// use attn_core::Family;
-/// let opts = FamilyOptions { scale: Some(0.5), ..Default::default() };
-/// let f = family_with_options(FamilyId::Softmax, &opts).unwrap();
-/// assert!(matches!(f, Family::Softmax(p) if p.scale == Some(0.5)));
-/// let bad = FamilyOptions { curvature: Some(2.0), ..Default::default() };
-/// assert!(family_with_options(FamilyId::Softmax, &bad).is_err());
-/// ```
-pub fn family_with_options(id: FamilyId, o: &FamilyOptions) -> Result<Family, BenchError> {
-    let mut family = id.family();
-    let reject = |arg: &'static str, given: bool| -> Result<(), BenchError> {
-        if given {
-            return Err(BenchError::InvalidArgument {
-                arg,
-                reason: format!("does not apply to the {id} family"),
-            });
-        }
-        Ok(())
-    };
-    match &mut family {
-        Family::Softmax(p) => {
-            p.scale = o.scale.or(p.scale);
-            p.softcap = o.softcap.or(p.softcap);
-            reject("a", o.a.is_some())?;
-            reject("l2norm", o.l2norm.is_some())?;
-            reject("eps", o.eps.is_some())?;
-        }
-        Family::CosineSim(p) => {
-            p.scale = o.scale.unwrap_or(p.scale);
-            p.qk_l2norm = o.l2norm.unwrap_or(p.qk_l2norm);
-            p.eps = o.eps.unwrap_or(p.eps);
-            reject("softcap", o.softcap.is_some())?;
-            reject("a", o.a.is_some())?;
-        }
-        Family::Taylor(p) => {
-            p.scale = o.scale.or(p.scale);
-            p.qk_l2norm = o.l2norm.unwrap_or(p.qk_l2norm);
-            if let Some(a) = &o.a {
-                match (a.as_slice(), p.order) {
-                    (&[a0, a1], 1) => p.a = [a0, a1, 0.0],
-                    (&[a0, a1, a2], 2) => p.a = [a0, a1, a2],
-                    _ => {
-                        return Err(BenchError::InvalidArgument {
-                            arg: "a",
-                            reason: format!(
-                                "order {} takes {} coefficients, got {a:?}",
-                                p.order,
-                                p.order + 1
-                            ),
-                        })
-                    }
-                }
-            }
-            reject("softcap", o.softcap.is_some())?;
-            reject("eps", o.eps.is_some())?;
-        }
-        Family::Hyperbolic(p) => {
-            p.curvature = o.curvature.unwrap_or(p.curvature);
-            p.beta = o.beta.unwrap_or(p.beta);
-            p.aggregation = o.aggregation.unwrap_or(p.aggregation);
-            reject("scale", o.scale.is_some())?;
-            reject("softcap", o.softcap.is_some())?;
-            reject("a", o.a.is_some())?;
-            reject("l2norm", o.l2norm.is_some())?;
-            reject("eps", o.eps.is_some())?;
-        }
-    }
-    if !matches!(family, Family::Hyperbolic(_)) {
-        reject("curvature", o.curvature.is_some())?;
-        reject("beta", o.beta.is_some())?;
-        reject("aggregation", o.aggregation.is_some())?;
-    }
-    Ok(family)
 }
 
 #[cfg(test)]
