@@ -51,7 +51,7 @@ fn dtype_name(dtype: DType) -> &'static str {
 /// a cache's).
 fn params_for(spec: &AttnSpec) -> DecodeParams {
     let mut p = DecodeParams::default();
-    let st = |s: attn_core::Strides| (to_i64(s.batch), to_i64(s.seq), to_i64(s.head));
+    let st = crate::params::set_strides;
     (p.q_batch, p.q_seq, p.q_head) = st(spec.q_strides());
     (p.k_batch, p.k_seq, p.k_head) = st(spec.k_strides());
     (p.v_batch, p.v_seq, p.v_head) = st(spec.v_strides());

@@ -133,7 +133,8 @@ fn to_i32(x: usize) -> i32 {
     i32::try_from(x).unwrap_or(i32::MAX)
 }
 
-fn set_strides(s: Strides) -> (i64, i64, i64) {
+/// A view's (batch, seq, head) strides for the kernels (validate keeps them within isize).
+pub(crate) fn set_strides(s: Strides) -> (i64, i64, i64) {
     (s.batch as i64, s.seq as i64, s.head as i64)
 }
 
