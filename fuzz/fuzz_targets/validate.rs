@@ -344,11 +344,13 @@ fn check_spec(p: &AttnProblem, spec: &AttnSpec) {
     if let Some(bias) = spec.bias() {
         assert!(bias.batch == 1 || bias.batch == spec.batch());
         assert!(bias.heads == 1 || bias.heads == hq);
-        // An empty batch or sequence has no bias element to address (and an empty bias buffer).
+        // The bias buffer is `[B|1, Hq|1, Nq, Nk]`: a broadcast batch (or head) dimension keeps its
+        // one entry over an empty batch, so only an empty sequence makes the buffer empty. An empty
+        // call has no bias element to address.
         let (b, nq, nk) = (spec.batch(), spec.seq_q(), spec.seq_k());
-        if b == 0 || nq == 0 || nk == 0 {
-            assert_eq!(spec.bias_len(), 0, "a bias over an empty call is empty");
-        } else {
+        let expected = bias.batch * bias.heads * nq * nk;
+        assert_eq!(spec.bias_len(), expected, "bias length of {:?}", bias);
+        if b > 0 && nq > 0 && nk > 0 {
             let last = spec.bias_index(b - 1, hq - 1, nq - 1, nk - 1);
             fits(
                 "bias",
