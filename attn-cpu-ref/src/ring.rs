@@ -24,10 +24,35 @@
 use crate::{Forward, Gradients, Inputs};
 use attn_core::{AttnError, AttnSpec, Merge, Pass, Result, RingSpec};
 
+fn length_error(spec: &RingSpec, what: String, want: usize, got: usize) -> AttnError {
+    AttnError::ShapeMismatch {
+        op: spec.global().op(Pass::Spec),
+        what,
+        expected: format!("{want} elements"),
+        got: format!("{got}"),
+    }
+}
+
 /// Rank `rank`'s shard `[B, 2C, heads, dim]` of a global `[B, N, heads, dim]` tensor
-/// (`width = heads · dim`).
-pub fn shard<T: Copy>(spec: &RingSpec, x: &[T], width: usize, rank: usize) -> Vec<T> {
+/// (`width = heads · dim`). Errors: `x` not `B·N·width` long, `rank ≥ W`.
+pub fn shard<T: Copy>(spec: &RingSpec, x: &[T], width: usize, rank: usize) -> Result<Vec<T>> {
     let (b, n, c2) = (spec.global().batch(), spec.global().seq_q(), 2 * spec.chunk());
+    let want = b.checked_mul(n).and_then(|x| x.checked_mul(width));
+    if want != Some(x.len()) {
+        return Err(length_error(
+            spec,
+            format!("the global tensor of width {width}"),
+            want.unwrap_or(usize::MAX),
+            x.len(),
+        ));
+    }
+    if rank >= spec.world() {
+        return Err(AttnError::InvalidArgument {
+            op: spec.global().op(Pass::Spec),
+            arg: "rank",
+            reason: format!("rank {rank} of a ring of {} ranks", spec.world()),
+        });
+    }
     let mut out = Vec::with_capacity(b * c2 * width);
     for bi in 0..b {
         for i in 0..c2 {
@@ -35,12 +60,14 @@ pub fn shard<T: Copy>(spec: &RingSpec, x: &[T], width: usize, rank: usize) -> Ve
             out.extend_from_slice(&x[row..row + width]);
         }
     }
-    out
+    Ok(out)
 }
 
-/// The global `[B, N, heads, dim]` tensor from every rank's shard (`shards[r]` is rank `r`'s).
-pub fn unshard<T: Copy + Default>(spec: &RingSpec, shards: &[Vec<T>], width: usize) -> Vec<T> {
+/// The global `[B, N, heads, dim]` tensor from every rank's `[B, 2C, heads, dim]` shard (`shards[r]`
+/// is rank `r`'s). Errors: not one shard per rank, or a shard not `B·2C·width` long.
+pub fn unshard<T: Copy + Default>(spec: &RingSpec, shards: &[Vec<T>], width: usize) -> Result<Vec<T>> {
     let (b, n, c2) = (spec.global().batch(), spec.global().seq_q(), 2 * spec.chunk());
+    check_shards(spec, shards, b.checked_mul(c2).and_then(|x| x.checked_mul(width)))?;
     let mut out = vec![T::default(); b * n * width];
     for (rank, s) in shards.iter().enumerate() {
         for bi in 0..b {
@@ -51,13 +78,14 @@ pub fn unshard<T: Copy + Default>(spec: &RingSpec, shards: &[Vec<T>], width: usi
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// The global statistics `[B, Hq, N]` from every rank's `[B, Hq, 2C]`.
-pub fn unshard_stats<T: Copy + Default>(spec: &RingSpec, shards: &[Vec<T>]) -> Vec<T> {
+pub fn unshard_stats<T: Copy + Default>(spec: &RingSpec, shards: &[Vec<T>]) -> Result<Vec<T>> {
     let g = spec.global();
     let (b, h, n, c2) = (g.batch(), g.heads_q(), g.seq_q(), 2 * spec.chunk());
+    check_shards(spec, shards, Some(spec.local().stats_len()))?;
     let mut out = vec![T::default(); b * h * n];
     for (rank, s) in shards.iter().enumerate() {
         for bh in 0..b * h {
@@ -66,7 +94,21 @@ pub fn unshard_stats<T: Copy + Default>(spec: &RingSpec, shards: &[Vec<T>]) -> V
             }
         }
     }
-    out
+    Ok(out)
+}
+
+fn check_shards<T>(spec: &RingSpec, shards: &[Vec<T>], want: Option<usize>) -> Result<()> {
+    check_ranks(spec, Pass::Spec, "shards", shards.len())?;
+    let want = want.unwrap_or(usize::MAX);
+    match shards.iter().position(|s| s.len() != want) {
+        Some(r) => Err(length_error(
+            spec,
+            format!("the shard of rank {r}"),
+            want,
+            shards[r].len(),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Rows `half·C .. (half+1)·C` of every batch entry of a `[B, 2C, width]` shard.

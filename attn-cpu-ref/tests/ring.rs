@@ -50,7 +50,11 @@ fn run(label: &str, spec: &RingSpec, seed: u64) {
         g.heads_q() * g.head_dim_v(),
     );
     let w = spec.world();
-    let per = |x: &[f64], width| (0..w).map(|r| shard(spec, x, width, r)).collect::<Vec<_>>();
+    let per = |x: &[f64], width| {
+        (0..w)
+            .map(|r| shard(spec, x, width, r).unwrap())
+            .collect::<Vec<_>>()
+    };
     let (q, k, v, d_o) = (
         per(&case.q, wq),
         per(&case.k, wk),
@@ -70,8 +74,12 @@ fn run(label: &str, spec: &RingSpec, seed: u64) {
     let got = ring::forward_f64(spec, &inputs).unwrap();
     let o: Vec<Vec<f64>> = got.iter().map(|f| f.o.clone()).collect();
     let lse: Vec<Vec<f64>> = got.iter().map(|f| f.stats.clone()).collect();
-    close(&format!("{label}: o"), &unshard(spec, &o, wo), &want.o);
-    close(&format!("{label}: lse"), &unshard_stats(spec, &lse), &want.stats);
+    close(&format!("{label}: o"), &unshard(spec, &o, wo).unwrap(), &want.o);
+    close(
+        &format!("{label}: lse"),
+        &unshard_stats(spec, &lse).unwrap(),
+        &want.stats,
+    );
 
     let want_g = backward_f64(g, case.inputs(), &want.o, &case.d_o, &want.stats).unwrap();
     let d_o_refs: Vec<&[f64]> = d_o.iter().map(|x| x.as_slice()).collect();
@@ -82,6 +90,7 @@ fn run(label: &str, spec: &RingSpec, seed: u64) {
             &grads.iter().map(|x| f(x).clone()).collect::<Vec<_>>(),
             width,
         )
+        .unwrap()
     };
     close(&format!("{label}: dq"), &gather(|x| &x.dq, wq), &want_g.dq);
     close(&format!("{label}: dk"), &gather(|x| &x.dk, wk), &want_g.dk);
@@ -133,9 +142,9 @@ fn a_nan_query_row_stays_nan_through_the_merge() {
     let shards: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..2)
         .map(|r| {
             (
-                shard(&spec, &q, 4, r),
-                shard(&spec, &case.k, 4, r),
-                shard(&spec, &case.v, 4, r),
+                shard(&spec, &q, 4, r).unwrap(),
+                shard(&spec, &case.k, 4, r).unwrap(),
+                shard(&spec, &case.v, 4, r).unwrap(),
             )
         })
         .collect();
@@ -144,8 +153,8 @@ fn a_nan_query_row_stays_nan_through_the_merge() {
         .map(|(q, k, v)| Inputs { q, k, v, bias: None })
         .collect();
     let got: Vec<Forward<f64, f64>> = ring::forward_f64(&spec, &inputs).unwrap();
-    let o = unshard(&spec, &got.iter().map(|f| f.o.clone()).collect::<Vec<_>>(), 4);
-    let lse = unshard_stats(&spec, &got.iter().map(|f| f.stats.clone()).collect::<Vec<_>>());
+    let o = unshard(&spec, &got.iter().map(|f| f.o.clone()).collect::<Vec<_>>(), 4).unwrap();
+    let lse = unshard_stats(&spec, &got.iter().map(|f| f.stats.clone()).collect::<Vec<_>>()).unwrap();
     for t in 0..8 {
         let row_nan = o[t * 4..][..4].iter().all(|x| x.is_nan());
         assert_eq!(row_nan, t == 6, "token {t}: o {:?}", &o[t * 4..][..4]);
@@ -183,4 +192,11 @@ fn shards_of_the_wrong_size_or_count_are_typed_errors() {
     let f = ring::forward_f64(&spec, &[ok, ok]).unwrap();
     let err = ring::backward_f64(&spec, &[ok, ok], &f, &[&a, &short]).unwrap_err();
     assert!(err.to_string().contains("dO"), "{err}");
+    // Sharding and gathering check their lengths and ranks.
+    let global = vec![0.0; spec.global().q_len()];
+    assert!(shard(&spec, &global[1..], 8, 0).is_err());
+    assert!(shard(&spec, &global, 8, 2).is_err());
+    assert!(unshard(&spec, std::slice::from_ref(&a), 8).is_err());
+    assert!(unshard(&spec, &[a.clone(), short.clone()], 8).is_err());
+    assert!(unshard_stats(&spec, &[vec![0.0; 3], vec![0.0; 3]]).is_err());
 }
