@@ -269,6 +269,21 @@ impl RingSpec {
     }
 }
 
+/// The one exchange the ring needs: each rank sends a payload to rank `rank + 1 (mod W)` and
+/// receives the payload of rank `rank − 1`. Implemented by attn-cpu-ref's in-process `ThreadRing`
+/// (ranks on threads, for tests and the CPU); a multi-device driver implements it over its
+/// communication library.
+pub trait RingComm<T> {
+    /// This rank, `0 ≤ rank < world`.
+    fn rank(&self) -> usize;
+    /// The number of ranks W.
+    fn world(&self) -> usize;
+    /// Send `send` to the next rank and return what the previous rank sent. An error (a rank that
+    /// failed or left, a timeout) is the communicator's message; the caller reports it as a typed
+    /// error of its op.
+    fn shift(&self, send: T) -> std::result::Result<T, String>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,10 @@
-//! Context parallelism in sequential mode: the ring schedule of [`attn_core::RingSpec`] run on the
-//! host, one rank after another, in f64 through [`crate::forward_f64`] and [`crate::backward_f64`].
-//! It is the oracle a multi-device driver is tested against, and the check that the plan's blocks,
-//! masks and merges reproduce the single-device call (`tests/ring.rs`).
+//! Context parallelism on the host, in f64 through [`crate::forward_f64`] and
+//! [`crate::backward_f64`]: the ring schedule of [`attn_core::RingSpec`] run rank after rank
+//! ([`forward_f64`], [`backward_f64`]: the sequential mode), or one rank per caller exchanging its
+//! shards through an [`attn_core::RingComm`] ([`forward_rank_f64`], [`backward_rank_f64`]; the
+//! in-process [`ThreadRing`] runs the ranks on threads). Both run the same per-rank steps, so they
+//! agree bit for bit; `tests/ring.rs` checks that they reproduce the single-device call. This is
+//! the oracle a multi-device driver is tested against.
 //!
 //! Every rank's tensors are its shard, `[B, 2C, H, D]` (its two chunks concatenated, see
 //! [`attn_core::RingSpec::chunks`]), statistics `[B, Hq, 2C]`; [`shard`] and [`unshard`] move
@@ -22,7 +25,9 @@
 //!   shard's owner, and receive their contributions in the same step order).
 
 use crate::{Forward, Gradients, Inputs};
-use attn_core::{AttnError, AttnSpec, Merge, Pass, Result, RingSpec};
+use attn_core::{AttnError, AttnSpec, Merge, Pass, Result, RingComm, RingSpec};
+use std::sync::mpsc;
+use std::time::Duration;
 
 fn length_error(spec: &RingSpec, what: String, want: usize, got: usize) -> AttnError {
     AttnError::ShapeMismatch {
@@ -242,56 +247,238 @@ fn merge(acc: &mut Forward<f64, f64>, part: &Forward<f64, f64>, d: &Dims, how: M
     }
 }
 
-/// Forward of a context-parallel call: `x[r]` is rank `r`'s shard; returns each rank's o
-/// (`[B, 2C, Hq, Dv]`) and LSE (`[B, Hq, 2C]`), equal to the rows of the single-device call.
+/// What travels around the ring in the forward: a shard's keys and values (`[B, 2C, Hkv, D]`,
+/// `[B, 2C, Hkv, Dv]`) and the rank they belong to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvShard {
+    /// The rank whose shard this is.
+    pub owner: usize,
+    /// Its keys.
+    pub k: Vec<f64>,
+    /// Its values.
+    pub v: Vec<f64>,
+}
+
+/// What travels around the ring in the backward: a shard's keys and values with the dk and dv
+/// accumulated for them so far.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvGradShard {
+    /// The rank whose shard this is.
+    pub owner: usize,
+    /// Its keys.
+    pub k: Vec<f64>,
+    /// Its values.
+    pub v: Vec<f64>,
+    /// dL/dk of its keys, summed over the blocks computed so far.
+    pub dk: Vec<f64>,
+    /// dL/dv of its values, likewise.
+    pub dv: Vec<f64>,
+}
+
+/// The statistic of a row with no key yet: LSE −∞, or a denominator of 0.
+fn empty_forward(spec: &RingSpec) -> Forward<f64, f64> {
+    let empty = match spec.merge() {
+        Merge::LogSumExp => f64::NEG_INFINITY,
+        Merge::Denominator => 0.0,
+    };
+    Forward {
+        o: vec![0.0; spec.local().o_len()],
+        stats: vec![empty; spec.local().stats_len()],
+    }
+}
+
+/// Rank `rank`'s shard `held` must be the one the schedule gives it in `step`: a communicator that
+/// delivers another is an error, not a silently wrong result.
+fn check_held(spec: &RingSpec, pass: Pass, rank: usize, step: usize, owner: usize) -> Result<()> {
+    let want = spec.source(rank, step);
+    if owner == want {
+        return Ok(());
+    }
+    Err(AttnError::Backend {
+        op: spec.global().op(pass),
+        backend: "context parallelism",
+        message: format!(
+            "rank {rank} received the shard of rank {owner} in step {step}, expected rank {want}'s"
+        ),
+    })
+}
+
+/// Step `step` of rank `rank`'s forward: its two query chunks against the held key chunks, each
+/// block's result merged into `acc`.
+fn forward_step(
+    spec: &RingSpec,
+    rank: usize,
+    step: usize,
+    q: &[f64],
+    held: &KvShard,
+    acc: &mut Forward<f64, f64>,
+) -> Result<()> {
+    check_held(spec, Pass::Forward, rank, step, held.owner)?;
+    let d = Dims::of(spec);
+    for (qi, a) in spec.chunks(rank).into_iter().enumerate() {
+        let q = half(q, d.batch, d.chunk, d.dq_width, qi);
+        for (ki, b) in spec.chunks(held.owner).into_iter().enumerate() {
+            let Some(block) = spec.block_spec(spec.block(a, b)) else {
+                continue;
+            };
+            let k = half(&held.k, d.batch, d.chunk, d.dk_width, ki);
+            let v = half(&held.v, d.batch, d.chunk, d.dv_width, ki);
+            let inputs = Inputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                bias: None,
+            };
+            let part = crate::forward_f64(block, inputs)?;
+            merge(acc, &part, &d, spec.merge(), qi);
+        }
+    }
+    Ok(())
+}
+
+/// One rank's forward and the gradient it was given, as the backward reads them.
+struct RankGrad<'a> {
+    q: &'a [f64],
+    fwd: &'a Forward<f64, f64>,
+    d_o: &'a [f64],
+}
+
+/// Step `step` of rank `rank`'s backward: the blocks of its query chunks against the held key
+/// chunks, dq added to `dq`, dk and dv to the held shard's accumulators.
+fn backward_step(
+    spec: &RingSpec,
+    rank: usize,
+    step: usize,
+    x: &RankGrad<'_>,
+    held: &mut KvGradShard,
+    dq: &mut [f64],
+) -> Result<()> {
+    check_held(spec, Pass::Backward, rank, step, held.owner)?;
+    let d = Dims::of(spec);
+    let bh = d.batch * d.heads_q;
+    for (qi, a) in spec.chunks(rank).into_iter().enumerate() {
+        let q = half(x.q, d.batch, d.chunk, d.dq_width, qi);
+        let o = half(&x.fwd.o, d.batch, d.chunk, d.o_width, qi);
+        let g_o = half(x.d_o, d.batch, d.chunk, d.o_width, qi);
+        let stats = stats_half(&x.fwd.stats, bh, d.chunk, qi);
+        for (ki, b) in spec.chunks(held.owner).into_iter().enumerate() {
+            let Some(block) = spec.block_spec(spec.block(a, b)) else {
+                continue;
+            };
+            let k = half(&held.k, d.batch, d.chunk, d.dk_width, ki);
+            let v = half(&held.v, d.batch, d.chunk, d.dv_width, ki);
+            let inputs = Inputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                bias: None,
+            };
+            let g = crate::backward_f64(block, inputs, &o, &g_o, &stats)?;
+            add_half(dq, &g.dq, d.batch, d.chunk, d.dq_width, qi);
+            add_half(&mut held.dk, &g.dk, d.batch, d.chunk, d.dk_width, ki);
+            add_half(&mut held.dv, &g.dv, d.batch, d.chunk, d.dv_width, ki);
+        }
+    }
+    Ok(())
+}
+
+fn check_backward_shard(
+    spec: &RingSpec,
+    rank: usize,
+    x: &Inputs<'_, f64>,
+    fwd: &Forward<f64, f64>,
+    d_o: &[f64],
+) -> Result<()> {
+    let local = spec.local();
+    check_shard(spec, Pass::Backward, rank, x)?;
+    local.check_len(Pass::Backward, "o", fwd.o.len(), local.o_len())?;
+    local.check_len(Pass::Backward, "stats", fwd.stats.len(), local.stats_len())?;
+    local.check_len(Pass::Backward, "dO", d_o.len(), local.o_len())
+}
+
+fn comm_error(spec: &RingSpec, pass: Pass, rank: usize, message: String) -> AttnError {
+    AttnError::Backend {
+        op: spec.global().op(pass),
+        backend: "context parallelism",
+        message: format!("rank {rank}: {message}"),
+    }
+}
+
+fn check_comm<T>(spec: &RingSpec, pass: Pass, comm: &impl RingComm<T>) -> Result<()> {
+    if comm.world() == spec.world() && comm.rank() < spec.world() {
+        return Ok(());
+    }
+    Err(AttnError::InvalidArgument {
+        op: spec.global().op(pass),
+        arg: "comm",
+        reason: format!(
+            "a communicator of {} ranks (this one rank {}) for a call over {}",
+            comm.world(),
+            comm.rank(),
+            spec.world()
+        ),
+    })
+}
+
+/// Forward of a context-parallel call in sequential mode: `x[r]` is rank `r`'s shard; the ranks
+/// run one after another in each step, and the held shards pass to the next rank between steps.
+/// Returns each rank's o (`[B, 2C, Hq, Dv]`) and statistic (`[B, Hq, 2C]`), equal to the rows of
+/// the single-device call.
 pub fn forward_f64(spec: &RingSpec, x: &[Inputs<'_, f64>]) -> Result<Vec<Forward<f64, f64>>> {
     check_ranks(spec, Pass::Forward, "inputs", x.len())?;
     for (r, xr) in x.iter().enumerate() {
         check_shard(spec, Pass::Forward, r, xr)?;
     }
-    let d = Dims::of(spec);
-    let local = spec.local();
-    // The statistic of a row with no key yet: LSE −∞, or a denominator of 0.
-    let empty = match spec.merge() {
-        Merge::LogSumExp => f64::NEG_INFINITY,
-        Merge::Denominator => 0.0,
-    };
-    let mut acc: Vec<Forward<f64, f64>> = (0..spec.world())
-        .map(|_| Forward {
-            o: vec![0.0; local.o_len()],
-            stats: vec![empty; local.stats_len()],
+    let mut acc: Vec<Forward<f64, f64>> = (0..spec.world()).map(|_| empty_forward(spec)).collect();
+    let mut held: Vec<KvShard> = x
+        .iter()
+        .enumerate()
+        .map(|(owner, x)| KvShard {
+            owner,
+            k: x.k.to_vec(),
+            v: x.v.to_vec(),
         })
         .collect();
     for step in 0..spec.world() {
         for (rank, acc) in acc.iter_mut().enumerate() {
-            let src = spec.source(rank, step);
-            for (qi, a) in spec.chunks(rank).into_iter().enumerate() {
-                let q = half(x[rank].q, d.batch, d.chunk, d.dq_width, qi);
-                for (ki, b) in spec.chunks(src).into_iter().enumerate() {
-                    let Some(block) = spec.block_spec(spec.block(a, b)) else {
-                        continue;
-                    };
-                    let k = half(x[src].k, d.batch, d.chunk, d.dk_width, ki);
-                    let v = half(x[src].v, d.batch, d.chunk, d.dv_width, ki);
-                    let part = crate::forward_f64(
-                        block,
-                        Inputs {
-                            q: &q,
-                            k: &k,
-                            v: &v,
-                            bias: None,
-                        },
-                    )?;
-                    merge(acc, &part, &d, spec.merge(), qi);
-                }
-            }
+            forward_step(spec, rank, step, x[rank].q, &held[rank], acc)?;
+        }
+        held.rotate_right(1); // rank r's shard moves on to rank r + 1
+    }
+    Ok(acc)
+}
+
+/// Forward of one rank of a context-parallel call, exchanging key/value shards through `comm`
+/// (every rank of the ring calls it at the same time, e.g. on its own thread with a
+/// [`ThreadRing`]); the result is bit-identical to that rank's part of [`forward_f64`].
+pub fn forward_rank_f64(
+    spec: &RingSpec,
+    x: Inputs<'_, f64>,
+    comm: &impl RingComm<KvShard>,
+) -> Result<Forward<f64, f64>> {
+    check_comm(spec, Pass::Forward, comm)?;
+    let rank = comm.rank();
+    check_shard(spec, Pass::Forward, rank, &x)?;
+    let mut acc = empty_forward(spec);
+    let mut held = KvShard {
+        owner: rank,
+        k: x.k.to_vec(),
+        v: x.v.to_vec(),
+    };
+    for step in 0..spec.world() {
+        forward_step(spec, rank, step, x.q, &held, &mut acc)?;
+        if step + 1 < spec.world() {
+            held = comm
+                .shift(held)
+                .map_err(|m| comm_error(spec, Pass::Forward, rank, m))?;
         }
     }
     Ok(acc)
 }
 
-/// Backward of a context-parallel call, given each rank's shard `x[r]`, its forward `fwd[r]` (o and
-/// LSE from [`forward_f64`]) and its dO `d_o[r]` (`[B, 2C, Hq, Dv]`); returns each rank's dq, dk, dv.
+/// Backward of a context-parallel call in sequential mode, given each rank's shard `x[r]`, its
+/// forward `fwd[r]` (o and statistic from [`forward_f64`]) and its dO `d_o[r]` (`[B, 2C, Hq, Dv]`);
+/// returns each rank's dq, dk, dv.
 pub fn backward_f64(
     spec: &RingSpec,
     x: &[Inputs<'_, f64>],
@@ -301,50 +488,143 @@ pub fn backward_f64(
     check_ranks(spec, Pass::Backward, "inputs", x.len())?;
     check_ranks(spec, Pass::Backward, "forward results", fwd.len())?;
     check_ranks(spec, Pass::Backward, "dO", d_o.len())?;
-    let local = spec.local();
     for r in 0..spec.world() {
-        check_shard(spec, Pass::Backward, r, &x[r])?;
-        local.check_len(Pass::Backward, "o", fwd[r].o.len(), local.o_len())?;
-        local.check_len(Pass::Backward, "stats", fwd[r].stats.len(), local.stats_len())?;
-        local.check_len(Pass::Backward, "dO", d_o[r].len(), local.o_len())?;
+        check_backward_shard(spec, r, &x[r], &fwd[r], d_o[r])?;
     }
-    let d = Dims::of(spec);
-    let bh = d.batch * d.heads_q;
-    let mut grads: Vec<Gradients<f64>> = (0..spec.world())
-        .map(|_| Gradients {
-            dq: vec![0.0; local.dq_len()],
+    let local = spec.local();
+    let mut dq: Vec<Vec<f64>> = vec![vec![0.0; local.dq_len()]; spec.world()];
+    let mut held: Vec<KvGradShard> = x
+        .iter()
+        .enumerate()
+        .map(|(owner, x)| KvGradShard {
+            owner,
+            k: x.k.to_vec(),
+            v: x.v.to_vec(),
             dk: vec![0.0; local.dk_len()],
             dv: vec![0.0; local.dv_len()],
-            dbias: None,
         })
         .collect();
     for step in 0..spec.world() {
         for rank in 0..spec.world() {
-            let src = spec.source(rank, step);
-            for (qi, a) in spec.chunks(rank).into_iter().enumerate() {
-                let q = half(x[rank].q, d.batch, d.chunk, d.dq_width, qi);
-                let o = half(&fwd[rank].o, d.batch, d.chunk, d.o_width, qi);
-                let g_o = half(d_o[rank], d.batch, d.chunk, d.o_width, qi);
-                let lse = stats_half(&fwd[rank].stats, bh, d.chunk, qi);
-                for (ki, b) in spec.chunks(src).into_iter().enumerate() {
-                    let Some(block) = spec.block_spec(spec.block(a, b)) else {
-                        continue;
-                    };
-                    let k = half(x[src].k, d.batch, d.chunk, d.dk_width, ki);
-                    let v = half(x[src].v, d.batch, d.chunk, d.dv_width, ki);
-                    let inputs = Inputs {
-                        q: &q,
-                        k: &k,
-                        v: &v,
-                        bias: None,
-                    };
-                    let g = crate::backward_f64(block, inputs, &o, &g_o, &lse)?;
-                    add_half(&mut grads[rank].dq, &g.dq, d.batch, d.chunk, d.dq_width, qi);
-                    add_half(&mut grads[src].dk, &g.dk, d.batch, d.chunk, d.dk_width, ki);
-                    add_half(&mut grads[src].dv, &g.dv, d.batch, d.chunk, d.dv_width, ki);
-                }
-            }
+            let xr = RankGrad {
+                q: x[rank].q,
+                fwd: &fwd[rank],
+                d_o: d_o[rank],
+            };
+            backward_step(spec, rank, step, &xr, &mut held[rank], &mut dq[rank])?;
         }
+        held.rotate_right(1); // after the W-th pass every shard is home with its dk and dv
     }
-    Ok(grads)
+    Ok(dq
+        .into_iter()
+        .zip(held)
+        .map(|(dq, h)| Gradients {
+            dq,
+            dk: h.dk,
+            dv: h.dv,
+            dbias: None,
+        })
+        .collect())
+}
+
+/// Backward of one rank of a context-parallel call through `comm` (see [`forward_rank_f64`]): the
+/// key/value shards travel with their dk and dv accumulators and come home after the W-th shift.
+/// Bit-identical to that rank's part of [`backward_f64`].
+pub fn backward_rank_f64(
+    spec: &RingSpec,
+    x: Inputs<'_, f64>,
+    fwd: &Forward<f64, f64>,
+    d_o: &[f64],
+    comm: &impl RingComm<KvGradShard>,
+) -> Result<Gradients<f64>> {
+    check_comm(spec, Pass::Backward, comm)?;
+    let rank = comm.rank();
+    check_backward_shard(spec, rank, &x, fwd, d_o)?;
+    let local = spec.local();
+    let mut dq = vec![0.0; local.dq_len()];
+    let mut held = KvGradShard {
+        owner: rank,
+        k: x.k.to_vec(),
+        v: x.v.to_vec(),
+        dk: vec![0.0; local.dk_len()],
+        dv: vec![0.0; local.dv_len()],
+    };
+    let xr = RankGrad { q: x.q, fwd, d_o };
+    for step in 0..spec.world() {
+        backward_step(spec, rank, step, &xr, &mut held, &mut dq)?;
+        // The last shift only needs dk and dv (a driver over a network sends just those).
+        held = comm
+            .shift(held)
+            .map_err(|m| comm_error(spec, Pass::Backward, rank, m))?;
+    }
+    if held.owner != rank {
+        return Err(comm_error(
+            spec,
+            Pass::Backward,
+            rank,
+            format!("the shard of rank {} came home", held.owner),
+        ));
+    }
+    Ok(Gradients {
+        dq,
+        dk: held.dk,
+        dv: held.dv,
+        dbias: None,
+    })
+}
+
+/// An in-process ring: rank `r`'s endpoint sends to rank `r + 1`'s over a channel. Each endpoint is
+/// moved to its own thread; a rank whose peer has gone (its endpoint dropped) or that waits longer
+/// than the timeout gets an error from [`RingComm::shift`], never a hang.
+pub struct ThreadRing<T> {
+    rank: usize,
+    world: usize,
+    to_next: mpsc::Sender<T>,
+    from_prev: mpsc::Receiver<T>,
+    timeout: Duration,
+}
+
+impl<T> ThreadRing<T> {
+    /// The `world` endpoints of one ring, in rank order, each waiting at most `timeout` per shift.
+    pub fn ring(world: usize, timeout: Duration) -> Vec<ThreadRing<T>> {
+        let (mut senders, receivers): (Vec<_>, Vec<_>) = (0..world).map(|_| mpsc::channel()).unzip();
+        senders.rotate_left(1); // rank r receives on channel r and sends on channel r + 1
+        senders
+            .into_iter()
+            .zip(receivers)
+            .enumerate()
+            .map(|(rank, (to_next, from_prev))| ThreadRing {
+                rank,
+                world,
+                to_next,
+                from_prev,
+                timeout,
+            })
+            .collect()
+    }
+}
+
+impl<T> RingComm<T> for ThreadRing<T> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn shift(&self, send: T) -> std::result::Result<T, String> {
+        self.to_next
+            .send(send)
+            .map_err(|_| format!("rank {} has left the ring", (self.rank + 1) % self.world))?;
+        self.from_prev.recv_timeout(self.timeout).map_err(|e| match e {
+            mpsc::RecvTimeoutError::Timeout => {
+                format!("no shard from the previous rank within {:?}", self.timeout)
+            }
+            mpsc::RecvTimeoutError::Disconnected => {
+                format!(
+                    "rank {} has left the ring",
+                    (self.rank + self.world - 1) % self.world
+                )
+            }
+        })
+    }
 }

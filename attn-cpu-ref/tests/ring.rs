@@ -3,9 +3,10 @@
 //! family but the Einstein midpoint.
 
 use attn_core::{AttnError, DType, Family, HypScore, HyperbolicParams, RingProblem, RingSpec, SoftmaxParams};
-use attn_cpu_ref::ring::{self, shard, unshard, unshard_stats};
+use attn_cpu_ref::ring::{self, shard, unshard, unshard_stats, ThreadRing};
 use attn_cpu_ref::testing::{max_abs, max_abs_diff, random_case};
 use attn_cpu_ref::{backward_f64, forward_f64, Forward, Inputs};
+use std::time::Duration;
 
 fn families() -> Vec<(&'static str, Family)> {
     vec![
@@ -199,4 +200,130 @@ fn shards_of_the_wrong_size_or_count_are_typed_errors() {
     assert!(unshard(&spec, std::slice::from_ref(&a), 8).is_err());
     assert!(unshard(&spec, &[a.clone(), short.clone()], 8).is_err());
     assert!(unshard_stats(&spec, &[vec![0.0; 3], vec![0.0; 3]]).is_err());
+}
+
+/// Every rank's inputs for one case: its q, k, v and dO shards.
+struct Shards {
+    q: Vec<Vec<f64>>,
+    k: Vec<Vec<f64>>,
+    v: Vec<Vec<f64>>,
+    d_o: Vec<Vec<f64>>,
+}
+
+impl Shards {
+    fn new(spec: &RingSpec, seed: u64) -> Shards {
+        let g = spec.global();
+        let case = random_case(g, seed);
+        let per = |x: &[f64], width: usize| {
+            (0..spec.world())
+                .map(|r| shard(spec, x, width, r).unwrap())
+                .collect::<Vec<_>>()
+        };
+        Shards {
+            q: per(&case.q, g.heads_q() * g.head_dim()),
+            k: per(&case.k, g.heads_kv() * g.head_dim()),
+            v: per(&case.v, g.heads_kv() * g.head_dim_v()),
+            d_o: per(&case.d_o, g.heads_q() * g.head_dim_v()),
+        }
+    }
+    fn inputs(&self, r: usize) -> Inputs<'_, f64> {
+        Inputs {
+            q: &self.q[r],
+            k: &self.k[r],
+            v: &self.v[r],
+            bias: None,
+        }
+    }
+}
+
+#[test]
+fn ranks_on_threads_agree_bit_for_bit_with_the_sequential_mode() {
+    for (name, family) in families() {
+        for (world, causal) in [(1, true), (3, true), (4, false)] {
+            let spec = RingProblem::new(family, DType::F32, 2, 4, 2, 2 * world * 3, 8, world)
+                .with_causal(causal)
+                .validate()
+                .unwrap();
+            let x = Shards::new(&spec, 11);
+            let inputs: Vec<_> = (0..world).map(|r| x.inputs(r)).collect();
+            let seq_f = ring::forward_f64(&spec, &inputs).unwrap();
+            let d_o: Vec<&[f64]> = x.d_o.iter().map(|g| g.as_slice()).collect();
+            let seq_g = ring::backward_f64(&spec, &inputs, &seq_f, &d_o).unwrap();
+
+            let fwd_ring = ThreadRing::ring(world, Duration::from_secs(30));
+            let bwd_ring = ThreadRing::ring(world, Duration::from_secs(30));
+            let results: Vec<_> = std::thread::scope(|s| {
+                let handles: Vec<_> = fwd_ring
+                    .into_iter()
+                    .zip(bwd_ring)
+                    .enumerate()
+                    .map(|(r, (fc, bc))| {
+                        let (spec, x) = (&spec, &x);
+                        s.spawn(move || {
+                            let f = ring::forward_rank_f64(spec, x.inputs(r), &fc)?;
+                            let g = ring::backward_rank_f64(spec, x.inputs(r), &f, &x.d_o[r], &bc)?;
+                            Ok::<_, AttnError>((f, g))
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+            });
+            for (r, (f, g)) in results.iter().enumerate() {
+                let at = format!("{name}, W={world}, causal={causal}, rank {r}");
+                assert_eq!(f, &seq_f[r], "{at}: forward");
+                assert_eq!(g, &seq_g[r], "{at}: gradients");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_leaves_the_ring_is_an_error_on_the_others_not_a_hang() {
+    let spec = RingProblem::new(Family::softmax(), DType::F32, 1, 2, 2, 12, 4, 3)
+        .validate()
+        .unwrap();
+    let x = Shards::new(&spec, 5);
+    let ring_ends = ThreadRing::ring(3, Duration::from_secs(30));
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = ring_ends
+            .into_iter()
+            .enumerate()
+            .map(|(r, comm)| {
+                let (spec, x) = (&spec, &x);
+                s.spawn(move || {
+                    if r == 1 {
+                        drop(comm); // rank 1 fails before its first exchange
+                        return None;
+                    }
+                    ring::forward_rank_f64(spec, x.inputs(r), &comm)
+                        .err()
+                        .map(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().unwrap()).collect()
+    });
+    // Both other ranks fail (which departed peer each sees first depends on the timing: rank 1, or
+    // a rank that failed because of it).
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors.iter().all(|e| e.contains("has left the ring")),
+        "{errors:?}"
+    );
+    // A silent peer: a timeout, as a typed error.
+    let spec2 = RingProblem::new(Family::softmax(), DType::F32, 1, 2, 2, 8, 4, 2)
+        .validate()
+        .unwrap();
+    let x2 = Shards::new(&spec2, 1);
+    let mut ends = ThreadRing::<ring::KvShard>::ring(2, Duration::from_millis(50));
+    let _silent = ends.pop();
+    let err = ring::forward_rank_f64(&spec2, x2.inputs(0), &ends[0]).unwrap_err();
+    assert!(err.to_string().contains("within"), "{err}");
+    // A communicator of another size.
+    let ends = ThreadRing::<ring::KvShard>::ring(2, Duration::from_secs(1));
+    let err = ring::forward_rank_f64(&spec, x.inputs(0), &ends[0]).unwrap_err();
+    assert!(
+        matches!(err, AttnError::InvalidArgument { arg: "comm", .. }),
+        "{err}"
+    );
 }
