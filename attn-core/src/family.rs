@@ -66,7 +66,10 @@ impl Default for CosineParams {
 pub struct TaylorParams {
     /// 1 or 2 (default 2); anything else is rejected by validation.
     pub order: u8,
-    /// `[a0, a1, a2]` (default `[1, 1, 0.5]`); `a2` is ignored for order 1.
+    /// `[a0, a1, a2]` (default `[1, 1, 0.5]`); `a2` is ignored for order 1. Validation rejects
+    /// non-finite coefficients, order 1 with `a0 = a1 = 0` (every weight 0), and order 2 unless
+    /// `a2 > 0` and `a0 − a1²/(4·a2) > 0` (f > 0 everywhere). For order 1 keep `a0 + a1·s` one sign
+    /// over the scores: `a0 > 0` and `|a1|·max|s| < a0` (`a1` of either sign).
     pub a: [f32; 3],
     /// Score scale; `None` (the default) means `1/√D`.
     pub scale: Option<f32>,
