@@ -4,7 +4,8 @@
 //! lost to the cancellation of `q0 k0 − q·k`).
 //!
 //! - The reference's storage paths (`forward::<T>`) follow the oracle within REFERENCE.md's rule
-//!   (the oracle rounded to `T` as the baseline).
+//!   (the oracle rounded to `T` as the baseline), and its gradients follow finite differences of
+//!   the oracle.
 //! - The fast path and the f32 score forms a GPU kernel can use are measured against the oracle
 //!   (`ATTN_PRINT_ERRORS=1` prints the tables docs/hyperbolic.md quotes); the tests assert the
 //!   envelope that page documents.
@@ -469,4 +470,70 @@ fn gpu_score_forms_emulated_in_f32_far_from_the_origin() {
     }
     // The motivation: the forms on the GEMM product do not reach it.
     assert!(worst[0] > 1.0 && worst[1] > 1e-2, "{worst:?}");
+}
+
+/// `L = Σ o·dO` of the oracle's forward on inputs `q`, `k`.
+fn oracle_loss(far: &Far, q: &[f64], k: &[f64], d_o: &[f64]) -> f64 {
+    let moved = Far {
+        label: String::new(),
+        spec: far.spec.clone(),
+        q: q.to_vec(),
+        k: k.to_vec(),
+        v: far.v.clone(),
+    };
+    let (o, _) = oracle(&moved);
+    o.iter().zip(d_o).map(|(a, b)| a * b).sum()
+}
+
+/// The reference's f64 gradients dq and dk far from the origin (its cancellation-free
+/// `G = (k0 nq/q0)(q̂ − k̂) + T k̂`) against central differences of the double-double oracle's loss
+/// (Richardson-extrapolated, steps of 1e-3·σ: the scores vary on the scale σ), to 1e-6 of the
+/// largest gradient. f32 problems only: their inputs are the unrounded clusters' f32 values, and
+/// the storage paths' backward is this f64 backward rounded.
+#[test]
+fn reference_gradients_follow_the_oracle_far_from_the_origin() {
+    let mut failures = Vec::new();
+    for far in problems().into_iter().filter(|f| f.spec.dtype() == DType::F32) {
+        let mut rng = StdRng::seed_from_u64(99);
+        let d_o: Vec<f64> = (0..NQ * D).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let x = Inputs {
+            q: &far.q,
+            k: &far.k,
+            v: &far.v,
+            bias: None,
+        };
+        let f = attn_cpu_ref::forward_f64(&far.spec, x).expect("forward");
+        let g = attn_cpu_ref::backward_f64(&far.spec, x, &f.o, &d_o, &f.stats).expect("backward");
+        let sigma = 1.0; // f32 clusters (module doc)
+        let fd = |which: usize, at: usize| {
+            let central = |h: f64| {
+                let (mut qp, mut kp) = (far.q.clone(), far.k.clone());
+                let (mut qm, mut km) = (far.q.clone(), far.k.clone());
+                if which == 0 {
+                    qp[at] += h;
+                    qm[at] -= h;
+                } else {
+                    kp[at] += h;
+                    km[at] -= h;
+                }
+                (oracle_loss(&far, &qp, &kp, &d_o) - oracle_loss(&far, &qm, &km, &d_o)) / (2.0 * h)
+            };
+            let h = 1e-3 * sigma;
+            (4.0 * central(h / 2.0) - central(h)) / 3.0
+        };
+        for (which, name, grad) in [(0, "dq", &g.dq), (1, "dk", &g.dk)] {
+            let scale = max_abs(grad).max(1e-12);
+            for (at, &an) in grad.iter().enumerate() {
+                let num = fd(which, at);
+                if (an - num).abs() > 1e-6 * scale {
+                    failures.push(format!(
+                        "{}: {name}[{at}] = {an:.9e}, oracle's finite difference {num:.9e} (max {scale:.2e})",
+                        far.label
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
