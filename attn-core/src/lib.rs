@@ -28,6 +28,7 @@ mod dtype;
 mod error;
 mod family;
 mod kv_cache;
+mod ring;
 mod spec;
 
 pub use backend::{AttnBackend, BackwardIo, ForwardIo};
@@ -40,6 +41,7 @@ pub use family::{
 };
 pub use half::{bf16, f16};
 pub use kv_cache::{KvCacheProblem, KvCacheSpec, KvLayout, PAGE_SIZES};
+pub use ring::{Block, Merge, RingProblem, RingSpec};
 pub use spec::{
     AttnProblem, AttnSpec, BiasShape, Causal, InputStrides, Layout, SeqLengths, SeqLens, Strides, Window,
     MAX_HEAD_DIM,

@@ -166,6 +166,14 @@ fn empty_batches_and_sequences_validate_with_empty_buffers() {
         assert_eq!(lens(&s), [0; 9], "{layout:?}");
         assert_eq!((s.total_q(), s.total_k()), (0, 0));
     }
+    // A bias broadcast over the batch is [1, Hq|1, Nq, Nk] whatever B is: over a batch of 0 it keeps
+    // its Nq·Nk entries (the caller's tensor), and nothing reads them.
+    let s = AttnProblem::new(Family::softmax(), DType::F32, 0, 4, 2, 5, 7, 8)
+        .with_bias(1, 1)
+        .validate()
+        .expect("batch 0 with a broadcast bias validates");
+    assert_eq!(s.bias_len(), 5 * 7);
+    assert_eq!(s.q_len(), 0);
     // Nq = 0: the query side is empty, the key side is not.
     let s = problem(0, 3).validate().expect("seq_q 0 validates");
     assert_eq!(lens(&s), [0, 96, 96, 0, 0, 96, 96, 0, 0]);

@@ -12,7 +12,8 @@
 //! Two entry points per pass: [`forward`] / [`backward`] on storage dtypes (statistics in f32, as the
 //! kernels save them), and [`forward_f64`] / [`backward_f64`] on f64 data, which tests use as the
 //! exact oracle. [`CpuRef`] implements [`attn_core::AttnBackend`] on host slices. [`decode`] is
-//! Taylor's recurrent decode; [`kv_cache`] a softmax-like step against a contiguous or paged KV cache.
+//! Taylor's recurrent decode; [`kv_cache`] a softmax-like step against a contiguous or paged KV cache;
+//! [`ring`] a context-parallel call's ring schedule run rank after rank (the sequential mode).
 
 #![warn(missing_docs)]
 
@@ -23,6 +24,7 @@ pub mod fast;
 pub mod kv_cache;
 #[cfg(test)]
 mod proptest_config;
+pub mod ring;
 mod softmax_like;
 mod taylor;
 pub mod testing;

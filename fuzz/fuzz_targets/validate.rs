@@ -2,15 +2,16 @@
 //! `cu_seqlens`, windows, masks, biases and family parameters. Every input either is a typed error
 //! (whose message formats) or validates into a spec whose buffers fit: each length at most
 //! `isize::MAX` bytes, and every element the spec's index functions address below its buffer's
-//! length. A panic, an overflow (overflow checks are on) or a failed assertion is a crash.
+//! length. `RingProblem::validate` likewise, with the ring plan's invariants. A panic, an overflow
+//! (overflow checks are on) or a failed assertion is a crash.
 
 #![no_main]
 
 use arbitrary::Arbitrary;
 use attn_core::{
-    Aggregation, AttnProblem, AttnSpec, BiasShape, Causal, CosineParams, DType, DecodeShape, Family,
-    HypScore, HyperbolicParams, InputStrides, Layout, Pass, SeqLengths, SoftmaxParams, Strides, TaylorParams,
-    Window,
+    Aggregation, AttnProblem, AttnSpec, BiasShape, Block, Causal, CosineParams, DType, DecodeShape, Family,
+    HypScore, HyperbolicParams, InputStrides, Layout, Pass, RingProblem, SeqLengths, SoftmaxParams, Strides,
+    TaylorParams, Window,
 };
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
@@ -198,6 +199,14 @@ enum Input {
         window: Option<(Option<Size>, Option<Size>)>,
         lengths: LengthsIn,
     },
+    /// A context-parallel call (`RingProblem::validate`).
+    Ring {
+        family: FamilyIn,
+        dtype: u8,
+        sizes: [Size; 6],
+        causal: bool,
+        world: Size,
+    },
 }
 
 fn dtype(x: u8) -> DType {
@@ -344,11 +353,13 @@ fn check_spec(p: &AttnProblem, spec: &AttnSpec) {
     if let Some(bias) = spec.bias() {
         assert!(bias.batch == 1 || bias.batch == spec.batch());
         assert!(bias.heads == 1 || bias.heads == hq);
-        // An empty batch or sequence has no bias element to address (and an empty bias buffer).
+        // The bias buffer is `[B|1, Hq|1, Nq, Nk]`: a broadcast batch (or head) dimension keeps its
+        // one entry over an empty batch, so only an empty sequence makes the buffer empty. An empty
+        // call has no bias element to address.
         let (b, nq, nk) = (spec.batch(), spec.seq_q(), spec.seq_k());
-        if b == 0 || nq == 0 || nk == 0 {
-            assert_eq!(spec.bias_len(), 0, "a bias over an empty call is empty");
-        } else {
+        let expected = bias.batch * bias.heads * nq * nk;
+        assert_eq!(spec.bias_len(), expected, "bias length of {:?}", bias);
+        if b > 0 && nq > 0 && nk > 0 {
             let last = spec.bias_index(b - 1, hq - 1, nq - 1, nk - 1);
             fits(
                 "bias",
@@ -392,9 +403,49 @@ fn run(p: &AttnProblem) {
     }
 }
 
+/// A ring plan's invariants: the chunks tile the sequence, every rank's rows are tokens of it, the
+/// schedule's sources are ranks, and every block that is not skipped has a `C × C` spec.
+fn run_ring(p: &RingProblem) {
+    let Ok(s) = p.validate() else { return };
+    let (w, c) = (s.world(), s.chunk());
+    assert_eq!(c * 2 * w, p.seq, "chunks of {p:?}");
+    assert_eq!(s.local().seq_q(), 2 * c);
+    assert_eq!(s.global().seq_q(), p.seq);
+    for r in [0, w / 2, w - 1] {
+        let [a, b] = s.chunks(r);
+        assert!(a < 2 * w && b < 2 * w && a != b);
+        if c > 0 {
+            for i in [0, c - 1, c, 2 * c - 1] {
+                assert!(s.global_row(r, i) < p.seq);
+            }
+        }
+        for t in [0, w - 1] {
+            assert!(s.source(r, t) < w);
+        }
+        let block = s.block(a, b);
+        assert_eq!(s.block_spec(block).is_none(), block == Block::Skip);
+        if let Some(bs) = s.block_spec(block) {
+            assert_eq!((bs.seq_q(), bs.seq_k()), (c, c));
+        }
+    }
+}
+
 fuzz_target!(|input: Input| {
     match input {
         Input::Fields(p) => run(&p.problem()),
+        Input::Ring {
+            family,
+            dtype: d,
+            sizes,
+            causal,
+            world,
+        } => {
+            let [b, hq, hkv, n, dk, dv] = sizes.map(|x| x.get());
+            let p = RingProblem::new(family.family(), dtype(d), b, hq, hkv, n, dk, world.get())
+                .with_head_dim_v(dv)
+                .with_causal(causal);
+            run_ring(&p);
+        }
         Input::Shapes {
             family,
             bhnd,
