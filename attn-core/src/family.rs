@@ -18,6 +18,13 @@ pub const ACOSH_EPS: f64 = 1e-6;
 /// clamp is active. Shared by the CPU reference and the kernels so both clamp identically.
 pub const KLEIN_MAX_NORM2: f64 = 1.0 - 1e-5;
 
+/// Curvatures `c` the squared Lorentz score accepts, inclusive. Backends form `1/c` (the time
+/// coordinate `x0 = √(1/c + ‖x‖²)`) and the statistic's constant `2β/c` in f32; inside this range
+/// `1/c` and `c` stay normal f32 numbers with a margin of 10²⁶ on either side, and
+/// [`AttnProblem::validate`](crate::AttnProblem::validate) also requires `2β/c` (and `2β·log2 e`,
+/// the exponent's factor) to be finite in f32. Outside it a typed error names `curvature`.
+pub const SQ_LORENTZ_CURVATURE: (f32, f32) = (1e-12, 1e12);
+
 /// Softmax attention (FlashAttention, docs/math.md §1): `s = scale·q·k` (optionally
 /// `softcap·tanh(s/softcap)`) + bias. The default is `scale = 1/√D`, no softcap.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -59,7 +66,10 @@ impl Default for CosineParams {
 pub struct TaylorParams {
     /// 1 or 2 (default 2); anything else is rejected by validation.
     pub order: u8,
-    /// `[a0, a1, a2]` (default `[1, 1, 0.5]`); `a2` is ignored for order 1.
+    /// `[a0, a1, a2]` (default `[1, 1, 0.5]`); `a2` is ignored for order 1. Validation rejects
+    /// non-finite coefficients, order 1 with `a0 = a1 = 0` (every weight 0), and order 2 unless
+    /// `a2 > 0` and `a0 − a1²/(4·a2) > 0` (f > 0 everywhere). For order 1 keep `a0 + a1·s` one sign
+    /// over the scores: `a0 > 0` and `|a1|·max|s| < a0` (`a1` of either sign).
     pub a: [f32; 3],
     /// Score scale; `None` (the default) means `1/√D`.
     pub scale: Option<f32>,
@@ -104,7 +114,8 @@ pub enum Aggregation {
 pub struct HyperbolicParams {
     /// The score function (default [`HypScore::SquaredLorentz`]).
     pub score: HypScore,
-    /// `c > 0` of the curvature `−c` (default 1).
+    /// `c > 0` of the curvature `−c` (default 1). The squared Lorentz score takes `c` in
+    /// [`SQ_LORENTZ_CURVATURE`] with `2β/c` finite in f32.
     pub curvature: f32,
     /// `β > 0`, the inverse temperature of the scores `s = −β·d` (default 1).
     pub beta: f32,

@@ -37,7 +37,7 @@ pub use dtype::{round_to, DType, Element};
 pub use error::{shape_str, AttnError, FamilyKind, Op, Pass, Result};
 pub use family::{
     Aggregation, CosineParams, Family, FamilySpec, HypScore, HyperbolicParams, SoftmaxParams, TaylorOrder,
-    TaylorParams, ACOSH_EPS, DEFAULT_L2_EPS, KLEIN_MAX_NORM2,
+    TaylorParams, ACOSH_EPS, DEFAULT_L2_EPS, KLEIN_MAX_NORM2, SQ_LORENTZ_CURVATURE,
 };
 pub use half::{bf16, f16};
 pub use kv_cache::{KvCacheProblem, KvCacheSpec, KvLayout, PAGE_SIZES};

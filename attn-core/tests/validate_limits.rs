@@ -1,9 +1,11 @@
 //! `AttnProblem::validate` on sizes, strides and coefficients at the edge: every size, stride, extent
 //! and buffer length is checked (no wrap, no panic, in debug and release builds), windows are clamped
-//! once, and degenerate Taylor coefficients are rejected.
+//! once, degenerate Taylor coefficients are rejected, and so are squared Lorentz curvatures whose
+//! f32 constants (`1/c`, `2β/c`) would not be normal and finite.
 
 use attn_core::{
-    AttnError, AttnProblem, Causal, DType, Family, InputStrides, Layout, Strides, TaylorParams, Window,
+    Aggregation, AttnError, AttnProblem, Causal, DType, Family, FamilySpec, HypScore, HyperbolicParams,
+    InputStrides, Layout, Strides, TaylorParams, Window, SQ_LORENTZ_CURVATURE,
 };
 
 const I32_MAX: usize = i32::MAX as usize;
@@ -179,4 +181,72 @@ fn contiguous_strides_of_huge_sizes_saturate_and_are_rejected() {
         .validate()
         .expect_err("saturated strides must not validate");
     assert!(matches!(err, AttnError::TooLarge { .. }), "{err:?}");
+}
+
+fn hyperbolic(score: HypScore, curvature: f32, beta: f32) -> attn_core::Result<attn_core::AttnSpec> {
+    let family = Family::Hyperbolic(HyperbolicParams {
+        score,
+        curvature,
+        beta,
+        aggregation: Aggregation::Euclidean,
+    });
+    AttnProblem::new(family, DType::F32, 1, 1, 1, 4, 4, 8).validate()
+}
+
+/// The error must be `InvalidArgument` for `arg` and its message must name the op and `needle`.
+#[track_caller]
+fn invalid(r: attn_core::Result<attn_core::AttnSpec>, arg: &str, needle: &str) {
+    match r {
+        Err(e @ AttnError::InvalidArgument { arg: a, .. }) if a == arg => {
+            let msg = e.to_string();
+            assert!(msg.starts_with("hyperbolic attention: "), "{msg}");
+            assert!(msg.contains(needle), "{msg}");
+        }
+        other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
+    }
+}
+
+#[test]
+fn squared_lorentz_curvature_outside_its_range_is_rejected() {
+    let sq = HypScore::SquaredLorentz;
+    let (lo, hi) = SQ_LORENTZ_CURVATURE;
+    let below = f32::from_bits(lo.to_bits() - 1);
+    let above = f32::from_bits(hi.to_bits() + 1);
+    // The edges are accepted, and there 1/c and 2β/c are finite, normal f32 numbers.
+    for c in [lo, hi] {
+        let s = hyperbolic(sq, c, 1.0).expect("the range is inclusive");
+        let FamilySpec::Hyperbolic { curvature, beta, .. } = *s.family() else {
+            panic!("a hyperbolic spec")
+        };
+        assert_eq!(curvature, c);
+        for x in [1.0 / curvature, 2.0 * beta / curvature] {
+            assert!(x.is_normal(), "c = {c:e}: {x:e}");
+        }
+    }
+    // One ulp outside, the c < 1e-38 (2β/c overflows f32), and the extremes.
+    for c in [below, above, 1e-38, f32::MIN_POSITIVE, 1e-45, f32::MAX] {
+        invalid(hyperbolic(sq, c, 1.0), "curvature", "outside [1e-12, 1e12]");
+    }
+    // Non-positive and non-finite curvatures keep their own message.
+    for c in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        invalid(hyperbolic(sq, c, 1.0), "curvature", "must be finite and > 0");
+    }
+    // The geodesic keeps the f64 reference's domain (attn-cuda checks its own range).
+    assert!(hyperbolic(HypScore::Geodesic, 1e-20, 1.0).is_ok());
+}
+
+#[test]
+fn squared_lorentz_constants_that_overflow_f32_are_rejected() {
+    let sq = HypScore::SquaredLorentz;
+    // 2β/c = 2e38 at the smallest curvature: finite.
+    let s = hyperbolic(sq, 1e-12, 1e26).expect("2β/c = 2e38 fits f32");
+    let FamilySpec::Hyperbolic { curvature, beta, .. } = *s.family() else {
+        panic!("a hyperbolic spec")
+    };
+    assert!((2.0 * beta / curvature).is_finite());
+    // 2β/c = 2e39 overflows.
+    invalid(hyperbolic(sq, 1e-12, 1e27), "beta", "2β/c");
+    // 2β/c is small but 2β·log2 e overflows.
+    invalid(hyperbolic(sq, 1e12, f32::MAX), "beta", "2β·log2 e");
+    invalid(hyperbolic(sq, 1.0, 1.2e38), "beta", "must be finite in f32");
 }

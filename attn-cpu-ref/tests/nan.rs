@@ -2,12 +2,16 @@
 //! or k) reaching a row makes that row's outputs NaN, never zeros or finite values; every row it
 //! does not reach is bit-for-bit what it was; a row with no key stays zeros with LSE −∞ (Taylor:
 //! denominator 0), whatever its q holds.
+//!
+//! The same checks run on the f32 fast path (`attn_cpu_ref::fast`) for the softmax-like families,
+//! on f32 and bf16 storage (`fast_*` tests): inputs rounded to the storage type, results widened.
 
 use attn_core::{
-    Aggregation, AttnProblem, AttnSpec, Causal, DType, Family, HypScore, Layout, SeqLengths, TaylorParams,
+    bf16, Aggregation, AttnProblem, AttnSpec, Causal, DType, Element, Family, HypScore, Layout, SeqLengths,
+    TaylorParams,
 };
 use attn_cpu_ref::testing::{random_case, Case};
-use attn_cpu_ref::{backward_f64, forward_f64, Forward, Gradients};
+use attn_cpu_ref::{backward_f64, fast, forward_f64, Forward, Gradients, Inputs};
 use std::collections::BTreeSet;
 
 /// Every family and the variants whose code differs on the path of a NaN.
@@ -50,7 +54,12 @@ fn families() -> Vec<(&'static str, Family)> {
 /// only the queries `i ≥ j`, so a NaN in the middle leaves earlier rows alone; key 6 reaches no query.
 /// Taylor's causal sweep runs in chunks of 64 keys: every key shares the first chunk.
 fn spec(family: Family, causal: Causal) -> AttnSpec {
-    AttnProblem::new(family, DType::F32, 2, 4, 2, 6, 7, 5)
+    spec_t(family, causal, DType::F32)
+}
+
+/// [`spec`] in storage dtype `dtype`.
+fn spec_t(family: Family, causal: Causal, dtype: DType) -> AttnSpec {
+    AttnProblem::new(family, dtype, 2, 4, 2, 6, 7, 5)
         .with_head_dim_v(3)
         .with_layout(Layout::Bhnd)
         .with_causal(causal)
@@ -62,6 +71,53 @@ fn run(case: &Case) -> (Forward<f64, f64>, Gradients<f64>) {
     let f = forward_f64(&case.spec, case.inputs()).expect("forward");
     let g = backward_f64(&case.spec, case.inputs(), &f.o, &case.d_o, &f.stats).expect("backward");
     (f, g)
+}
+
+/// The backend under test: the f64 reference ([`run`]) or the fast path ([`run_fast_path`]).
+type Runner = fn(&Case) -> (Forward<f64, f64>, Gradients<f64>);
+
+/// The fast path in the spec's storage dtype.
+fn run_fast_path(case: &Case) -> (Forward<f64, f64>, Gradients<f64>) {
+    match case.spec.dtype() {
+        DType::F32 => run_fast::<f32>(case),
+        DType::F16 => run_fast::<attn_core::f16>(case),
+        DType::BF16 => run_fast::<bf16>(case),
+    }
+}
+
+/// The fast path's forward, then its backward from its own o and LSE, on the case rounded to `T`;
+/// results widened to f64. Poisoned entries stay NaN or ±∞ through the rounding.
+fn run_fast<T: Element>(case: &Case) -> (Forward<f64, f64>, Gradients<f64>) {
+    let spec = &case.spec;
+    let narrow = |x: &[f64]| x.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>();
+    let wide = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
+    let (q, k, v, d_o) = (
+        narrow(&case.q),
+        narrow(&case.k),
+        narrow(&case.v),
+        narrow(&case.d_o),
+    );
+    let bias = case.bias.as_deref().map(narrow);
+    let x = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        bias: bias.as_deref(),
+    };
+    let f = fast::forward(spec, x).expect("fast forward");
+    let g = fast::backward(spec, x, &f.o, &d_o, &f.stats).expect("fast backward");
+    (
+        Forward {
+            o: wide(&f.o),
+            stats: f.stats.iter().map(|&s| s as f64).collect(),
+        },
+        Gradients {
+            dq: wide(&g.dq),
+            dk: wide(&g.dk),
+            dv: wide(&g.dv),
+            dbias: g.dbias.as_deref().map(wide),
+        },
+    )
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +198,11 @@ fn rows_k(spec: &AttnSpec) -> Vec<Row> {
 /// Poison element `c` of row (b, n, h) of tensor `t` with `bad` and check the contract against the
 /// clean run.
 fn check(name: &str, case: &Case, t: Tensor, at: Row, c: usize, bad: f64) {
+    check_with(run, name, case, t, at, c, bad)
+}
+
+/// [`check`] on the backend `run`.
+fn check_with(run: Runner, name: &str, case: &Case, t: Tensor, at: Row, c: usize, bad: f64) {
     let spec = &case.spec;
     let (clean_f, clean_g) = run(case);
     let mut poisoned = case.clone();
@@ -310,6 +371,26 @@ fn check_all(t: Tensor, bad: f64) {
     }
 }
 
+/// [`check_all`] on the fast path: the softmax-like families, f32, f16 and bf16 storage, with the
+/// mask `causal`. Collects every failure before failing.
+fn check_all_fast(t: Tensor, bad: f64, causal: Causal) {
+    let mut failures = Vec::new();
+    for (name, family) in families().into_iter().filter(|(n, _)| !n.starts_with("taylor")) {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let case = random_case(&spec_t(family, causal, dtype), 47);
+            let name = format!("fast {name} {dtype} {causal:?}");
+            for (at, c) in spots(t) {
+                let r = std::panic::catch_unwind(|| check_with(run_fast_path, &name, &case, t, at, c, bad));
+                if let Err(e) = r {
+                    let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                    failures.push(msg.chars().take(200).collect::<String>());
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn nan_in_q_makes_its_row_nan_and_leaves_every_other_row_alone() {
     check_all(Tensor::Q, f64::NAN);
@@ -341,45 +422,62 @@ fn inf_in_k_makes_every_row_that_sees_the_key_nan() {
 #[test]
 fn nan_in_d_o_reaches_the_gradients_of_its_row_and_its_keys() {
     for (name, family) in families() {
-        let spec = spec(family, Causal::TopLeft);
-        let case = random_case(&spec, 3);
-        let (_, clean) = run(&case);
-        let (b, i, h) = (1, 2, 3);
-        let mut bad = case.clone();
-        bad.d_o[spec.o_offset(b, i, h) + 1] = f64::NAN;
-        let (_, g) = run(&bad);
-        let keys = reach(&spec, Tensor::Q, (b, i, h)).keys;
-        for (bq, iq, hq) in rows_q(&spec) {
-            let (at, d) = (spec.dq_offset(bq, iq, hq), spec.head_dim());
-            let (x, x0) = (row(&g.dq, at, d), row(&clean.dq, at, d));
-            if (bq, iq, hq) == (b, i, h) {
-                assert!(
-                    x.iter().any(|x| x.is_nan()),
-                    "{name}: dq{:?} = {x:?}",
-                    (bq, iq, hq)
-                );
-            } else {
-                assert!(same_bits(x, x0), "{name}: dq{:?} changed", (bq, iq, hq));
-            }
+        d_o_check(run, name, &spec(family, Causal::TopLeft));
+    }
+}
+
+/// [`nan_in_d_o_reaches_the_gradients_of_its_row_and_its_keys`] on the fast path, without a mask.
+#[test]
+fn fast_nan_in_d_o_reaches_the_gradients_of_its_row_and_its_keys() {
+    for (name, family) in families().into_iter().filter(|(n, _)| !n.starts_with("taylor")) {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            d_o_check(
+                run_fast_path,
+                &format!("fast {name} {dtype}"),
+                &spec_t(family, Causal::None, dtype),
+            );
         }
-        for key in rows_k(&spec) {
-            let (bk, j, hk) = key;
-            let (d, dv) = (spec.head_dim(), spec.head_dim_v());
-            let dk = row(&g.dk, spec.dk_offset(bk, j, hk), d);
-            let gv = row(&g.dv, spec.dv_offset(bk, j, hk), dv);
-            if keys.contains(&key) {
-                assert!(dk.iter().any(|x| x.is_nan()), "{name}: dk{key:?} = {dk:?}");
-                assert!(gv.iter().any(|x| x.is_nan()), "{name}: dv{key:?} = {gv:?}");
-            } else {
-                assert!(
-                    same_bits(dk, row(&clean.dk, spec.dk_offset(bk, j, hk), d)),
-                    "{name}: dk{key:?}"
-                );
-                assert!(
-                    same_bits(gv, row(&clean.dv, spec.dv_offset(bk, j, hk), dv)),
-                    "{name}: dv{key:?}"
-                );
-            }
+    }
+}
+
+fn d_o_check(run: Runner, name: &str, spec: &AttnSpec) {
+    let case = random_case(spec, 3);
+    let (_, clean) = run(&case);
+    let (b, i, h) = (1, 2, 3);
+    let mut bad = case.clone();
+    bad.d_o[spec.o_offset(b, i, h) + 1] = f64::NAN;
+    let (_, g) = run(&bad);
+    let keys = reach(spec, Tensor::Q, (b, i, h)).keys;
+    for (bq, iq, hq) in rows_q(spec) {
+        let (at, d) = (spec.dq_offset(bq, iq, hq), spec.head_dim());
+        let (x, x0) = (row(&g.dq, at, d), row(&clean.dq, at, d));
+        if (bq, iq, hq) == (b, i, h) {
+            assert!(
+                x.iter().any(|x| x.is_nan()),
+                "{name}: dq{:?} = {x:?}",
+                (bq, iq, hq)
+            );
+        } else {
+            assert!(same_bits(x, x0), "{name}: dq{:?} changed", (bq, iq, hq));
+        }
+    }
+    for key in rows_k(spec) {
+        let (bk, j, hk) = key;
+        let (d, dv) = (spec.head_dim(), spec.head_dim_v());
+        let dk = row(&g.dk, spec.dk_offset(bk, j, hk), d);
+        let gv = row(&g.dv, spec.dv_offset(bk, j, hk), dv);
+        if keys.contains(&key) {
+            assert!(dk.iter().any(|x| x.is_nan()), "{name}: dk{key:?} = {dk:?}");
+            assert!(gv.iter().any(|x| x.is_nan()), "{name}: dv{key:?} = {gv:?}");
+        } else {
+            assert!(
+                same_bits(dk, row(&clean.dk, spec.dk_offset(bk, j, hk), d)),
+                "{name}: dk{key:?}"
+            );
+            assert!(
+                same_bits(gv, row(&clean.dv, spec.dv_offset(bk, j, hk), dv)),
+                "{name}: dv{key:?}"
+            );
         }
     }
 }
@@ -480,5 +578,41 @@ fn nan_in_the_bias_reaches_its_row_and_minus_inf_masks() {
             g.dq.iter().chain(&g.dk).chain(&g.dv).all(|x| x.is_finite()),
             "{name}"
         );
+    }
+}
+
+/// The fast path without a mask: every key is seen by every row of its batch entry and head group.
+#[test]
+fn fast_nan_in_q_makes_its_row_nan_and_leaves_every_other_row_alone() {
+    check_all_fast(Tensor::Q, f64::NAN, Causal::None);
+}
+
+#[test]
+fn fast_nan_in_k_makes_every_row_that_sees_the_key_nan() {
+    check_all_fast(Tensor::K, f64::NAN, Causal::None);
+}
+
+#[test]
+fn fast_nan_in_v_makes_the_column_nan_in_every_row_that_sees_the_value() {
+    check_all_fast(Tensor::V, f64::NAN, Causal::None);
+}
+
+#[test]
+fn fast_inf_in_q_and_k_makes_the_rows_nan() {
+    for bad in [f64::INFINITY, f64::NEG_INFINITY] {
+        check_all_fast(Tensor::Q, bad, Causal::None);
+        check_all_fast(Tensor::K, bad, Causal::None);
+    }
+}
+
+/// With a causal mask the fast path does not meet the contract yet: its tile products (`P·V`,
+/// `dO·Vᵀ`, `dS·K`, `dSᵀ·Q`) take masked pairs with a weight of exactly 0, and `0·NaN` is NaN, so a
+/// NaN in q, k or v reaches the rows and keys of its 64 × 128 tile that the mask hides from it
+/// (the GPU's tensor-core kernels have the same gap, docs/nan.md). Run with `--ignored`.
+#[test]
+#[ignore = "the fast path's tile products spread a NaN to masked pairs of its tile (docs/nan.md)"]
+fn fast_nan_behind_a_causal_mask_stays_out_of_the_rows_that_do_not_see_it() {
+    for t in [Tensor::Q, Tensor::K, Tensor::V] {
+        check_all_fast(t, f64::NAN, Causal::TopLeft);
     }
 }

@@ -12,7 +12,7 @@
 //! - bias and dbias: `[B|1, Hq|1, Nq, Nk]`, contiguous.
 
 use crate::error::{shape_str, AttnError, FamilyKind, Op, Pass, Result};
-use crate::family::{Family, FamilySpec, TaylorOrder, DEFAULT_L2_EPS};
+use crate::family::{Family, FamilySpec, HypScore, TaylorOrder, DEFAULT_L2_EPS, SQ_LORENTZ_CURVATURE};
 use crate::DType;
 use std::ops::Range;
 

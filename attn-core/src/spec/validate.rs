@@ -391,11 +391,50 @@ fn resolve_family(op: Op, family: &Family, head_dim: usize) -> Result<FamilySpec
                 eps: DEFAULT_L2_EPS,
             }
         }
-        Family::Hyperbolic(p) => FamilySpec::Hyperbolic {
-            score: p.score,
-            curvature: positive(op, "curvature", p.curvature)?,
-            beta: positive(op, "beta", p.beta)?,
-            aggregation: p.aggregation,
-        },
+        Family::Hyperbolic(p) => {
+            let curvature = positive(op, "curvature", p.curvature)?;
+            let beta = positive(op, "beta", p.beta)?;
+            if p.score == HypScore::SquaredLorentz {
+                sq_lorentz_range(op, curvature, beta)?;
+            }
+            FamilySpec::Hyperbolic {
+                score: p.score,
+                curvature,
+                beta,
+                aggregation: p.aggregation,
+            }
+        }
     })
+}
+
+/// The squared Lorentz score's constants in f32: `c` in [`SQ_LORENTZ_CURVATURE`] (so `1/c` is a
+/// normal f32), then `2β/c` (the statistic's constant `2β/c` of `s = 2β/c + 2β⟨q,k⟩_L`) and
+/// `2β·log2 e` (the kernels' exponent factor) finite. Both products are formed in f64, so the
+/// check itself cannot overflow.
+fn sq_lorentz_range(op: Op, c: f32, beta: f32) -> Result<()> {
+    let (lo, hi) = SQ_LORENTZ_CURVATURE;
+    if !(lo..=hi).contains(&c) {
+        return Err(AttnError::InvalidArgument {
+            op,
+            arg: "curvature",
+            reason: format!(
+                "{c:e} outside [{lo:e}, {hi:e}], the squared Lorentz score's range (1/c and 2β/c are f32)"
+            ),
+        });
+    }
+    let (c64, b64) = (c as f64, beta as f64);
+    let constant = 2.0 * b64 / c64;
+    let factor = 2.0 * b64 * std::f64::consts::LOG2_E;
+    if constant > f32::MAX as f64 || factor > f32::MAX as f64 {
+        return Err(AttnError::InvalidArgument {
+            op,
+            arg: "beta",
+            reason: format!(
+                "{beta:e} with curvature {c:e}: 2β/c = {constant:e} and 2β·log2 e = {factor:e} must be \
+                 finite in f32 (≤ {:e})",
+                f32::MAX
+            ),
+        });
+    }
+    Ok(())
 }
