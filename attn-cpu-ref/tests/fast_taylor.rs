@@ -242,6 +242,36 @@ fn fast_taylor_head_dim_64_shapes() {
     run_table("fast_taylor_head_dim_64_shapes", ps, &[DType::F32, DType::BF16]);
 }
 
+/// Order 2 where the planner reads the states at wide heads: non-causal at D = 64 (from about 2100
+/// keys), causal at D = 32 with GQA.
+#[test]
+fn fast_taylor_order2_states_at_head_dims_32_and_64() {
+    let one = |nq, nk, d, hq| {
+        AttnProblem::new(
+            family(2, [0.3, 0.7, 0.4, 0.5], false, d),
+            DType::F32,
+            1,
+            hq,
+            1,
+            nq,
+            nk,
+            d,
+        )
+    };
+    let ps = vec![
+        one(2200, 2200, 64, 1),
+        one(1100, 1100, 32, 2).with_causal(Causal::TopLeft),
+        one(900, 1200, 32, 2)
+            .with_causal(Causal::BottomRight)
+            .with_layout(Layout::Bnhd),
+    ];
+    run_table(
+        "fast_taylor_order2_states_at_head_dims_32_and_64",
+        ps,
+        &[DType::F32],
+    );
+}
+
 /// Order 2 with |q·k| up to ~10⁴·D (q and k scaled by 100): f ≥ 1/2 keeps every sum positive, and
 /// the states (which add products of either sign) must still agree with the oracle.
 #[test]
