@@ -331,3 +331,63 @@ fn fast_taylor_is_bit_identical_across_thread_counts() {
         assert_eq!(bits(&a.1.dv), bits(&b.1.dv), "dv differs");
     }
 }
+
+/// docs/nan.md on the fast path: a NaN in a k row and one in a v row reach exactly the outputs and
+/// gradients they reach in the reference (the rows that see them), and every other entry still
+/// matches the oracle; the poisoned rows sit inside chunks that other rows see only partly.
+#[test]
+fn fast_taylor_nan_reaches_what_it_reaches_in_the_reference() {
+    for (order, causal) in [(2, Causal::TopLeft), (1, Causal::BottomRight), (2, Causal::None)] {
+        let p = AttnProblem::new(
+            family(order, [0.3, 0.7, 0.4, 0.5], false, 4),
+            DType::F32,
+            1,
+            2,
+            1,
+            150,
+            150,
+            4,
+        )
+        .with_causal(causal);
+        let spec = p.validate().expect("valid problem");
+        let mut case = random_case(&spec, 9);
+        let d = spec.head_dim();
+        // Key 100's k and key 120's v (kv head 0, layout [B, N, H, D] with one kv head).
+        case.k[spec.k_offset(0, 100, 0)] = f64::NAN;
+        case.v[spec.v_offset(0, 120, 0) + 1] = f64::NAN;
+        let r = Rounded::<f32>::new(&case);
+        let rf = forward_f64(&spec, r.wide()).expect("reference forward");
+        let rg = backward_f64(&spec, r.wide(), &rf.o, &r.d_o.1, &rf.stats).expect("reference backward");
+        let (f, g) = run_fast::<f32>(&spec, r.narrow(), &r.d_o.0).unwrap_or_else(|e| panic!("{e}"));
+        let den: Vec<f32> = f.stats.clone();
+        for (name, got, want) in [
+            ("o", widen(&f.o), &rf.o),
+            ("den", widen(&den), &rf.stats),
+            ("dq", widen(&g.dq), &rg.dq),
+            ("dk", widen(&g.dk), &rg.dk),
+            ("dv", widen(&g.dv), &rg.dv),
+        ] {
+            let nan_got: Vec<bool> = got.iter().map(|x| x.is_nan()).collect();
+            let nan_want: Vec<bool> = want.iter().map(|x| x.is_nan()).collect();
+            assert_eq!(
+                nan_got, nan_want,
+                "{name}: NaN positions differ (order {order}, {causal:?})"
+            );
+            assert!(nan_want.iter().any(|&x| x), "{name}: the poison reaches nothing");
+            if name == "o" && causal != Causal::None {
+                assert!(!nan_want.iter().all(|&x| x), "o: the poison reaches every row");
+            }
+            let (g, w): (Vec<f64>, Vec<f64>) = got
+                .iter()
+                .zip(want.iter())
+                .filter(|(_, w)| !w.is_nan())
+                .map(|(a, b)| (*a, *b))
+                .unzip();
+            let err = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(
+                err <= 1e-4 * max_abs(&w).max(1.0),
+                "{name}: finite entries differ by {err:.3e} (order {order}, {causal:?}, D = {d})"
+            );
+        }
+    }
+}
