@@ -10,7 +10,8 @@
 //! `f(t) = a0 + a1 t + a2 t²`, `f'(t) = a1 + 2 a2 t`.
 //!
 //! ## Chunks
-//! Sources are folded into states `chunk` at a time: `P0 = Σ y_s` `[m]`, `P1 = Σ x_s y_sᵀ` `[D, m]`,
+//! Sources are folded into states up to each chunk boundary some probe is evaluated at (all of them
+//! at once when no probe falls in between, as without a mask): `P0 = Σ y_s` `[m]`, `P1 = Σ x_s y_sᵀ` `[D, m]`,
 //! `P2 = Σ φ(x_s) y_sᵀ` `[D(D+1)/2, m]` with the symmetric features `φ(x)_(a,b) = x_a x_b`, `a ≤ b`
 //! (row-major pairs `(0,0), (0,1), …, (1,1), …`). Probe `p` is evaluated at its chunk boundary
 //! `c_p = ⌊hi_p / chunk⌋·chunk`:
@@ -30,21 +31,24 @@
 //! size `ns × np` or `ns × D²`.
 //!
 //! ## Order of operations
-//! The chunk boundaries depend only on `chunk` and `hi`; probe blocks are evaluated in parallel but
-//! each output row is computed by one task in a fixed order, and each state row is folded by one task
-//! in source order. The result is the same bit for bit for any number of threads.
+//! The chunk boundaries and the folds depend only on `chunk` and `hi`; probe blocks (of [`PB`]) and
+//! blocks of state rows (of 256, over tiles of 64 sources) run in parallel, but each output row is
+//! computed by one task in a fixed order and each state row is folded by one task in source order.
+//! The result is the same bit for bit for any number of threads.
 
 use super::super::tile::{matmul, Mat};
 use super::Poly;
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Sources per tile of the dense part and of a fold.
+/// Sources per tile of the dense part.
 pub(super) const KT: usize = 64;
+/// Sources per tile of a fold (one GEMM into a block of state rows).
+const FOLD_KT: usize = 64;
 /// Probes evaluated together against one read of the states (one rayon task).
 pub(super) const PB: usize = 64;
 /// State rows of `P2` folded by one rayon task.
-const FOLD_ROWS: usize = 512;
+const FOLD_ROWS: usize = 256;
 
 /// What a sweep computes and the sizes of its rows.
 #[derive(Clone, Copy, Debug)]
@@ -93,72 +97,74 @@ struct State {
     p0: Vec<f32>,
     p1: Vec<f32>,
     p2: Vec<f32>,
+    /// The pair `(a, b)` of each row of `p2`.
+    pairs: Vec<(usize, usize)>,
     /// Whether any source has been folded (an empty state is not read).
     any: bool,
 }
 
 impl State {
     fn new(d: usize, m: usize, square: bool) -> Self {
+        let pairs: Vec<(usize, usize)> = if square {
+            (0..d).flat_map(|a| (a..d).map(move |b| (a, b))).collect()
+        } else {
+            Vec::new()
+        };
         State {
             p0: vec![0.0; m],
             p1: vec![0.0; d * m],
-            p2: if square {
-                vec![0.0; pairs(d) * m]
-            } else {
-                Vec::new()
-            },
+            p2: vec![0.0; pairs.len() * m],
+            pairs,
             any: false,
         }
     }
 
-    /// Fold the sources `x` `[n, D]`, `y` `[n, m]`, [`KT`] at a time.
+    /// Fold the sources `x` `[n, D]`, `y` `[n, m]`, [`FOLD_KT`] at a time.
     fn fold(&mut self, d: usize, m: usize, x: &[f32], y: &[f32]) {
         let n = y.len() / m;
         if n == 0 {
             return;
         }
         self.any = true;
-        let f = pairs(d);
-        let mut phi = if self.p2.is_empty() {
-            Vec::new()
-        } else {
-            vec![0f32; f * KT]
-        };
-        for s0 in (0..n).step_by(KT) {
-            let kt = KT.min(n - s0);
-            let (xt, yt) = (&x[s0 * d..(s0 + kt) * d], &y[s0 * m..(s0 + kt) * m]);
-            // P0 += Σ_s y_s;  P1 += Xᵀ Y   [D, m]
-            for ys in yt.chunks_exact(m) {
-                self.p0.iter_mut().zip(ys).for_each(|(p, v)| *p += v);
-            }
-            matmul(d, m, kt, &mut self.p1, m, true, Mat::t(xt, d), Mat::rows(yt, m));
-            if self.p2.is_empty() {
-                continue;
-            }
-            // φ(X)ᵀ as [D(D+1)/2, kt]: row (a, b) holds x_sa x_sb over the tile's sources.
-            let phi = &mut phi[..f * kt];
-            let mut row = 0;
-            for a in 0..d {
-                for b in a..d {
-                    let out = &mut phi[row * kt..(row + 1) * kt];
-                    for (o, xs) in out.iter_mut().zip(xt.chunks_exact(d)) {
-                        *o = xs[a] * xs[b];
-                    }
-                    row += 1;
-                }
-            }
-            // P2 += φ(X)ᵀ Y   [D(D+1)/2, m], in row blocks (one task each).
-            let phi = &*phi;
-            self.p2
-                .par_chunks_mut(FOLD_ROWS * m)
-                .enumerate()
-                .for_each(|(blk, p2)| {
-                    let r0 = blk * FOLD_ROWS;
-                    let rows = p2.len() / m;
-                    let a = Mat::rows(&phi[r0 * kt..(r0 + rows) * kt], kt);
-                    matmul(rows, m, kt, p2, m, true, a, Mat::rows(yt, m));
-                });
+        // P0 += Σ_s y_s;  P1 += Xᵀ Y   [D, m]
+        for ys in y.chunks_exact(m) {
+            self.p0.iter_mut().zip(ys).for_each(|(p, v)| *p += v);
         }
+        for s0 in (0..n).step_by(FOLD_KT) {
+            let kt = FOLD_KT.min(n - s0);
+            let (xt, yt) = (&x[s0 * d..(s0 + kt) * d], &y[s0 * m..(s0 + kt) * m]);
+            matmul(d, m, kt, &mut self.p1, m, true, Mat::t(xt, d), Mat::rows(yt, m));
+        }
+        // P2 += φ(X)ᵀ Y   [D(D+1)/2, m]: one task per block of rows, each over every source tile
+        // in order, with φ(X)ᵀ of its own rows ([rows, kt]: row (a, b) holds x_sa x_sb).
+        let pairs = &self.pairs;
+        self.p2
+            .par_chunks_mut(FOLD_ROWS * m)
+            .enumerate()
+            .for_each(|(blk, p2)| {
+                let rows = &pairs[blk * FOLD_ROWS..blk * FOLD_ROWS + p2.len() / m];
+                let mut phi = vec![0f32; rows.len() * FOLD_KT];
+                for s0 in (0..n).step_by(FOLD_KT) {
+                    let kt = FOLD_KT.min(n - s0);
+                    let (xt, yt) = (&x[s0 * d..(s0 + kt) * d], &y[s0 * m..(s0 + kt) * m]);
+                    let phi = &mut phi[..rows.len() * kt];
+                    for (out, &(a, b)) in phi.chunks_exact_mut(kt).zip(rows) {
+                        for (o, xs) in out.iter_mut().zip(xt.chunks_exact(d)) {
+                            *o = xs[a] * xs[b];
+                        }
+                    }
+                    matmul(
+                        rows.len(),
+                        m,
+                        kt,
+                        p2,
+                        m,
+                        true,
+                        Mat::rows(phi, kt),
+                        Mat::rows(yt, m),
+                    );
+                }
+            });
     }
 }
 
@@ -186,6 +192,12 @@ pub(super) fn sweep(cfg: &Sweep, src: Sources<'_>, probes: Probes<'_>) -> Swept 
     let mut state = State::new(d, m, cfg.poly.a2 != 0.0);
     let (mut p0, mut start) = (0, 0usize);
     while p0 < np {
+        // The next probe's boundary (≤ hi[p0] ≤ ns): fold every source before it in one call.
+        let c = probes.hi[p0] / chunk * chunk;
+        if c > start {
+            state.fold(d, m, &src.x[start * d..c * d], &src.y[start * m..c * m]);
+            start = c;
+        }
         // Probes whose boundary is `start`: states of [0, start) + dense [start, hi).
         let p1 = p0 + probes.hi[p0..].partition_point(|&h| h < start.saturating_add(chunk));
         let blocks: Vec<Range<usize>> = (p0..p1).step_by(PB).map(|b| b..(b + PB).min(p1)).collect();
@@ -202,11 +214,6 @@ pub(super) fn sweep(cfg: &Sweep, src: Sources<'_>, probes: Probes<'_>) -> Swept 
             }
         }
         p0 = p1;
-        let end = start.saturating_add(chunk).min(ns);
-        if p0 < np && start < end {
-            state.fold(d, m, &src.x[start * d..end * d], &src.y[start * m..end * m]);
-        }
-        start = start.saturating_add(chunk);
     }
     out
 }
