@@ -17,7 +17,7 @@
 //!   does not depend on scheduling). dbias runs as a separate pass per bias row tile.
 //! - Masks come from `AttnSpec::key_range` only, as everywhere else.
 //!
-//! Taylor attention runs through its factorised states, chunked ([`taylor`]'s module doc).
+//! Taylor attention runs through its factorised states, chunked (`fast/taylor/`, its module doc).
 
 mod backward;
 mod forward;
@@ -34,7 +34,7 @@ pub fn supports(spec: &AttnSpec) -> bool {
     Kind::new(spec.family()).is_some() || taylor::covers(spec)
 }
 
-/// The softmax-like score of the spec, or `None` for Taylor (run by [`taylor`]).
+/// The softmax-like score of the spec, or `None` for Taylor (run by `taylor`).
 fn check<E: Element>(spec: &AttnSpec, pass: Pass) -> Result<Option<Kind>> {
     if E::DTYPE != spec.dtype() {
         return Err(AttnError::InvalidArgument {

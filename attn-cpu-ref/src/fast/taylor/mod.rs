@@ -5,7 +5,7 @@
 //! `ṽ_j = [v_j, 1]` (`m = Dv + 1`, so one set of states gives `num` and `den`) and the probes
 //! `p = i·G + g` of the `G` query heads of the group:
 //!
-//! - **Forward**: one [`sweep`] of the keys `(k̂_j, ṽ_j)` against the probes `u_p`:
+//! - **Forward**: one [`sweep()`] of the keys `(k̂_j, ṽ_j)` against the probes `u_p`:
 //!   `[num_p, den_p] = Σ_{j<hi_p} f(u_p·k̂_j) ṽ_j`, `o_p = num_p / den_p`; `den_p` is the statistic.
 //! - **dQ**: the same sweep probed with `(u_p, g̃_p)`, `g̃_p = [ĝ_p, −δ_p]`, `ĝ_p = dO_p / den_p`,
 //!   `δ_p = ĝ_p·o_p`: `dû_p = Σ_{j<hi_p} f'(s_pj)(g̃_p·ṽ_j) k̂_j` (prefix states `P0, P1, P2` of the
@@ -17,7 +17,7 @@
 //!   the group's probes is the GQA reduction).
 //! - The l2-norm backward `dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖` (`dx̂ / eps` when `‖x‖ ≤ eps`).
 //!
-//! Inside every sweep ([`sweep`]), chunks of sources: the quadratic form `f(S)` with the causal mask
+//! Inside every sweep ([`sweep`](mod@sweep)), chunks of sources: the quadratic form `f(S)` with the causal mask
 //! as dense GEMMs within a chunk, the states across chunks; [`plan`] picks the chunk length from the
 //! FLOP count of both. Work: rayon over the slices, and inside a sweep over blocks of probes and rows
 //! of `P2`; every output row and state row is computed by one task in a fixed order, so results are
