@@ -217,7 +217,7 @@ fn fast_taylor_chunk_boundaries() {
     run_table("fast_taylor_chunk_boundaries", ps, &[DType::F32, DType::BF16]);
 }
 
-/// Head dims 64 (and Dv 32) at lengths where the planner uses the states with intermediate chunks
+/// Head dims 64 (and Dv 32; one case at 128) at lengths where the planner uses the states with intermediate chunks
 /// (causal) and the quadratic form (short), GQA, key padding and packed varlen.
 #[test]
 fn fast_taylor_head_dim_64_shapes() {
@@ -239,6 +239,8 @@ fn fast_taylor_head_dim_64_shapes() {
                 .with_layout(Layout::Bnhd),
         );
     }
+    // D = 128 (the quadratic form at this length; 8,384 state rows).
+    ps.push(problem(2, false, 300, 330, 128, 128).with_causal(Causal::TopLeft));
     run_table("fast_taylor_head_dim_64_shapes", ps, &[DType::F32, DType::BF16]);
 }
 
