@@ -217,8 +217,8 @@ fn fast_taylor_chunk_boundaries() {
     run_table("fast_taylor_chunk_boundaries", ps, &[DType::F32, DType::BF16]);
 }
 
-/// Head dims 64 (and Dv 32; one case at 128) at lengths where the planner uses the states with intermediate chunks
-/// (causal) and the quadratic form (short), GQA, key padding and packed varlen.
+/// Head dims 64 (and Dv 32; one case at 128): order 1 through the states, order 2 through the
+/// quadratic form (these lengths are below its crossover), GQA, key padding and packed varlen.
 #[test]
 fn fast_taylor_head_dim_64_shapes() {
     let mut ps = Vec::new();

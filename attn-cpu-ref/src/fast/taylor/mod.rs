@@ -17,11 +17,12 @@
 //!   the group's probes is the GQA reduction).
 //! - The l2-norm backward `dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖` (`dx̂ / eps` when `‖x‖ ≤ eps`).
 //!
-//! Inside every sweep ([`sweep`](mod@sweep)), chunks of sources: the quadratic form `f(S)` with the causal mask
-//! as dense GEMMs within a chunk, the states across chunks; [`plan`] picks the chunk length from the
-//! FLOP count of both. Work: rayon over the slices, and inside a sweep over blocks of probes and rows
-//! of `P2`; every output row and state row is computed by one task in a fixed order, so results are
-//! identical for any thread count. Accumulation in f32; inputs in f32, f16 or bf16 are converted once.
+//! Inside every sweep ([`sweep`](mod@sweep)), chunks of sources: the quadratic form `f(S)` with
+//! the causal mask as dense GEMMs within a chunk, the states across chunks; [`plan`] picks the
+//! chunk length from the FLOP count of both. Work: rayon over the slices, and inside a sweep over
+//! blocks of probes and rows of `P2`; every output row and state row is computed by one task in a
+//! fixed order, so results are identical for any thread count. Accumulation in f32; inputs in f32,
+//! f16 or bf16 are converted once.
 //!
 //! Edge cases as in the reference: a row with no allowed key has `o = 0`, `den = 0`, `dq = 0` and
 //! contributes nothing to dK or dV; a key no row sees has `dk = dv = 0`; a NaN or ±∞ in a q or k row

@@ -11,9 +11,9 @@
 //!
 //! ## Chunks
 //! Sources are folded into states up to each chunk boundary some probe is evaluated at (all of them
-//! at once when no probe falls in between, as without a mask): `P0 = Σ y_s` `[m]`, `P1 = Σ x_s y_sᵀ` `[D, m]`,
-//! `P2 = Σ φ(x_s) y_sᵀ` `[D(D+1)/2, m]` with the symmetric features `φ(x)_(a,b) = x_a x_b`, `a ≤ b`
-//! (row-major pairs `(0,0), (0,1), …, (1,1), …`). Probe `p` is evaluated at its chunk boundary
+//! at once when no probe falls in between, as without a mask): `P0 = Σ y_s` `[m]`,
+//! `P1 = Σ x_s y_sᵀ` `[D, m]`, `P2 = Σ φ(x_s) y_sᵀ` `[D(D+1)/2, m]` with the symmetric features
+//! `φ(x)_(a,b) = x_a x_b`, `a ≤ b` (row-major pairs `(0,0), (0,1), …, (1,1), …`). Probe `p` is evaluated at its chunk boundary
 //! `c_p = ⌊hi_p / chunk⌋·chunk`:
 //!
 //! - across chunks (the states of sources `[0, c_p)`), for a block of probes `Z` `[n, D]`, `W` `[n, m]`:
@@ -43,7 +43,9 @@ use std::ops::Range;
 
 /// Sources per tile of the dense part.
 pub(super) const KT: usize = 64;
-/// Sources per tile of a fold (one GEMM into a block of state rows).
+/// Sources per tile of a fold (one GEMM into a block of state rows). 256 measured 10–15% slower on
+/// the order-2 forward (D = 64, N = 4096, B·H = 8; the project's 2-core machine while shared,
+/// 2026-12-04).
 const FOLD_KT: usize = 64;
 /// Probes evaluated together against one read of the states (one rayon task).
 pub(super) const PB: usize = 64;
