@@ -18,8 +18,8 @@
 //!
 //! Inputs are read in place: the spec's strides come from each tensor's layout and the data from
 //! the layout's start offset, so transposed views are never copied. The CPU path runs
-//! attn-cpu-ref on the storage dtype (its f32 `fast` path for the softmax-like families, the reference for
-//! Taylor); with the `cuda` feature, CUDA tensors run attn-cuda on
+//! attn-cpu-ref's f32-accumulating `fast` path on the storage dtype (every family; Taylor through
+//! its chunked factorised states); with the `cuda` feature, CUDA tensors run attn-cuda on
 //! candle's stream ([`cuda`]), forward and backward. Metal tensors get candle's "no metal
 //! implementation" error.
 
@@ -180,7 +180,7 @@ impl Call {
             v: cpu_elems(v.0, v.1)?,
             bias,
         };
-        // The f32-accumulating fast path for the softmax-like families; Taylor on the reference.
+        // The f32-accumulating fast path (every family today); the reference for any it lacks.
         let f = if attn_cpu_ref::fast::supports(spec) {
             attn_cpu_ref::fast::forward::<E>(spec, x)
         } else {

@@ -1,6 +1,6 @@
 //! `attn-cpu-fast`: attn-cpu-ref's f32-accumulating fast path ([`attn_cpu_ref::fast`]), the one
-//! attn-candle runs on CPU tensors, on storage-dtype buffers, through the reference's runner. Softmax-like
-//! families only; a Taylor point is skipped with the path's `Unsupported` text.
+//! attn-candle runs on CPU tensors, on storage-dtype buffers, through the reference's runner. Every
+//! family (Taylor through its chunked factorised states).
 
 use super::cpu_ref::{prepare_with, CpuFns, CpuImpl};
 use super::Runner;

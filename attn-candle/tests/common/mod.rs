@@ -110,7 +110,7 @@ impl Stored {
 }
 
 /// attn-cpu-ref in the storage dtype `E` on the stored values, on the path the CPU op takes: the
-/// f32 `fast` path for the softmax-like families, the reference for Taylor.
+/// f32 `fast` path where it covers the family (every family today), else the reference.
 pub fn reference<E: Element>(spec: &AttnSpec, s: &Stored) -> Outcome {
     let narrow = |x: &[f64]| x.iter().map(|&v| E::from_f64(v)).collect::<Vec<E>>();
     let widen = |x: &[E]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();

@@ -1,6 +1,7 @@
-//! The fast CPU path: softmax, cosine-sim and hyperbolic attention with f32 accumulation,
-//! FlashAttention-2 shaped (docs/cpu.md). The f64 reference stays the oracle; this path is what
-//! attn-candle runs on CPU tensors.
+//! The fast CPU path: softmax, cosine-sim, hyperbolic and Taylor attention with f32 accumulation,
+//! the softmax-like families FlashAttention-2 shaped, Taylor through chunked factorised states
+//! (docs/cpu.md). The f64 reference stays the oracle; this path is what attn-candle runs on CPU
+//! tensors.
 //!
 //! - Inputs in f32, f16 or bf16 are converted to f32 once, into prepared rows per (batch, head)
 //!   slice (the family's embedding applied: l2-normalised rows for cosine-sim, unit rows and
@@ -16,11 +17,11 @@
 //!   does not depend on scheduling). dbias runs as a separate pass per bias row tile.
 //! - Masks come from `AttnSpec::key_range` only, as everywhere else.
 //!
-//! Taylor attention is not covered here: [`forward`] and [`backward`] return `Unsupported` for it
-//! (attn-candle routes Taylor to the reference).
+//! Taylor attention runs through its factorised states, chunked (`fast/taylor/`, its module doc).
 
 mod backward;
 mod forward;
+mod taylor;
 mod tile;
 
 use crate::{check_inputs, Forward, Gradients, Inputs};
@@ -28,12 +29,13 @@ use attn_core::{Aggregation, AttnError, AttnSpec, Element, FamilySpec, Pass, Res
 use rayon::prelude::*;
 use tile::{log_gamma, Kind, RowS, Rows};
 
-/// Whether the fast path covers the spec's family (softmax, cosine-sim, hyperbolic).
+/// Whether the fast path covers the spec's family (softmax, cosine-sim, hyperbolic, Taylor).
 pub fn supports(spec: &AttnSpec) -> bool {
-    Kind::new(spec.family()).is_some()
+    Kind::new(spec.family()).is_some() || taylor::covers(spec)
 }
 
-fn check<E: Element>(spec: &AttnSpec, pass: Pass) -> Result<Kind> {
+/// The softmax-like score of the spec, or `None` for Taylor (run by `taylor`).
+fn check<E: Element>(spec: &AttnSpec, pass: Pass) -> Result<Option<Kind>> {
     if E::DTYPE != spec.dtype() {
         return Err(AttnError::InvalidArgument {
             op: spec.op(pass),
@@ -41,14 +43,19 @@ fn check<E: Element>(spec: &AttnSpec, pass: Pass) -> Result<Kind> {
             reason: format!("buffers are {} but the spec says {}", E::DTYPE, spec.dtype()),
         });
     }
-    Kind::new(spec.family()).ok_or_else(|| AttnError::Unsupported {
-        op: spec.op(pass),
-        backend: "attn-cpu-ref::fast",
-        what: format!(
-            "the {} family (the fast path covers softmax, cosine-sim and hyperbolic; Taylor runs on the reference)",
-            spec.family().label()
-        ),
-    })
+    if taylor::covers(spec) {
+        return Ok(None);
+    }
+    Kind::new(spec.family())
+        .map(Some)
+        .ok_or_else(|| AttnError::Unsupported {
+            op: spec.op(pass),
+            backend: "attn-cpu-ref::fast",
+            what: format!(
+                "the {} family (the fast path covers softmax, cosine-sim, hyperbolic and Taylor)",
+                spec.family().label()
+            ),
+        })
 }
 
 /// Which tensor a slice gathers.
@@ -217,8 +224,8 @@ impl<'a, E: Element> Ctx<'a, E> {
     }
 }
 
-/// Forward pass: o in the storage dtype, the LSE in f32 (−∞ for a row with no allowed key), f32
-/// accumulation. Same contract as [`crate::forward`]; `Unsupported` for Taylor.
+/// Forward pass: o in the storage dtype, the LSE in f32 (−∞ for a row with no allowed key; Taylor:
+/// the denominator, 0 there), f32 accumulation. Same contract as [`crate::forward`].
 pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<E, f32>> {
     let kind = check::<E>(spec, Pass::Forward)?;
     check_inputs(spec, Pass::Forward, &x)?;
@@ -230,6 +237,9 @@ pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<
             0.0,
         ));
     }
+    let Some(kind) = kind else {
+        return Ok(taylor::forward(spec, &x));
+    };
     let ctx = Ctx::new(spec, kind, &x);
     Ok(forward::run(&ctx))
 }
@@ -244,7 +254,7 @@ pub fn forward_kv_cache<E: Element>(
 }
 
 /// Backward pass given the forward's o and LSE: dq, dk, dv (and dbias) in the storage dtype, f32
-/// accumulation. Same contract as [`crate::backward`]; `Unsupported` for Taylor.
+/// accumulation. Same contract as [`crate::backward`].
 pub fn backward<E: Element>(
     spec: &AttnSpec,
     x: Inputs<'_, E>,
@@ -260,6 +270,9 @@ pub fn backward<E: Element>(
     if crate::is_empty_call(spec) {
         return Ok(crate::empty_gradients(spec, E::from_f64(0.0)));
     }
+    let Some(kind) = kind else {
+        return Ok(taylor::backward(spec, &x, o, d_o, stats));
+    };
     let ctx = Ctx::new(spec, kind, &x);
     Ok(backward::run(&ctx, o, d_o, stats))
 }
