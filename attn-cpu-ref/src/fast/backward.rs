@@ -4,6 +4,7 @@
 //! task's own dQ partial `+= (dS⊙σ) K̃` (GEMMs). With a bias, dbias runs as a second pass per
 //! (bias batch, bias head, query tile), summing the (b, h) that broadcast onto it in order.
 
+use super::simd::{multiversion, Level};
 use super::tile::{dot, exp, log_gamma, matmul, Kind, Mat, BK, BQ};
 use super::Ctx;
 use crate::Gradients;
@@ -58,6 +59,7 @@ impl<E: Element> Grad<'_, '_, E> {
 
     /// Fill P, σ and dS of the tile (rows `i0..i0+m` of (b, h), keys `j0..j0+n`), row stride n.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn tile(&self, b: usize, h: usize, i0: usize, m: usize, j0: usize, n: usize, t: &mut Tile) {
         let ctx = self.ctx;
         let spec = ctx.spec;
@@ -113,6 +115,7 @@ impl<E: Element> Grad<'_, '_, E> {
 
     /// dK, dV of keys `keys` of (b, kv head hk), and this chunk's dQ partial for every query head
     /// of the group (in group order).
+    #[inline(always)]
     fn dkv_task(&self, b: usize, hk: usize, keys: Range<usize>) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
         let ctx = self.ctx;
         let spec = ctx.spec;
@@ -257,13 +260,49 @@ impl<E: Element> Grad<'_, '_, E> {
     }
 }
 
-/// How many key chunks each (b, kv head) slice is split into: 1 when the slices fill the threads.
-fn chunks(slices: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    threads.div_ceil(slices.max(1))
+type DkvPart = (Vec<f32>, Vec<f32>, Vec<Vec<f32>>);
+
+#[inline(always)]
+fn dkv_body<E: Element>(g: &Grad<'_, '_, E>, b: usize, hk: usize, keys: Range<usize>) -> DkvPart {
+    g.dkv_task(b, hk, keys)
 }
 
-pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>, o: &[E], d_o: &[E], stats: &[f32]) -> Gradients<E> {
+multiversion! {
+    /// [`Grad::dkv_task`] at `level`.
+    fn run_dkv<E: Element>(g: &Grad<'_, '_, E>, b: usize, hk: usize, keys: Range<usize>) -> DkvPart => dkv_body;
+}
+
+/// The (batch, kv head) slices below which the backward splits each slice's keys into chunks. A
+/// constant, not the thread count: the partition, and so the order of every sum, depends on the
+/// shape alone (bit-identical gradients under any number of threads).
+const SPLIT_BELOW_SLICES: usize = 8;
+/// Keys a chunk holds at least.
+const MIN_CHUNK_KEYS: usize = 4 * BK;
+/// f32 values the chunks' dQ partials may hold together (256 MiB): each chunk carries a dQ partial
+/// for every query of its GQA group, `dq_len` values over all chunks of one split.
+const DQ_PARTIALS_MAX: usize = 1 << 26;
+
+/// How many key chunks each (b, kv head) slice is split into, given the slices `B·Hkv`, the longest
+/// key length `seq_k` and the dQ length `dq_len`: 1 when the slices reach [`SPLIT_BELOW_SLICES`],
+/// else enough chunks to reach it, with at least [`MIN_CHUNK_KEYS`] keys each and at most
+/// [`DQ_PARTIALS_MAX`] values of dQ partials in all.
+pub(super) fn key_chunks(slices: usize, seq_k: usize, dq_len: usize) -> usize {
+    if slices >= SPLIT_BELOW_SLICES {
+        return 1;
+    }
+    SPLIT_BELOW_SLICES
+        .div_ceil(slices.max(1))
+        .min((seq_k / MIN_CHUNK_KEYS).max(1))
+        .min((DQ_PARTIALS_MAX / dq_len.max(1)).max(1))
+}
+
+pub(super) fn run<E: Element>(
+    ctx: &Ctx<'_, E>,
+    o: &[E],
+    d_o: &[E],
+    stats: &[f32],
+    level: Level,
+) -> Gradients<E> {
     let spec = ctx.spec;
     let (d, dv) = (spec.head_dim(), spec.head_dim_v());
     let (hq, hkv) = (spec.heads_q(), spec.heads_kv());
@@ -303,7 +342,7 @@ pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>, o: &[E], d_o: &[E], stats: &[f32
         grad.lse.push(lse);
     }
 
-    let parts = chunks(spec.batch() * hkv);
+    let parts = key_chunks(spec.batch() * hkv, spec.seq_k(), spec.dq_len());
     let mut tasks = Vec::new();
     for b in 0..spec.batch() {
         let nk = spec.seq_lens(b).k;
@@ -314,7 +353,7 @@ pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>, o: &[E], d_o: &[E], stats: &[f32
     }
     let results: Vec<_> = tasks
         .par_iter()
-        .map(|(b, hk, keys)| grad.dkv_task(*b, *hk, keys.clone()))
+        .map(|(b, hk, keys)| run_dkv(level, &grad, *b, *hk, keys.clone()))
         .collect();
 
     let zero = E::from_f32(0.0);

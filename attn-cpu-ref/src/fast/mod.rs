@@ -21,6 +21,9 @@
 
 mod backward;
 mod forward;
+mod simd;
+#[cfg(test)]
+mod tests;
 mod tile;
 
 use crate::{check_inputs, Forward, Gradients, Inputs};
@@ -151,6 +154,7 @@ impl<'a, E: Element> Ctx<'a, E> {
     /// products already in `s` (row stride `n`): score, bias, `log γ_j`, and −∞ outside each
     /// row's key range. Writes σ when `sigma` is given.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn logits(
         &self,
         b: usize,
@@ -231,7 +235,7 @@ pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<
         ));
     }
     let ctx = Ctx::new(spec, kind, &x);
-    Ok(forward::run(&ctx))
+    Ok(forward::run(&ctx, simd::Level::detect()))
 }
 
 /// One step against a KV cache ([`crate::kv_cache::forward_kv_cache`]'s checks, append and
@@ -261,5 +265,5 @@ pub fn backward<E: Element>(
         return Ok(crate::empty_gradients(spec, E::from_f64(0.0)));
     }
     let ctx = Ctx::new(spec, kind, &x);
-    Ok(backward::run(&ctx, o, d_o, stats))
+    Ok(backward::run(&ctx, o, d_o, stats, simd::Level::detect()))
 }
