@@ -73,28 +73,10 @@ impl<E: Element> Grad<'_, '_, E> {
             &mut t.sigma[..m * n],
             &mut t.dp[..m * n],
         );
-        matmul(
-            m,
-            n,
-            d,
-            p,
-            n,
-            false,
-            Mat::rows(&q.data[i0 * d..(i0 + m) * d], d),
-            Mat::t(&k.data[j0 * d..(j0 + n) * d], d),
-        );
+        matmul(m, n, d, p, n, false, q.block(i0, m), k.block_t(j0, n));
         ctx.logits(b, h, i0, m, j0, n, p, Some(sigma));
         let g = &self.g[slot][i0 * dv..(i0 + m) * dv];
-        matmul(
-            m,
-            n,
-            dv,
-            dp,
-            n,
-            false,
-            Mat::rows(g, dv),
-            Mat::t(&v.data[j0 * dv..(j0 + n) * dv], dv),
-        );
+        matmul(m, n, dv, dp, n, false, Mat::rows(g, dv), v.block_t(j0, n));
         for r in 0..m {
             let i = i0 + r;
             let (lse, delta) = (self.lse[slot][i], self.delta[slot][i]);
@@ -148,7 +130,7 @@ impl<E: Element> Grad<'_, '_, E> {
                     }
                     self.tile(b, h, i0, m, j0, n, &mut t);
                     let g = &self.g[slot][i0 * dv..(i0 + m) * dv];
-                    let qt = &q.data[i0 * d..(i0 + m) * d];
+                    let qt = q.block(i0, m);
                     // dV += Pᵀ dO
                     matmul(
                         n,
@@ -173,12 +155,12 @@ impl<E: Element> Grad<'_, '_, E> {
                     let w = &mut t.ds[..m * n];
                     w.iter_mut().zip(&t.sigma[..m * n]).for_each(|(w, s)| *w *= s);
                     let dqh = &mut dq[hi][i0 * d..(i0 + m) * d];
-                    let kt_rows = &k.data[j0 * d..(j0 + n) * d];
+                    let kt_rows = k.block(j0, n);
                     match lorentz_c {
                         None => {
-                            matmul(m, d, n, dqh, d, true, Mat::rows(w, n), Mat::rows(kt_rows, d));
+                            matmul(m, d, n, dqh, d, true, Mat::rows(w, n), kt_rows);
                             let dkt = &mut dk[jl * d..jh * d];
-                            matmul(n, d, m, dkt, d, true, Mat::t(w, n), Mat::rows(qt, d));
+                            matmul(n, d, m, dkt, d, true, Mat::t(w, n), qt);
                         }
                         Some(c) => {
                             // Per pair, in the reference's form `a (x̂ − ŷ) + T ŷ`: splitting it into

@@ -1,7 +1,7 @@
 //! The forward sweep: online softmax over key tiles, GEMM for `Q̃K̃ᵀ` and `P·V`, split-KV with an
 //! LSE merge when the (batch, head, query tile) tasks are too few to fill the threads.
 
-use super::simd::{exp_sub_sum, max_ignoring_nan, multiversion, Level};
+use super::simd::{dot_lanes, exp_sub_sum, max_ignoring_nan, multiversion, Level};
 use super::tile::{matmul, nan_max, Mat, BK, BQ};
 use super::Ctx;
 use crate::Forward;
@@ -19,10 +19,10 @@ struct Task {
 
 /// A task's unnormalised result: `acc = Σ_j exp(s_ij − m_i) v_j`, the running max `m_i` and sum
 /// `l_i` of each row.
-struct Part {
-    acc: Vec<f32>,
-    m: Vec<f32>,
-    l: Vec<f32>,
+pub(super) struct Part {
+    pub acc: Vec<f32>,
+    pub m: Vec<f32>,
+    pub l: Vec<f32>,
 }
 
 /// The (batch, head, query tile) tasks below which the forward splits the keys of each slice.
@@ -103,37 +103,37 @@ fn task_body<E: Element>(ctx: &Ctx<'_, E>, t: &Task) -> Part {
     if lo >= hi {
         return part;
     }
-    let qt = &q.data[i0 * d..(i0 + m) * d];
+    let qt = q.block(i0, m);
     let mut s = vec![0f32; m * BK];
     for j0 in (lo..hi).step_by(BK) {
         let n = (hi - j0).min(BK);
         let s = &mut s[..m * n];
-        matmul(
-            m,
-            n,
-            d,
-            s,
-            n,
-            false,
-            Mat::rows(qt, d),
-            Mat::t(&k.data[j0 * d..(j0 + n) * d], d),
-        );
+        if m == 1 {
+            // One query (decode): the tile is n dot products and `P·V` n row updates, streamed
+            // from K and V once; a GEMM call per tile would spend more on packing than on them.
+            let qr = q.row(i0);
+            for (c, x) in s.iter_mut().enumerate() {
+                *x = dot_lanes(qr, k.row(j0 + c));
+            }
+        } else {
+            matmul(m, n, d, s, n, false, qt, k.block_t(j0, n));
+        }
         ctx.logits(t.b, t.h, i0, m, j0, n, s, None);
         for r in 0..m {
             let row = &mut s[r * n..(r + 1) * n];
             let o = &mut part.acc[r * dv..(r + 1) * dv];
             online_row(row, &mut part.m[r], &mut part.l[r], o);
         }
-        matmul(
-            m,
-            dv,
-            n,
-            &mut part.acc,
-            dv,
-            true,
-            Mat::rows(s, n),
-            Mat::rows(&v.data[j0 * dv..(j0 + n) * dv], dv),
-        );
+        if m == 1 {
+            for (c, &p) in s.iter().enumerate() {
+                part.acc
+                    .iter_mut()
+                    .zip(v.row(j0 + c))
+                    .for_each(|(o, x)| *o += p * x);
+            }
+        } else {
+            matmul(m, dv, n, &mut part.acc, dv, true, Mat::rows(s, n), v.block(j0, n));
+        }
     }
     part
 }
@@ -144,7 +144,7 @@ fn task_body<E: Element>(ctx: &Ctx<'_, E>, t: &Task) -> Part {
 /// finite logit the NaN reaches `l` through the sum, and a tile of only NaN and −∞ is caught
 /// below (the max ignores NaN so that it vectorises).
 #[inline(always)]
-fn online_row(row: &mut [f32], m: &mut f32, l: &mut f32, o: &mut [f32]) {
+pub(super) fn online_row(row: &mut [f32], m: &mut f32, l: &mut f32, o: &mut [f32]) {
     let m_old = *m;
     if m_old.is_nan() {
         row.fill(0.0);
@@ -169,7 +169,7 @@ fn online_row(row: &mut [f32], m: &mut f32, l: &mut f32, o: &mut [f32]) {
 }
 
 /// Merge the parts of one row into `(o, LSE)`.
-fn merge(parts: &[&Part], r: usize, dv: usize, o: &mut [f32]) -> f32 {
+pub(super) fn merge(parts: &[&Part], r: usize, dv: usize, o: &mut [f32]) -> f32 {
     o.fill(0.0);
     let mmax = parts.iter().map(|p| p.m[r]).fold(f32::NEG_INFINITY, nan_max);
     if mmax.is_nan() {

@@ -20,6 +20,7 @@
 //! (attn-candle routes Taylor to the reference).
 
 mod backward;
+mod decode;
 mod forward;
 mod simd;
 #[cfg(test)]
@@ -68,14 +69,20 @@ struct Ctx<'a, E> {
     kind: Kind,
     /// The curvature when values aggregate by Einstein midpoint.
     midpoint: Option<f32>,
-    q: Vec<Rows>,
-    k: Vec<Rows>,
-    v: Vec<Rows>,
+    q: Vec<Rows<'a>>,
+    k: Vec<Rows<'a>>,
+    v: Vec<Rows<'a>>,
     bias: Option<&'a [E]>,
 }
 
 impl<'a, E: Element> Ctx<'a, E> {
     fn new(spec: &'a AttnSpec, kind: Kind, x: &Inputs<'a, E>) -> Ctx<'a, E> {
+        Ctx::build(spec, kind, x, true)
+    }
+
+    /// With `gather_kv = false` the k and v rows hold their (default) scalars and no data: for
+    /// [`decode`], which reads k and v from the inputs tile by tile.
+    fn build(spec: &'a AttnSpec, kind: Kind, x: &Inputs<'a, E>, gather_kv: bool) -> Ctx<'a, E> {
         let midpoint = match *spec.family() {
             FamilySpec::Hyperbolic {
                 aggregation: Aggregation::EinsteinMidpoint,
@@ -84,7 +91,7 @@ impl<'a, E: Element> Ctx<'a, E> {
             } => Some(curvature),
             _ => None,
         };
-        let gather = |w: Which, src: &[E]| -> Vec<Rows> {
+        let gather = |w: Which, src: &'a [E]| -> Vec<Rows<'a>> {
             let heads = if w == Which::Q {
                 spec.heads_q()
             } else {
@@ -100,6 +107,30 @@ impl<'a, E: Element> Ctx<'a, E> {
                         Which::K => (lens.k, spec.head_dim()),
                         Which::V => (lens.k, spec.head_dim_v()),
                     };
+                    let base = |r| match w {
+                        Which::Q => spec.q_offset(b, r, h),
+                        Which::K => spec.k_offset(b, r, h),
+                        Which::V => spec.v_offset(b, r, h),
+                    };
+                    // Rows used as is are read in place from f32 storage (offsets are affine in
+                    // the row: one stride per slice).
+                    let as_is = match w {
+                        Which::V => midpoint.is_none(),
+                        _ => matches!(kind, Kind::Dot { .. }),
+                    };
+                    if !gather_kv && w != Which::Q {
+                        return Rows {
+                            dim,
+                            rs: dim,
+                            data: Vec::new().into(),
+                            s: vec![RowS::default(); n],
+                            extra: vec![0.0; n],
+                        };
+                    }
+                    let rs = if n > 1 { base(1) - base(0) } else { dim };
+                    if let Some(rows) = as_is.then(|| Rows::borrow(src, base(0), rs, n, dim)).flatten() {
+                        return rows;
+                    }
                     let mut data = vec![0f32; n * dim];
                     let mut s = Vec::with_capacity(n);
                     let mut extra = Vec::with_capacity(n);
@@ -125,7 +156,13 @@ impl<'a, E: Element> Ctx<'a, E> {
                             }
                         }
                     }
-                    Rows { dim, data, s, extra }
+                    Rows {
+                        dim,
+                        rs: dim,
+                        data: data.into(),
+                        s,
+                        extra,
+                    }
                 })
                 .collect()
         };
@@ -140,13 +177,13 @@ impl<'a, E: Element> Ctx<'a, E> {
         }
     }
 
-    fn q(&self, b: usize, h: usize) -> &Rows {
+    fn q(&self, b: usize, h: usize) -> &Rows<'a> {
         &self.q[b * self.spec.heads_q() + h]
     }
-    fn k(&self, b: usize, hk: usize) -> &Rows {
+    fn k(&self, b: usize, hk: usize) -> &Rows<'a> {
         &self.k[b * self.spec.heads_kv() + hk]
     }
-    fn v(&self, b: usize, hk: usize) -> &Rows {
+    fn v(&self, b: usize, hk: usize) -> &Rows<'a> {
         &self.v[b * self.spec.heads_kv() + hk]
     }
 
@@ -194,9 +231,12 @@ impl<'a, E: Element> Ctx<'a, E> {
                 }
             } else {
                 match self.kind {
-                    Kind::Dot { scale, softcap: None } | Kind::Cosine { scale, .. } => {
-                        row[lo..hi].iter_mut().for_each(|x| *x *= scale)
-                    }
+                    // A dot product of rows used as is is non-finite where a row holds ±∞ or NaN:
+                    // NaN, as a prepared row would make it (docs/nan.md).
+                    Kind::Dot { scale, softcap: None } => row[lo..hi]
+                        .iter_mut()
+                        .for_each(|x| *x = if x.is_finite() { *x * scale } else { f32::NAN }),
+                    Kind::Cosine { scale, .. } => row[lo..hi].iter_mut().for_each(|x| *x *= scale),
                     kind => {
                         let keys = &k.s[j0 + lo..j0 + hi];
                         for (x, ks) in row[lo..hi].iter_mut().zip(keys) {
@@ -234,8 +274,13 @@ pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<
             0.0,
         ));
     }
+    let level = simd::Level::detect();
+    if decode::applies(spec, kind) {
+        let ctx = Ctx::build(spec, kind, &x, false);
+        return Ok(decode::run(&ctx, &x, level));
+    }
     let ctx = Ctx::new(spec, kind, &x);
-    Ok(forward::run(&ctx, simd::Level::detect()))
+    Ok(forward::run(&ctx, level))
 }
 
 /// One step against a KV cache ([`crate::kv_cache::forward_kv_cache`]'s checks, append and

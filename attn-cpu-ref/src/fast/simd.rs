@@ -134,3 +134,22 @@ pub(super) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
     }
     acc.iter().sum::<f32>() + tail
 }
+
+/// `a·b` over [`LANES`] partial sums.
+#[inline(always)]
+pub(super) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}

@@ -43,6 +43,11 @@ fn problems() -> Vec<AttnProblem> {
             24,
         )
         .with_window(Some(20), Some(5)),
+        // One query per sequence: the decode kernel.
+        AttnProblem::new(Family::softmax(), DType::BF16, 2, 4, 2, 1, 1500, 32)
+            .with_causal(Causal::BottomRight)
+            .with_bias(2, 1),
+        AttnProblem::new(softcap, DType::F32, 1, 2, 2, 1, 700, 16).with_key_lens(vec![600]),
     ]
 }
 
@@ -143,5 +148,45 @@ fn key_chunks_depend_on_the_shape_only_and_respect_their_bounds() {
                 assert!(c == 1 || c * dq_len <= 1 << 26);
             }
         }
+    }
+}
+
+/// NaN where the f64 reference has NaN, per output row, with one key row holding −∞ and one
+/// holding +∞ (q, k and v are read in place from f32 storage on this path).
+#[test]
+fn non_finite_keys_read_in_place_make_the_rows_that_see_them_nan() {
+    for (nq, causal) in [(40, Causal::TopLeft), (1, Causal::BottomRight)] {
+        let spec = AttnProblem::new(Family::softmax(), DType::F32, 1, 2, 1, nq, 300, 16)
+            .with_causal(causal)
+            .validate()
+            .expect("valid");
+        let mut case = random_case(&spec, 9);
+        let d = spec.head_dim();
+        case.k[spec.k_offset(0, 10, 0) + 3] = f64::NEG_INFINITY;
+        case.k[spec.k_offset(0, 250, 0) + 5] = f64::INFINITY;
+        let want = crate::forward_f64(&spec, case.inputs()).expect("reference");
+        let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let (q, k, v) = (f32s(&case.q), f32s(&case.k), f32s(&case.v));
+        let got = super::forward(
+            &spec,
+            Inputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                bias: None,
+            },
+        )
+        .expect("fast forward");
+        let mut nan_rows = 0;
+        for h in 0..spec.heads_q() {
+            for i in 0..nq {
+                let at = spec.o_offset(0, i, h);
+                let w = want.o[at..at + d].iter().any(|x| x.is_nan());
+                let g = got.o[at..at + d].iter().any(|x| x.is_nan());
+                assert_eq!(g, w, "nq {nq}: row {i} of head {h}");
+                nan_rows += w as usize;
+            }
+        }
+        assert!(nan_rows > 0, "nq {nq}: the reference has no NaN row");
     }
 }

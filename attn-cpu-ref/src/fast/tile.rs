@@ -1,7 +1,9 @@
 //! f32 building blocks of the fast path: prepared rows, the pair score of each softmax-like family
 //! computed from a tile of dot products, and a safe wrapper around the `gemm` crate.
 
-use attn_core::{FamilySpec, HypScore, ACOSH_EPS, KLEIN_MAX_NORM2};
+use attn_core::{Element, FamilySpec, HypScore, ACOSH_EPS, KLEIN_MAX_NORM2};
+use std::any::TypeId;
+use std::borrow::Cow;
 
 /// Queries per tile (forward and backward).
 pub(super) const BQ: usize = 64;
@@ -17,19 +19,67 @@ pub(super) struct RowS {
     pub gap: f32,
 }
 
-/// `n` prepared rows of `dim` f32 values, contiguous, with their scalars and one extra scalar per
-/// row (`log γ` of a value row under the Einstein midpoint, else 0).
-pub(super) struct Rows {
+/// `n` prepared rows of `dim` f32 values, row `r` at `data[r·rs..r·rs + dim]`, with their scalars
+/// and one extra scalar per row (`log γ` of a value row under the Einstein midpoint, else 0).
+/// `data` is the caller's buffer itself where no preparation is needed (f32 storage, a row used
+/// as is: [`Rows::borrow`]), else a contiguous copy (`rs = dim`).
+pub(super) struct Rows<'a> {
     pub dim: usize,
-    pub data: Vec<f32>,
+    pub rs: usize,
+    pub data: Cow<'a, [f32]>,
     pub s: Vec<RowS>,
     pub extra: Vec<f32>,
 }
 
-impl Rows {
+impl<'a> Rows<'a> {
+    /// The `n` rows of `dim` values at `src[base + r·rs..]` without a copy, when the storage is
+    /// f32 (`None` otherwise). Scalars are the defaults and the extras 0: for the rows a family
+    /// uses as is (q and k of a plain dot-product score, v without the Einstein midpoint).
+    pub(super) fn borrow<E: Element>(
+        src: &'a [E],
+        base: usize,
+        rs: usize,
+        n: usize,
+        dim: usize,
+    ) -> Option<Rows<'a>> {
+        if TypeId::of::<E>() != TypeId::of::<f32>() {
+            return None;
+        }
+        // SAFETY: E is f32 (same type, checked above), so the slice reinterprets nothing.
+        let all = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<f32>(), src.len()) };
+        let end = if n == 0 { base } else { base + (n - 1) * rs + dim };
+        let data = all.get(base..end)?;
+        Some(Rows {
+            dim,
+            rs,
+            data: Cow::Borrowed(data),
+            s: vec![RowS::default(); n],
+            extra: vec![0.0; n],
+        })
+    }
+
     #[inline]
     pub(super) fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.dim..(r + 1) * self.dim]
+        &self.data[r * self.rs..r * self.rs + self.dim]
+    }
+
+    /// Rows `r0..r0 + n` as a matrix operand (`n × dim`).
+    #[inline]
+    pub(super) fn block(&self, r0: usize, n: usize) -> Mat<'_> {
+        Mat::rows(self.span(r0, n), self.rs)
+    }
+
+    /// The transpose of [`Rows::block`] (`dim × n`).
+    #[inline]
+    pub(super) fn block_t(&self, r0: usize, n: usize) -> Mat<'_> {
+        Mat::t(self.span(r0, n), self.rs)
+    }
+
+    fn span(&self, r0: usize, n: usize) -> &[f32] {
+        if n == 0 {
+            return &[];
+        }
+        &self.data[r0 * self.rs..(r0 + n - 1) * self.rs + self.dim]
     }
 }
 
@@ -115,6 +165,9 @@ impl Kind {
     #[inline]
     pub(super) fn score(&self, t: f32, qs: &RowS, ks: &RowS) -> (f32, f32) {
         match *self {
+            // q and k rows of a dot-product score are used as is: a non-finite product means a
+            // row holding ±∞ or NaN, whose scores are NaN (docs/nan.md).
+            Kind::Dot { .. } if !t.is_finite() => (f32::NAN, f32::NAN),
             Kind::Dot { scale, softcap: None } | Kind::Cosine { scale, .. } => (scale * t, scale),
             Kind::Dot {
                 scale,
