@@ -167,14 +167,14 @@ impl<E: Element> Grad<'_, '_, E> {
                             // GEMMs would cancel terms of size `a` where x̂ ≈ ŷ.
                             let dkt = &mut dk[jl * d..jh * d];
                             for r in 0..m {
-                                let (qs, qh) = (&q.s[i0 + r], q.row(i0 + r));
+                                let (qs, qh) = (&q.scalars(i0 + r), q.row(i0 + r));
                                 let dqr = &mut dqh[r * d..(r + 1) * d];
                                 for cc in 0..n {
                                     let wv = w[r * n + cc];
                                     if wv == 0.0 {
                                         continue;
                                     }
-                                    let (ks, kh) = (&k.s[j0 + cc], k.row(j0 + cc));
+                                    let (ks, kh) = (&k.scalars(j0 + cc), k.row(j0 + cc));
                                     let (a, tq) = Kind::lorentz_coef(c, wv, qs, ks);
                                     let (a2, tk) = Kind::lorentz_coef(c, wv, ks, qs);
                                     let dkr = &mut dkt[cc * d..(cc + 1) * d];
@@ -196,7 +196,7 @@ impl<E: Element> Grad<'_, '_, E> {
             .enumerate()
         {
             let j = keys.start + jj;
-            ctx.kind.finish(dkj, k.row(j), &k.s[j]);
+            ctx.kind.finish(dkj, k.row(j), &k.scalars(j));
             if let (Some(c), true) = (ctx.midpoint, seen[jj]) {
                 let f = colsum[jj] * log_gamma(c, v.row(j)).1;
                 dvj.iter_mut().zip(v.row(j)).for_each(|(o, x)| *o += f * x);
@@ -379,7 +379,7 @@ pub(super) fn run<E: Element>(
                 let q = ctx.q(b, h);
                 for i in 0..nq {
                     let row = &mut rows[i * d..(i + 1) * d];
-                    ctx.kind.finish(row, q.row(i), &q.s[i]);
+                    ctx.kind.finish(row, q.row(i), &q.scalars(i));
                     let at = spec.dq_offset(b, i, h);
                     out.dq[at..at + d]
                         .iter_mut()

@@ -3,16 +3,17 @@
 //!
 //! k and v arrive as `[B, N, Hkv, D]` (or any strides): the rows of one head sit a whole token
 //! apart (4 KiB at Hkv = 8, D = 128, f32), so a task per head reads one row per page and pays a
-//! TLB miss per key. Here a tile's keys are read for all kv heads at once, converted to f32 into a
-//! task-local buffer (no copy of the whole cache), and each query head of a GQA group reads its kv
-//! head's rows from that buffer while they are in cache: the cache is read once per call.
+//! TLB miss per key. Here a tile's keys are visited for all kv heads at once (f32 storage read in
+//! place, other dtypes converted to f32 into a task-local buffer: no copy of the whole cache), and
+//! each query head of a GQA group reads its kv head's rows while they are in cache: the cache is
+//! read once per call.
 
 use super::forward::{key_splits, merge, online_row, Part};
 use super::simd::{dot_lanes, multiversion, Level};
 use super::tile::{Kind, BK};
 use super::Ctx;
 use crate::{Forward, Inputs};
-use attn_core::{AttnSpec, Element};
+use attn_core::{AttnSpec, DType, Element};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -47,39 +48,75 @@ fn task_body<E: Element>(ctx: &Ctx<'_, E>, x: &Inputs<'_, E>, b: usize, keys: &R
     if lo >= hi {
         return part;
     }
-    // The tile's k and v rows in f32, [key][kv head][dim].
-    let mut kt = vec![0f32; BK * hkv * d];
-    let mut vt = vec![0f32; BK * hkv * dv];
-    let mut s = vec![0f32; BK];
+    // f32 rows are read in place (the context borrows them); other storage is converted tile by
+    // tile into kt and vt, [key][kv head][dim].
+    let in_place = E::DTYPE == DType::F32;
+    let (kn, vn) = if in_place {
+        (0, 0)
+    } else {
+        (BK * hkv * d, BK * hkv * dv)
+    };
+    let (mut kt, mut vt) = (vec![0f32; kn], vec![0f32; vn]);
+    // Scores of head h at s[h·BK..]; query heads h_0.. of kv head hk are hk·g.., g = Hq/Hkv.
+    let g = hq / hkv.max(1);
+    let mut s = vec![0f32; hq * BK];
     for j0 in (lo..hi).step_by(BK) {
         let n = (hi - j0).min(BK);
+        if !in_place {
+            for c in 0..n {
+                for hk in 0..hkv {
+                    let at = spec.k_offset(b, j0 + c, hk);
+                    let dst = &mut kt[(c * hkv + hk) * d..][..d];
+                    dst.iter_mut()
+                        .zip(&x.k[at..at + d])
+                        .for_each(|(o, e)| *o = e.to_f32());
+                    let at = spec.v_offset(b, j0 + c, hk);
+                    let dst = &mut vt[(c * hkv + hk) * dv..][..dv];
+                    dst.iter_mut()
+                        .zip(&x.v[at..at + dv])
+                        .for_each(|(o, e)| *o = e.to_f32());
+                }
+            }
+        }
+        // Key row (c, hk) of the tile: in memory order when visited c-major, hk-minor.
+        let krow = |c: usize, hk: usize| -> &[f32] {
+            if in_place {
+                ctx.k(b, hk).row(j0 + c)
+            } else {
+                &kt[(c * hkv + hk) * d..][..d]
+            }
+        };
+        let vrow = |c: usize, hk: usize| -> &[f32] {
+            if in_place {
+                ctx.v(b, hk).row(j0 + c)
+            } else {
+                &vt[(c * hkv + hk) * dv..][..dv]
+            }
+        };
         for c in 0..n {
             for hk in 0..hkv {
-                let at = spec.k_offset(b, j0 + c, hk);
-                let dst = &mut kt[(c * hkv + hk) * d..][..d];
-                dst.iter_mut()
-                    .zip(&x.k[at..at + d])
-                    .for_each(|(o, e)| *o = e.to_f32());
-                let at = spec.v_offset(b, j0 + c, hk);
-                let dst = &mut vt[(c * hkv + hk) * dv..][..dv];
-                dst.iter_mut()
-                    .zip(&x.v[at..at + dv])
-                    .for_each(|(o, e)| *o = e.to_f32());
+                let kr = krow(c, hk);
+                for h in hk * g..(hk + 1) * g {
+                    s[h * BK + c] = dot_lanes(ctx.q(b, h).row(0), kr);
+                }
             }
         }
         for h in 0..hq {
-            let hk = spec.kv_head(h);
-            let q = ctx.q(b, h).row(0);
-            let s = &mut s[..n];
-            for (c, sc) in s.iter_mut().enumerate() {
-                *sc = dot_lanes(q, &kt[(c * hkv + hk) * d..][..d]);
-            }
-            ctx.logits(b, h, 0, 1, j0, n, s, None);
+            let row = &mut s[h * BK..h * BK + n];
+            ctx.logits(b, h, 0, 1, j0, n, row, None);
             let o = &mut part.acc[h * dv..(h + 1) * dv];
-            online_row(s, &mut part.m[h], &mut part.l[h], o);
-            for (c, &p) in s.iter().enumerate() {
-                let v = &vt[(c * hkv + hk) * dv..][..dv];
-                o.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
+            online_row(row, &mut part.m[h], &mut part.l[h], o);
+        }
+        for c in 0..n {
+            for hk in 0..hkv {
+                let vr = vrow(c, hk);
+                for h in hk * g..(hk + 1) * g {
+                    let p = s[h * BK + c];
+                    part.acc[h * dv..(h + 1) * dv]
+                        .iter_mut()
+                        .zip(vr)
+                        .for_each(|(o, v)| *o += p * v);
+                }
             }
         }
     }

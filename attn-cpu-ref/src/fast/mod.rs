@@ -123,7 +123,7 @@ impl<'a, E: Element> Ctx<'a, E> {
                             dim,
                             rs: dim,
                             data: Vec::new().into(),
-                            s: vec![RowS::default(); n],
+                            s: Vec::new(),
                             extra: vec![0.0; n],
                         };
                     }
@@ -213,7 +213,7 @@ impl<'a, E: Element> Ctx<'a, E> {
                 .bias
                 .zip(self.spec.bias_index(b, h, i, j0))
                 .map(|(x, at)| &x[at..at + n]);
-            let qs = &q.s[i];
+            let qs = &q.scalars(i);
             // Columns of the tile inside the row's key range; the rest is masked.
             let lo = range.start.clamp(j0, j0 + n) - j0;
             let hi = range.end.clamp(j0, j0 + n) - j0;
@@ -225,7 +225,7 @@ impl<'a, E: Element> Ctx<'a, E> {
                 sg[..lo].fill(0.0);
                 sg[hi..].fill(0.0);
                 for c in lo..hi {
-                    let (sc, g) = self.kind.score(row[c], qs, &k.s[j0 + c]);
+                    let (sc, g) = self.kind.score(row[c], qs, &k.scalars(j0 + c));
                     row[c] = sc;
                     sg[c] = g;
                 }
@@ -238,9 +238,8 @@ impl<'a, E: Element> Ctx<'a, E> {
                         .for_each(|x| *x = if x.is_finite() { *x * scale } else { f32::NAN }),
                     Kind::Cosine { scale, .. } => row[lo..hi].iter_mut().for_each(|x| *x *= scale),
                     kind => {
-                        let keys = &k.s[j0 + lo..j0 + hi];
-                        for (x, ks) in row[lo..hi].iter_mut().zip(keys) {
-                            *x = kind.score(*x, qs, ks).0;
+                        for (c, x) in row[lo..hi].iter_mut().enumerate() {
+                            *x = kind.score(*x, qs, &k.scalars(j0 + lo + c)).0;
                         }
                     }
                 }
@@ -276,7 +275,8 @@ pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<
     }
     let level = simd::Level::detect();
     if decode::applies(spec, kind) {
-        let ctx = Ctx::build(spec, kind, &x, false);
+        // f32 k and v are borrowed, not copied; other dtypes are converted tile by tile.
+        let ctx = Ctx::build(spec, kind, &x, E::DTYPE == attn_core::DType::F32);
         return Ok(decode::run(&ctx, &x, level));
     }
     let ctx = Ctx::new(spec, kind, &x);

@@ -135,11 +135,12 @@ pub(super) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// `a·b` over [`LANES`] partial sums.
+/// `a·b` over `2·`[`LANES`] partial sums (two independent chains of vector adds).
 #[inline(always)]
 pub(super) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    const W: usize = 2 * LANES;
+    let mut acc = [0f32; W];
+    let (ca, cb) = (a.chunks_exact(W), b.chunks_exact(W));
     let tail: f32 = ca
         .remainder()
         .iter()
@@ -147,7 +148,7 @@ pub(super) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| x * y)
         .sum();
     for (x, y) in ca.zip(cb) {
-        for l in 0..LANES {
+        for l in 0..W {
             acc[l] += x[l] * y[l];
         }
     }

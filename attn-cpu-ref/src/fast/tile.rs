@@ -20,7 +20,7 @@ pub(super) struct RowS {
 }
 
 /// `n` prepared rows of `dim` f32 values, row `r` at `data[r·rs..r·rs + dim]`, with their scalars
-/// and one extra scalar per row (`log γ` of a value row under the Einstein midpoint, else 0).
+/// (empty where every row's are the defaults: [`Rows::scalars`]) and one extra scalar per row (`log γ` of a value row under the Einstein midpoint, else 0).
 /// `data` is the caller's buffer itself where no preparation is needed (f32 storage, a row used
 /// as is: [`Rows::borrow`]), else a contiguous copy (`rs = dim`).
 pub(super) struct Rows<'a> {
@@ -33,7 +33,7 @@ pub(super) struct Rows<'a> {
 
 impl<'a> Rows<'a> {
     /// The `n` rows of `dim` values at `src[base + r·rs..]` without a copy, when the storage is
-    /// f32 (`None` otherwise). Scalars are the defaults and the extras 0: for the rows a family
+    /// f32 (`None` otherwise). Scalars are the defaults (not stored) and the extras 0: for the rows a family
     /// uses as is (q and k of a plain dot-product score, v without the Einstein midpoint).
     pub(super) fn borrow<E: Element>(
         src: &'a [E],
@@ -53,9 +53,15 @@ impl<'a> Rows<'a> {
             dim,
             rs,
             data: Cow::Borrowed(data),
-            s: vec![RowS::default(); n],
+            s: Vec::new(),
             extra: vec![0.0; n],
         })
+    }
+
+    /// The scalars of row `r`.
+    #[inline]
+    pub(super) fn scalars(&self, r: usize) -> RowS {
+        self.s.get(r).copied().unwrap_or_default()
     }
 
     #[inline]
