@@ -8,8 +8,13 @@
 //! - Forward: one task per (batch, query head, tile of [`tile::BQ`] queries, key split); each walks
 //!   the keys its rows may see in tiles of [`tile::BK`], scores by GEMM (`gemm` crate), keeps the
 //!   online softmax's running max and sum, and accumulates `P·V` by GEMM: no Nq×Nk buffer. When
-//!   the (batch, head, query tile) tasks are fewer than twice the threads (decode: one query
-//!   against many keys), the keys are split and the parts merged through their LSE.
+//!   the (batch, head, query tile) tasks are few, the keys are split and the parts merged through
+//!   their LSE. One query per sequence on a dot-product score runs the decode kernel
+//!   (`fast/decode.rs`), which reads the cache once for every head. f32 rows used as they are
+//!   are read in place.
+//! - Work partitions depend on the shape alone (never the thread count): outputs and gradients
+//!   are bit-identical under any number of threads. The path's own loops are compiled for the
+//!   baseline, AVX2 and AVX-512 and chosen at run time (`fast/simd.rs`).
 //! - Backward: one task per (batch, kv head, key chunk) recomputes `P` tile by tile from the saved
 //!   LSE, accumulates dK and dV of its keys and its own dQ partial for the GQA group's queries
 //!   (the key chunks of one slice are summed in a fixed order afterwards: no races, and the result
