@@ -50,7 +50,7 @@ fn task_body<E: Element>(ctx: &Ctx<'_, E>, x: &Inputs<'_, E>, b: usize, keys: &R
     }
     // f32 rows are read in place (the context borrows them); other storage is converted tile by
     // tile into kt and vt, [key][kv head][dim].
-    let in_place = E::DTYPE == DType::F32;
+    let in_place = E::DTYPE == DType::F32 && !ctx.k(b, 0).data.is_empty();
     let (kn, vn) = if in_place {
         (0, 0)
     } else {

@@ -82,12 +82,16 @@ struct Ctx<'a, E> {
 
 impl<'a, E: Element> Ctx<'a, E> {
     fn new(spec: &'a AttnSpec, kind: Kind, x: &Inputs<'a, E>) -> Ctx<'a, E> {
-        Ctx::build(spec, kind, x, true)
+        Ctx::build(spec, kind, x, false)
     }
 
-    /// With `gather_kv = false` the k and v rows hold their (default) scalars and no data: for
-    /// [`decode`], which reads k and v from the inputs tile by tile.
-    fn build(spec: &'a AttnSpec, kind: Kind, x: &Inputs<'a, E>, gather_kv: bool) -> Ctx<'a, E> {
+    /// With `decode`, for the decode kernel (`decode.rs`, a dot-product score without the Einstein
+    /// midpoint): k and v rows are read in place from f32 storage (a slice's offsets are affine
+    /// in the row: one stride), and for other storage hold no data (the kernel converts them
+    /// tile by tile). Otherwise every row is a contiguous f32 copy: the GEMMs of the general path
+    /// re-read each k and v tile once per query tile, and rows a whole token apart in the input
+    /// (`H·D` values) would cost them a TLB miss per row and 4 KiB cache-set aliasing.
+    fn build(spec: &'a AttnSpec, kind: Kind, x: &Inputs<'a, E>, decode: bool) -> Ctx<'a, E> {
         let midpoint = match *spec.family() {
             FamilySpec::Hyperbolic {
                 aggregation: Aggregation::EinsteinMidpoint,
@@ -112,29 +116,19 @@ impl<'a, E: Element> Ctx<'a, E> {
                         Which::K => (lens.k, spec.head_dim()),
                         Which::V => (lens.k, spec.head_dim_v()),
                     };
-                    let base = |r| match w {
-                        Which::Q => spec.q_offset(b, r, h),
-                        Which::K => spec.k_offset(b, r, h),
-                        Which::V => spec.v_offset(b, r, h),
-                    };
-                    // Rows used as is are read in place from f32 storage (offsets are affine in
-                    // the row: one stride per slice).
-                    let as_is = match w {
-                        Which::V => midpoint.is_none(),
-                        _ => matches!(kind, Kind::Dot { .. }),
-                    };
-                    if !gather_kv && w != Which::Q {
-                        return Rows {
+                    if decode && w != Which::Q {
+                        let base = |r| match w {
+                            Which::K => spec.k_offset(b, r, h),
+                            _ => spec.v_offset(b, r, h),
+                        };
+                        let rs = if n > 1 { base(1) - base(0) } else { dim };
+                        return Rows::borrow(src, base(0), rs, n, dim).unwrap_or_else(|| Rows {
                             dim,
                             rs: dim,
                             data: Vec::new().into(),
                             s: Vec::new(),
                             extra: vec![0.0; n],
-                        };
-                    }
-                    let rs = if n > 1 { base(1) - base(0) } else { dim };
-                    if let Some(rows) = as_is.then(|| Rows::borrow(src, base(0), rs, n, dim)).flatten() {
-                        return rows;
+                        });
                     }
                     let mut data = vec![0f32; n * dim];
                     let mut s = Vec::with_capacity(n);
@@ -280,8 +274,7 @@ pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<
     }
     let level = simd::Level::detect();
     if decode::applies(spec, kind) {
-        // f32 k and v are borrowed, not copied; other dtypes are converted tile by tile.
-        let ctx = Ctx::build(spec, kind, &x, E::DTYPE == attn_core::DType::F32);
+        let ctx = Ctx::build(spec, kind, &x, true);
         return Ok(decode::run(&ctx, &x, level));
     }
     let ctx = Ctx::new(spec, kind, &x);
