@@ -10,8 +10,7 @@
 //!   online softmax's running max and sum, and accumulates `P·V` by GEMM: no Nq×Nk buffer. When
 //!   the (batch, head, query tile) tasks are few, the keys are split and the parts merged through
 //!   their LSE. One query per sequence on a dot-product score runs the decode kernel
-//!   (`fast/decode.rs`), which reads the cache once for every head. f32 rows used as they are
-//!   are read in place.
+//!   (`fast/decode.rs`), which reads the cache once for every head (f32 in place).
 //! - Work partitions depend on the shape alone (never the thread count): outputs and gradients
 //!   are bit-identical under any number of threads. The path's own loops are compiled for the
 //!   baseline, AVX2 and AVX-512 and chosen at run time (`fast/simd.rs`).
