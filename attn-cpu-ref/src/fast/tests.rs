@@ -154,7 +154,7 @@ fn key_chunks_depend_on_the_shape_only_and_respect_their_bounds() {
 /// NaN where the f64 reference has NaN, per output row, with one key row holding −∞ and one
 /// holding +∞: prefill (prepared rows) and decode (k and v read in place from f32 storage).
 #[test]
-fn non_finite_keys_read_in_place_make_the_rows_that_see_them_nan() {
+fn non_finite_keys_make_the_rows_that_see_them_nan() {
     for (nq, causal) in [(40, Causal::TopLeft), (1, Causal::BottomRight)] {
         let spec = AttnProblem::new(Family::softmax(), DType::F32, 1, 2, 1, nq, 300, 16)
             .with_causal(causal)
