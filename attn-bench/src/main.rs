@@ -53,7 +53,9 @@ struct GridArgs {
     /// `flash` (one grid: 16k tokens per batch, hidden 2048, N 512..16384 + long N, every family),
     /// `cpu-small` (one grid: B=1, H=2, D=32, N 128..512 + 1024, f32), `h100` (sections flash,
     /// taylor, memory: the GPU programme behind docs/performance.md), `gpu-smoke` (the h100
-    /// sections at toy sizes). On h100 and gpu-smoke the list options below keep a subset and the
+    /// sections at toy sizes), `decode` and `decode-smoke` (KV-cache decode on a GPU, and at toy
+    /// sizes), `cpu-decode` (one query against 4k-32k keys, f32 and bf16, sized for two CPU
+    /// cores: attn-cpu-fast against candle_naive). On h100 and gpu-smoke the list options below keep a subset and the
     /// shape options are refused; on flash and cpu-small they replace the grid's values. Default:
     /// `run` takes cpu-small on the CPU and flash on a GPU (see --device); `plan` takes flash.
     #[arg(long)]
@@ -359,6 +361,7 @@ fn resolve_device(arg: Option<&str>) -> Result<RunDevice, BenchError> {
 fn default_impls(preset: Preset, device: RunDevice) -> Vec<ImplId> {
     match (preset, device) {
         (Preset::H100 | Preset::Decode, _) => vec![ImplId::AttnCuda],
+        (Preset::CpuDecode, _) => vec![ImplId::AttnCpuFast, ImplId::CandleNaive],
         (Preset::GpuSmoke | Preset::DecodeSmoke, _) => vec![ImplId::AttnCpuRef, ImplId::AttnCuda],
         // The host implementations would take hours at the flash grid's sizes.
         (Preset::Flash, RunDevice::Cuda) => vec![ImplId::AttnCuda],
@@ -742,6 +745,10 @@ mod tests {
             ImplId::ALL.to_vec()
         );
         for device in [RunDevice::Cpu, RunDevice::Cuda] {
+            assert_eq!(
+                default_impls(Preset::CpuDecode, device),
+                vec![ImplId::AttnCpuFast, ImplId::CandleNaive]
+            );
             assert_eq!(default_impls(Preset::H100, device), vec![ImplId::AttnCuda]);
             assert_eq!(
                 default_impls(Preset::GpuSmoke, device),

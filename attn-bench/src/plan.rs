@@ -27,6 +27,11 @@
 //!   page (attn-cuda's kv-cache API; `impls::prepare_paged`).
 //!
 //! `decode-smoke` has the same sections at toy sizes.
+//!
+//! `cpu-decode` is the decode section at sizes two CPU cores finish in about two minutes: one
+//! query per sequence, f32 and bf16, B = 1, D = 128, (Hq, Hkv) = (32, 8) and (8, 8), T = 4096,
+//! 16384 and 32768 keys (dense k and v: attn-cpu-fast's forward with one query, candle's
+//! composite over the same keys).
 
 use crate::grid::{BadPoint, FamilyId, GridConfig, GridPoint, PassKind};
 use attn_core::DType;
@@ -48,16 +53,19 @@ pub enum Preset {
     Decode,
     /// The decode sections at toy sizes.
     DecodeSmoke,
+    /// The decode section at CPU sizes (module doc).
+    CpuDecode,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 6] = [
+    pub const ALL: [Preset; 7] = [
         Preset::Flash,
         Preset::CpuSmall,
         Preset::H100,
         Preset::GpuSmoke,
         Preset::Decode,
         Preset::DecodeSmoke,
+        Preset::CpuDecode,
     ];
 
     pub fn label(self) -> &'static str {
@@ -68,6 +76,7 @@ impl Preset {
             Preset::GpuSmoke => "gpu-smoke",
             Preset::Decode => "decode",
             Preset::DecodeSmoke => "decode-smoke",
+            Preset::CpuDecode => "cpu-decode",
         }
     }
 }
@@ -212,6 +221,37 @@ fn decode_sections(
     ]
 }
 
+/// One query against a KV cache on the CPU: (Hq, Hkv) at B = 1, D = 128, and the key counts.
+const CPU_DECODE_HEADS: [(usize, usize); 2] = [(32, 8), (8, 8)];
+const CPU_DECODE_T: [usize; 3] = [4 << 10, 16 << 10, 32 << 10];
+
+/// The `cpu-decode` section: f32 and bf16, every (Hq, Hkv) and T above.
+fn cpu_decode_section() -> Section {
+    let mut points = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        for (hq, hkv) in CPU_DECODE_HEADS {
+            for t in CPU_DECODE_T {
+                points.push(GridPoint::decode(
+                    FamilyId::Softmax,
+                    dtype,
+                    1,
+                    hq,
+                    hkv,
+                    1,
+                    t,
+                    128,
+                    None,
+                ));
+            }
+        }
+    }
+    Section {
+        name: "decode".into(),
+        grids: Vec::new(),
+        points,
+    }
+}
+
 impl Plan {
     /// A plan of one section, `grid`.
     pub fn single(grid: GridConfig) -> Self {
@@ -293,6 +333,9 @@ impl Plan {
                     &[(8, 256), (32, 256)],
                     &PAGE_SIZES,
                 ),
+            },
+            Preset::CpuDecode => Plan {
+                sections: vec![cpu_decode_section()],
             },
         }
     }
@@ -564,6 +607,44 @@ mod tests {
         let (pts, bad) = smoke.points();
         assert!(bad.is_empty(), "{bad:?}");
         assert!(pts.iter().all(|p| p.point.seq <= 256 && p.point.is_decode()));
+    }
+
+    #[test]
+    fn cpu_decode_preset_is_one_query_against_4k_to_32k_keys_in_f32_and_bf16() {
+        let plan = Plan::preset(Preset::CpuDecode);
+        assert_eq!(plan.section_names(), vec!["decode"]);
+        let (pts, bad) = plan.points();
+        assert!(bad.is_empty(), "{bad:?}");
+        let pts = in_section(&pts, "decode");
+        assert_eq!(pts.len(), 2 * 2 * 3);
+        for p in &pts {
+            assert!(p.is_decode() && p.causal && p.page_size.is_none(), "{p}");
+            assert_eq!(
+                (p.batch, p.seq_q, p.head_dim, p.pass),
+                (1, 1, 128, PassKind::Fwd),
+                "{p}"
+            );
+            assert!((4096..=32768).contains(&p.seq), "{p}");
+        }
+        for dtype in [DType::F32, DType::BF16] {
+            for (hq, hkv) in [(32, 8), (8, 8)] {
+                let t: Vec<usize> = pts
+                    .iter()
+                    .filter(|p| p.dtype == dtype && (p.heads_q, p.heads_kv) == (hq, hkv))
+                    .map(|p| p.seq)
+                    .collect();
+                assert_eq!(t, vec![4096, 16384, 32768], "{dtype} {hq}/{hkv}");
+            }
+        }
+        // --dtypes narrows the points.
+        let mut plan = Plan::preset(Preset::CpuDecode);
+        plan.filter(&Filter {
+            dtypes: Some(vec![DType::F32]),
+            ..Filter::default()
+        });
+        let (pts, _) = plan.points();
+        assert_eq!(pts.len(), 6);
+        assert!(pts.iter().all(|p| p.point.dtype == DType::F32));
     }
 
     #[test]

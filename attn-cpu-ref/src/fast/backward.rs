@@ -4,6 +4,7 @@
 //! task's own dQ partial `+= (dS⊙σ) K̃` (GEMMs). With a bias, dbias runs as a second pass per
 //! (bias batch, bias head, query tile), summing the (b, h) that broadcast onto it in order.
 
+use super::simd::{multiversion, Level};
 use super::tile::{dot, exp, log_gamma, matmul, Kind, Mat, BK, BQ};
 use super::Ctx;
 use crate::Gradients;
@@ -58,6 +59,7 @@ impl<E: Element> Grad<'_, '_, E> {
 
     /// Fill P, σ and dS of the tile (rows `i0..i0+m` of (b, h), keys `j0..j0+n`), row stride n.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn tile(&self, b: usize, h: usize, i0: usize, m: usize, j0: usize, n: usize, t: &mut Tile) {
         let ctx = self.ctx;
         let spec = ctx.spec;
@@ -71,28 +73,10 @@ impl<E: Element> Grad<'_, '_, E> {
             &mut t.sigma[..m * n],
             &mut t.dp[..m * n],
         );
-        matmul(
-            m,
-            n,
-            d,
-            p,
-            n,
-            false,
-            Mat::rows(&q.data[i0 * d..(i0 + m) * d], d),
-            Mat::t(&k.data[j0 * d..(j0 + n) * d], d),
-        );
+        matmul(m, n, d, p, n, false, q.block(i0, m), k.block_t(j0, n));
         ctx.logits(b, h, i0, m, j0, n, p, Some(sigma));
         let g = &self.g[slot][i0 * dv..(i0 + m) * dv];
-        matmul(
-            m,
-            n,
-            dv,
-            dp,
-            n,
-            false,
-            Mat::rows(g, dv),
-            Mat::t(&v.data[j0 * dv..(j0 + n) * dv], dv),
-        );
+        matmul(m, n, dv, dp, n, false, Mat::rows(g, dv), v.block_t(j0, n));
         for r in 0..m {
             let i = i0 + r;
             let (lse, delta) = (self.lse[slot][i], self.delta[slot][i]);
@@ -113,6 +97,7 @@ impl<E: Element> Grad<'_, '_, E> {
 
     /// dK, dV of keys `keys` of (b, kv head hk), and this chunk's dQ partial for every query head
     /// of the group (in group order).
+    #[inline(always)]
     fn dkv_task(&self, b: usize, hk: usize, keys: Range<usize>) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
         let ctx = self.ctx;
         let spec = ctx.spec;
@@ -145,7 +130,7 @@ impl<E: Element> Grad<'_, '_, E> {
                     }
                     self.tile(b, h, i0, m, j0, n, &mut t);
                     let g = &self.g[slot][i0 * dv..(i0 + m) * dv];
-                    let qt = &q.data[i0 * d..(i0 + m) * d];
+                    let qt = q.block(i0, m);
                     // dV += Pᵀ dO
                     matmul(
                         n,
@@ -170,26 +155,26 @@ impl<E: Element> Grad<'_, '_, E> {
                     let w = &mut t.ds[..m * n];
                     w.iter_mut().zip(&t.sigma[..m * n]).for_each(|(w, s)| *w *= s);
                     let dqh = &mut dq[hi][i0 * d..(i0 + m) * d];
-                    let kt_rows = &k.data[j0 * d..(j0 + n) * d];
+                    let kt_rows = k.block(j0, n);
                     match lorentz_c {
                         None => {
-                            matmul(m, d, n, dqh, d, true, Mat::rows(w, n), Mat::rows(kt_rows, d));
+                            matmul(m, d, n, dqh, d, true, Mat::rows(w, n), kt_rows);
                             let dkt = &mut dk[jl * d..jh * d];
-                            matmul(n, d, m, dkt, d, true, Mat::t(w, n), Mat::rows(qt, d));
+                            matmul(n, d, m, dkt, d, true, Mat::t(w, n), qt);
                         }
                         Some(c) => {
                             // Per pair, in the reference's form `a (x̂ − ŷ) + T ŷ`: splitting it into
                             // GEMMs would cancel terms of size `a` where x̂ ≈ ŷ.
                             let dkt = &mut dk[jl * d..jh * d];
                             for r in 0..m {
-                                let (qs, qh) = (&q.s[i0 + r], q.row(i0 + r));
+                                let (qs, qh) = (&q.scalars(i0 + r), q.row(i0 + r));
                                 let dqr = &mut dqh[r * d..(r + 1) * d];
                                 for cc in 0..n {
                                     let wv = w[r * n + cc];
                                     if wv == 0.0 {
                                         continue;
                                     }
-                                    let (ks, kh) = (&k.s[j0 + cc], k.row(j0 + cc));
+                                    let (ks, kh) = (&k.scalars(j0 + cc), k.row(j0 + cc));
                                     let (a, tq) = Kind::lorentz_coef(c, wv, qs, ks);
                                     let (a2, tk) = Kind::lorentz_coef(c, wv, ks, qs);
                                     let dkr = &mut dkt[cc * d..(cc + 1) * d];
@@ -211,7 +196,7 @@ impl<E: Element> Grad<'_, '_, E> {
             .enumerate()
         {
             let j = keys.start + jj;
-            ctx.kind.finish(dkj, k.row(j), &k.s[j]);
+            ctx.kind.finish(dkj, k.row(j), &k.scalars(j));
             if let (Some(c), true) = (ctx.midpoint, seen[jj]) {
                 let f = colsum[jj] * log_gamma(c, v.row(j)).1;
                 dvj.iter_mut().zip(v.row(j)).for_each(|(o, x)| *o += f * x);
@@ -257,13 +242,49 @@ impl<E: Element> Grad<'_, '_, E> {
     }
 }
 
-/// How many key chunks each (b, kv head) slice is split into: 1 when the slices fill the threads.
-fn chunks(slices: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    threads.div_ceil(slices.max(1))
+type DkvPart = (Vec<f32>, Vec<f32>, Vec<Vec<f32>>);
+
+#[inline(always)]
+fn dkv_body<E: Element>(g: &Grad<'_, '_, E>, b: usize, hk: usize, keys: Range<usize>) -> DkvPart {
+    g.dkv_task(b, hk, keys)
 }
 
-pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>, o: &[E], d_o: &[E], stats: &[f32]) -> Gradients<E> {
+multiversion! {
+    /// [`Grad::dkv_task`] at `level`.
+    fn run_dkv<E: Element>(g: &Grad<'_, '_, E>, b: usize, hk: usize, keys: Range<usize>) -> DkvPart => dkv_body;
+}
+
+/// The (batch, kv head) slices below which the backward splits each slice's keys into chunks. A
+/// constant, not the thread count: the partition, and so the order of every sum, depends on the
+/// shape alone (bit-identical gradients under any number of threads).
+const SPLIT_BELOW_SLICES: usize = 8;
+/// Keys a chunk holds at least.
+const MIN_CHUNK_KEYS: usize = 4 * BK;
+/// f32 values the chunks' dQ partials may hold together (256 MiB): each chunk carries a dQ partial
+/// for every query of its GQA group, `dq_len` values over all chunks of one split.
+const DQ_PARTIALS_MAX: usize = 1 << 26;
+
+/// How many key chunks each (b, kv head) slice is split into, given the slices `B·Hkv`, the longest
+/// key length `seq_k` and the dQ length `dq_len`: 1 when the slices reach [`SPLIT_BELOW_SLICES`],
+/// else enough chunks to reach it, with at least [`MIN_CHUNK_KEYS`] keys each and at most
+/// [`DQ_PARTIALS_MAX`] values of dQ partials in all.
+pub(super) fn key_chunks(slices: usize, seq_k: usize, dq_len: usize) -> usize {
+    if slices >= SPLIT_BELOW_SLICES {
+        return 1;
+    }
+    SPLIT_BELOW_SLICES
+        .div_ceil(slices.max(1))
+        .min((seq_k / MIN_CHUNK_KEYS).max(1))
+        .min((DQ_PARTIALS_MAX / dq_len.max(1)).max(1))
+}
+
+pub(super) fn run<E: Element>(
+    ctx: &Ctx<'_, E>,
+    o: &[E],
+    d_o: &[E],
+    stats: &[f32],
+    level: Level,
+) -> Gradients<E> {
     let spec = ctx.spec;
     let (d, dv) = (spec.head_dim(), spec.head_dim_v());
     let (hq, hkv) = (spec.heads_q(), spec.heads_kv());
@@ -303,7 +324,7 @@ pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>, o: &[E], d_o: &[E], stats: &[f32
         grad.lse.push(lse);
     }
 
-    let parts = chunks(spec.batch() * hkv);
+    let parts = key_chunks(spec.batch() * hkv, spec.seq_k(), spec.dq_len());
     let mut tasks = Vec::new();
     for b in 0..spec.batch() {
         let nk = spec.seq_lens(b).k;
@@ -314,7 +335,7 @@ pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>, o: &[E], d_o: &[E], stats: &[f32
     }
     let results: Vec<_> = tasks
         .par_iter()
-        .map(|(b, hk, keys)| grad.dkv_task(*b, *hk, keys.clone()))
+        .map(|(b, hk, keys)| run_dkv(level, &grad, *b, *hk, keys.clone()))
         .collect();
 
     let zero = E::from_f32(0.0);
@@ -358,7 +379,7 @@ pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>, o: &[E], d_o: &[E], stats: &[f32
                 let q = ctx.q(b, h);
                 for i in 0..nq {
                     let row = &mut rows[i * d..(i + 1) * d];
-                    ctx.kind.finish(row, q.row(i), &q.s[i]);
+                    ctx.kind.finish(row, q.row(i), &q.scalars(i));
                     let at = spec.dq_offset(b, i, h);
                     out.dq[at..at + d]
                         .iter_mut()

@@ -1,15 +1,13 @@
 //! The forward sweep: online softmax over key tiles, GEMM for `Q̃K̃ᵀ` and `P·V`, split-KV with an
 //! LSE merge when the (batch, head, query tile) tasks are too few to fill the threads.
 
-use super::tile::{exp, matmul, nan_max, sum, Mat, BK, BQ};
+use super::simd::{dot_lanes, exp_sub_sum, max_ignoring_nan, multiversion, Level};
+use super::tile::{matmul, nan_max, Mat, BK, BQ};
 use super::Ctx;
 use crate::Forward;
 use attn_core::Element;
 use rayon::prelude::*;
 use std::ops::Range;
-
-/// Keys a split must hold at least (below it the merge costs more than the parallelism gains).
-const MIN_SPLIT_KEYS: usize = 512;
 
 /// One unit of work: query rows `rows` of (b, h), against the keys in `keys`.
 struct Task {
@@ -21,21 +19,29 @@ struct Task {
 
 /// A task's unnormalised result: `acc = Σ_j exp(s_ij − m_i) v_j`, the running max `m_i` and sum
 /// `l_i` of each row.
-struct Part {
-    acc: Vec<f32>,
-    m: Vec<f32>,
-    l: Vec<f32>,
+pub(super) struct Part {
+    pub acc: Vec<f32>,
+    pub m: Vec<f32>,
+    pub l: Vec<f32>,
 }
 
-/// How many parts the keys of every slice are split into.
-fn splits<E: Element>(ctx: &Ctx<'_, E>, tiles: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    if tiles >= 2 * threads {
+/// The (batch, head, query tile) tasks below which the forward splits the keys of each slice.
+/// A constant, not the thread count: the partition, and so every rounding, depends on the shape
+/// alone (bit-identical results under any number of threads). 64 keeps 2 to 64 threads busy on
+/// decode shapes; the merge it costs is one pass over `parts × Dv` values per row.
+const SPLIT_BELOW_TASKS: usize = 64;
+/// Keys a split must hold at least (below it the merge costs more than the parallelism gains).
+const MIN_SPLIT_KEYS: usize = 512;
+
+/// How many parts the keys of every slice are split into, given the (batch, head, query tile)
+/// tasks `tiles` and the longest key length `seq_k`: 1 when the tiles reach
+/// [`SPLIT_BELOW_TASKS`], else enough parts to reach it, at most one per [`MIN_SPLIT_KEYS`] keys.
+pub(super) fn key_splits(tiles: usize, seq_k: usize) -> usize {
+    if tiles >= SPLIT_BELOW_TASKS {
         return 1;
     }
-    let want = (2 * threads).div_ceil(tiles.max(1));
-    let most = (ctx.spec.seq_k() / MIN_SPLIT_KEYS).max(1);
-    want.min(most)
+    let want = SPLIT_BELOW_TASKS.div_ceil(tiles.max(1));
+    want.min((seq_k / MIN_SPLIT_KEYS).max(1))
 }
 
 fn tasks<E: Element>(ctx: &Ctx<'_, E>) -> Vec<Task> {
@@ -47,7 +53,7 @@ fn tasks<E: Element>(ctx: &Ctx<'_, E>) -> Vec<Task> {
             tiles.extend((0..n).step_by(BQ).map(|r0| (b, h, r0..(r0 + BQ).min(n))));
         }
     }
-    let parts = splits(ctx, tiles.len());
+    let parts = key_splits(tiles.len(), spec.seq_k());
     let mut out = Vec::with_capacity(tiles.len() * parts);
     for (b, h, rows) in tiles {
         let nk = spec.seq_lens(b).k;
@@ -66,7 +72,14 @@ fn tasks<E: Element>(ctx: &Ctx<'_, E>) -> Vec<Task> {
     out
 }
 
-fn run_task<E: Element>(ctx: &Ctx<'_, E>, t: &Task) -> Part {
+multiversion! {
+    /// [`task_body`] at `level`.
+    fn run_task<E: Element>(ctx: &Ctx<'_, E>, t: &Task) -> Part => task_body;
+}
+
+/// One task: the online softmax over its key tiles.
+#[inline(always)]
+fn task_body<E: Element>(ctx: &Ctx<'_, E>, t: &Task) -> Part {
     let spec = ctx.spec;
     let (d, dv) = (spec.head_dim(), spec.head_dim_v());
     let hk = spec.kv_head(t.h);
@@ -90,62 +103,73 @@ fn run_task<E: Element>(ctx: &Ctx<'_, E>, t: &Task) -> Part {
     if lo >= hi {
         return part;
     }
-    let qt = &q.data[i0 * d..(i0 + m) * d];
+    let qt = q.block(i0, m);
     let mut s = vec![0f32; m * BK];
     for j0 in (lo..hi).step_by(BK) {
         let n = (hi - j0).min(BK);
         let s = &mut s[..m * n];
-        matmul(
-            m,
-            n,
-            d,
-            s,
-            n,
-            false,
-            Mat::rows(qt, d),
-            Mat::t(&k.data[j0 * d..(j0 + n) * d], d),
-        );
+        if m == 1 {
+            // One query (decode): the tile is n dot products and `P·V` n row updates, streamed
+            // from K and V once; a GEMM call per tile would spend more on packing than on them.
+            let qr = q.row(i0);
+            for (c, x) in s.iter_mut().enumerate() {
+                *x = dot_lanes(qr, k.row(j0 + c));
+            }
+        } else {
+            matmul(m, n, d, s, n, false, qt, k.block_t(j0, n));
+        }
         ctx.logits(t.b, t.h, i0, m, j0, n, s, None);
         for r in 0..m {
             let row = &mut s[r * n..(r + 1) * n];
-            let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, nan_max);
-            let m_old = part.m[r];
-            let m_new = nan_max(m_old, tile_max);
-            part.m[r] = m_new;
             let o = &mut part.acc[r * dv..(r + 1) * dv];
-            if m_new.is_nan() {
-                row.fill(0.0);
-                o.fill(f32::NAN);
-                part.l[r] = f32::NAN;
-                continue;
-            }
-            if m_new == f32::NEG_INFINITY {
-                row.fill(0.0);
-                continue;
-            }
-            let alpha = (m_old - m_new).exp();
-            if alpha != 1.0 {
-                o.iter_mut().for_each(|x| *x *= alpha);
-            }
-            row.iter_mut().for_each(|x| *x = exp(*x - m_new));
-            part.l[r] = part.l[r] * alpha + sum(row);
+            online_row(row, &mut part.m[r], &mut part.l[r], o);
         }
-        matmul(
-            m,
-            dv,
-            n,
-            &mut part.acc,
-            dv,
-            true,
-            Mat::rows(s, n),
-            Mat::rows(&v.data[j0 * dv..(j0 + n) * dv], dv),
-        );
+        if m == 1 {
+            for (c, &p) in s.iter().enumerate() {
+                part.acc
+                    .iter_mut()
+                    .zip(v.row(j0 + c))
+                    .for_each(|(o, x)| *o += p * x);
+            }
+        } else {
+            matmul(m, dv, n, &mut part.acc, dv, true, Mat::rows(s, n), v.block(j0, n));
+        }
     }
     part
 }
 
+/// One row's online-softmax step over a tile of logits `row`: update the running max `m` and sum
+/// `l`, rescale the accumulator `o`, and leave `e^(s − m)` in `row` for the `P·V` product. A NaN
+/// logit makes the row NaN for good (`m`, `l` and `o` NaN, docs/nan.md): where the row also sees a
+/// finite logit the NaN reaches `l` through the sum, and a tile of only NaN and −∞ is caught
+/// below (the max ignores NaN so that it vectorises).
+#[inline(always)]
+pub(super) fn online_row(row: &mut [f32], m: &mut f32, l: &mut f32, o: &mut [f32]) {
+    let m_old = *m;
+    if m_old.is_nan() {
+        row.fill(0.0);
+        return;
+    }
+    let m_new = m_old.max(max_ignoring_nan(row));
+    if m_new == f32::NEG_INFINITY {
+        if row.iter().any(|x| x.is_nan()) {
+            *m = f32::NAN;
+            *l = f32::NAN;
+            o.fill(f32::NAN);
+        }
+        row.fill(0.0);
+        return;
+    }
+    *m = m_new;
+    let alpha = (m_old - m_new).exp();
+    if alpha != 1.0 {
+        o.iter_mut().for_each(|x| *x *= alpha);
+    }
+    *l = *l * alpha + exp_sub_sum(row, m_new);
+}
+
 /// Merge the parts of one row into `(o, LSE)`.
-fn merge(parts: &[&Part], r: usize, dv: usize, o: &mut [f32]) -> f32 {
+pub(super) fn merge(parts: &[&Part], r: usize, dv: usize, o: &mut [f32]) -> f32 {
     o.fill(0.0);
     let mmax = parts.iter().map(|p| p.m[r]).fold(f32::NEG_INFINITY, nan_max);
     if mmax.is_nan() {
@@ -171,11 +195,11 @@ fn merge(parts: &[&Part], r: usize, dv: usize, o: &mut [f32]) -> f32 {
     mmax + l.ln()
 }
 
-pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>) -> Forward<E, f32> {
+pub(super) fn run<E: Element>(ctx: &Ctx<'_, E>, level: Level) -> Forward<E, f32> {
     let spec = ctx.spec;
     let dv = spec.head_dim_v();
     let tasks = tasks(ctx);
-    let parts: Vec<Part> = tasks.par_iter().map(|t| run_task(ctx, t)).collect();
+    let parts: Vec<Part> = tasks.par_iter().map(|t| run_task(level, ctx, t)).collect();
     let mut o = vec![E::from_f32(0.0); spec.o_len()];
     let mut stats = vec![0f32; spec.stats_len()];
     let mut row = vec![0f32; dv];

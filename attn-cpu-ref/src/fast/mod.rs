@@ -9,8 +9,12 @@
 //! - Forward: one task per (batch, query head, tile of [`tile::BQ`] queries, key split); each walks
 //!   the keys its rows may see in tiles of [`tile::BK`], scores by GEMM (`gemm` crate), keeps the
 //!   online softmax's running max and sum, and accumulates `P·V` by GEMM: no Nq×Nk buffer. When
-//!   the (batch, head, query tile) tasks are fewer than twice the threads (decode: one query
-//!   against many keys), the keys are split and the parts merged through their LSE.
+//!   the (batch, head, query tile) tasks are few, the keys are split and the parts merged through
+//!   their LSE. One query per sequence on a dot-product score runs the decode kernel
+//!   (`fast/decode.rs`), which reads the cache once for every head (f32 in place).
+//! - Work partitions depend on the shape alone (never the thread count): outputs and gradients
+//!   are bit-identical under any number of threads. The path's own loops are compiled for the
+//!   baseline, AVX2 and AVX-512 and chosen at run time (`fast/simd.rs`).
 //! - Backward: one task per (batch, kv head, key chunk) recomputes `P` tile by tile from the saved
 //!   LSE, accumulates dK and dV of its keys and its own dQ partial for the GQA group's queries
 //!   (the key chunks of one slice are summed in a fixed order afterwards: no races, and the result
@@ -20,8 +24,12 @@
 //! Taylor attention runs through its factorised states, chunked (`fast/taylor/`, its module doc).
 
 mod backward;
+mod decode;
 mod forward;
+mod simd;
 mod taylor;
+#[cfg(test)]
+mod tests;
 mod tile;
 
 use crate::{check_inputs, Forward, Gradients, Inputs};
@@ -72,14 +80,24 @@ struct Ctx<'a, E> {
     kind: Kind,
     /// The curvature when values aggregate by Einstein midpoint.
     midpoint: Option<f32>,
-    q: Vec<Rows>,
-    k: Vec<Rows>,
-    v: Vec<Rows>,
+    q: Vec<Rows<'a>>,
+    k: Vec<Rows<'a>>,
+    v: Vec<Rows<'a>>,
     bias: Option<&'a [E]>,
 }
 
 impl<'a, E: Element> Ctx<'a, E> {
     fn new(spec: &'a AttnSpec, kind: Kind, x: &Inputs<'a, E>) -> Ctx<'a, E> {
+        Ctx::build(spec, kind, x, false)
+    }
+
+    /// With `decode`, for the decode kernel (`decode.rs`, a dot-product score without the Einstein
+    /// midpoint): k and v rows are read in place from f32 storage (a slice's offsets are affine
+    /// in the row: one stride), and for other storage hold no data (the kernel converts them
+    /// tile by tile). Otherwise every row is a contiguous f32 copy: the GEMMs of the general path
+    /// re-read each k and v tile once per query tile, and rows a whole token apart in the input
+    /// (`H·D` values) would cost them a TLB miss per row and 4 KiB cache-set aliasing.
+    fn build(spec: &'a AttnSpec, kind: Kind, x: &Inputs<'a, E>, decode: bool) -> Ctx<'a, E> {
         let midpoint = match *spec.family() {
             FamilySpec::Hyperbolic {
                 aggregation: Aggregation::EinsteinMidpoint,
@@ -88,7 +106,7 @@ impl<'a, E: Element> Ctx<'a, E> {
             } => Some(curvature),
             _ => None,
         };
-        let gather = |w: Which, src: &[E]| -> Vec<Rows> {
+        let gather = |w: Which, src: &'a [E]| -> Vec<Rows<'a>> {
             let heads = if w == Which::Q {
                 spec.heads_q()
             } else {
@@ -104,6 +122,20 @@ impl<'a, E: Element> Ctx<'a, E> {
                         Which::K => (lens.k, spec.head_dim()),
                         Which::V => (lens.k, spec.head_dim_v()),
                     };
+                    if decode && w != Which::Q {
+                        let base = |r| match w {
+                            Which::K => spec.k_offset(b, r, h),
+                            _ => spec.v_offset(b, r, h),
+                        };
+                        let rs = if n > 1 { base(1) - base(0) } else { dim };
+                        return Rows::borrow(src, base(0), rs, n, dim).unwrap_or_else(|| Rows {
+                            dim,
+                            rs: dim,
+                            data: Vec::new().into(),
+                            s: Vec::new(),
+                            extra: vec![0.0; n],
+                        });
+                    }
                     let mut data = vec![0f32; n * dim];
                     let mut s = Vec::with_capacity(n);
                     let mut extra = Vec::with_capacity(n);
@@ -129,7 +161,13 @@ impl<'a, E: Element> Ctx<'a, E> {
                             }
                         }
                     }
-                    Rows { dim, data, s, extra }
+                    Rows {
+                        dim,
+                        rs: dim,
+                        data: data.into(),
+                        s,
+                        extra,
+                    }
                 })
                 .collect()
         };
@@ -144,13 +182,13 @@ impl<'a, E: Element> Ctx<'a, E> {
         }
     }
 
-    fn q(&self, b: usize, h: usize) -> &Rows {
+    fn q(&self, b: usize, h: usize) -> &Rows<'a> {
         &self.q[b * self.spec.heads_q() + h]
     }
-    fn k(&self, b: usize, hk: usize) -> &Rows {
+    fn k(&self, b: usize, hk: usize) -> &Rows<'a> {
         &self.k[b * self.spec.heads_kv() + hk]
     }
-    fn v(&self, b: usize, hk: usize) -> &Rows {
+    fn v(&self, b: usize, hk: usize) -> &Rows<'a> {
         &self.v[b * self.spec.heads_kv() + hk]
     }
 
@@ -158,6 +196,7 @@ impl<'a, E: Element> Ctx<'a, E> {
     /// products already in `s` (row stride `n`): score, bias, `log γ_j`, and −∞ outside each
     /// row's key range. Writes σ when `sigma` is given.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn logits(
         &self,
         b: usize,
@@ -179,7 +218,7 @@ impl<'a, E: Element> Ctx<'a, E> {
                 .bias
                 .zip(self.spec.bias_index(b, h, i, j0))
                 .map(|(x, at)| &x[at..at + n]);
-            let qs = &q.s[i];
+            let qs = &q.scalars(i);
             // Columns of the tile inside the row's key range; the rest is masked.
             let lo = range.start.clamp(j0, j0 + n) - j0;
             let hi = range.end.clamp(j0, j0 + n) - j0;
@@ -191,19 +230,21 @@ impl<'a, E: Element> Ctx<'a, E> {
                 sg[..lo].fill(0.0);
                 sg[hi..].fill(0.0);
                 for c in lo..hi {
-                    let (sc, g) = self.kind.score(row[c], qs, &k.s[j0 + c]);
+                    let (sc, g) = self.kind.score(row[c], qs, &k.scalars(j0 + c));
                     row[c] = sc;
                     sg[c] = g;
                 }
             } else {
                 match self.kind {
-                    Kind::Dot { scale, softcap: None } | Kind::Cosine { scale, .. } => {
-                        row[lo..hi].iter_mut().for_each(|x| *x *= scale)
-                    }
+                    // A dot product of rows used as is is non-finite where a row holds ±∞ or NaN:
+                    // NaN, as a prepared row would make it (docs/nan.md).
+                    Kind::Dot { scale, softcap: None } => row[lo..hi]
+                        .iter_mut()
+                        .for_each(|x| *x = if x.is_finite() { *x * scale } else { f32::NAN }),
+                    Kind::Cosine { scale, .. } => row[lo..hi].iter_mut().for_each(|x| *x *= scale),
                     kind => {
-                        let keys = &k.s[j0 + lo..j0 + hi];
-                        for (x, ks) in row[lo..hi].iter_mut().zip(keys) {
-                            *x = kind.score(*x, qs, ks).0;
+                        for (c, x) in row[lo..hi].iter_mut().enumerate() {
+                            *x = kind.score(*x, qs, &k.scalars(j0 + lo + c)).0;
                         }
                     }
                 }
@@ -240,8 +281,13 @@ pub fn forward<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<
     let Some(kind) = kind else {
         return Ok(taylor::forward(spec, &x));
     };
+    let level = simd::Level::detect();
+    if decode::applies(spec, kind) {
+        let ctx = Ctx::build(spec, kind, &x, true);
+        return Ok(decode::run(&ctx, &x, level));
+    }
     let ctx = Ctx::new(spec, kind, &x);
-    Ok(forward::run(&ctx))
+    Ok(forward::run(&ctx, level))
 }
 
 /// One step against a KV cache ([`crate::kv_cache::forward_kv_cache`]'s checks, append and
@@ -274,5 +320,5 @@ pub fn backward<E: Element>(
         return Ok(taylor::backward(spec, &x, o, d_o, stats));
     };
     let ctx = Ctx::new(spec, kind, &x);
-    Ok(backward::run(&ctx, o, d_o, stats))
+    Ok(backward::run(&ctx, o, d_o, stats, simd::Level::detect()))
 }

@@ -1,7 +1,9 @@
 //! f32 building blocks of the fast path: prepared rows, the pair score of each softmax-like family
 //! computed from a tile of dot products, and a safe wrapper around the `gemm` crate.
 
-use attn_core::{FamilySpec, HypScore, ACOSH_EPS, KLEIN_MAX_NORM2};
+use attn_core::{Element, FamilySpec, HypScore, ACOSH_EPS, KLEIN_MAX_NORM2};
+use std::any::TypeId;
+use std::borrow::Cow;
 
 /// Queries per tile (forward and backward).
 pub(super) const BQ: usize = 64;
@@ -17,19 +19,73 @@ pub(super) struct RowS {
     pub gap: f32,
 }
 
-/// `n` prepared rows of `dim` f32 values, contiguous, with their scalars and one extra scalar per
-/// row (`log γ` of a value row under the Einstein midpoint, else 0).
-pub(super) struct Rows {
+/// `n` prepared rows of `dim` f32 values, row `r` at `data[r·rs..r·rs + dim]`, with their scalars
+/// (empty where every row's are the defaults: [`Rows::scalars`]) and one extra scalar per row (`log γ` of a value row under the Einstein midpoint, else 0).
+/// `data` is the caller's buffer itself where no preparation is needed (f32 storage, a row used
+/// as is: [`Rows::borrow`]), else a contiguous copy (`rs = dim`).
+pub(super) struct Rows<'a> {
     pub dim: usize,
-    pub data: Vec<f32>,
+    pub rs: usize,
+    pub data: Cow<'a, [f32]>,
     pub s: Vec<RowS>,
     pub extra: Vec<f32>,
 }
 
-impl Rows {
+impl<'a> Rows<'a> {
+    /// The `n` rows of `dim` values at `src[base + r·rs..]` without a copy, when the storage is
+    /// f32 (`None` otherwise). Scalars are the defaults (not stored) and the extras 0: for the rows a family
+    /// uses as is (q and k of a plain dot-product score, v without the Einstein midpoint).
+    pub(super) fn borrow<E: Element>(
+        src: &'a [E],
+        base: usize,
+        rs: usize,
+        n: usize,
+        dim: usize,
+    ) -> Option<Rows<'a>> {
+        if TypeId::of::<E>() != TypeId::of::<f32>() {
+            return None;
+        }
+        // SAFETY: E is f32 (same type, checked above), so the slice reinterprets nothing.
+        let all = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<f32>(), src.len()) };
+        let end = if n == 0 { base } else { base + (n - 1) * rs + dim };
+        let data = all.get(base..end)?;
+        Some(Rows {
+            dim,
+            rs,
+            data: Cow::Borrowed(data),
+            s: Vec::new(),
+            extra: vec![0.0; n],
+        })
+    }
+
+    /// The scalars of row `r`.
+    #[inline]
+    pub(super) fn scalars(&self, r: usize) -> RowS {
+        self.s.get(r).copied().unwrap_or_default()
+    }
+
     #[inline]
     pub(super) fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.dim..(r + 1) * self.dim]
+        &self.data[r * self.rs..r * self.rs + self.dim]
+    }
+
+    /// Rows `r0..r0 + n` as a matrix operand (`n × dim`).
+    #[inline]
+    pub(super) fn block(&self, r0: usize, n: usize) -> Mat<'_> {
+        Mat::rows(self.span(r0, n), self.rs)
+    }
+
+    /// The transpose of [`Rows::block`] (`dim × n`).
+    #[inline]
+    pub(super) fn block_t(&self, r0: usize, n: usize) -> Mat<'_> {
+        Mat::t(self.span(r0, n), self.rs)
+    }
+
+    fn span(&self, r0: usize, n: usize) -> &[f32] {
+        if n == 0 {
+            return &[];
+        }
+        &self.data[r0 * self.rs..(r0 + n - 1) * self.rs + self.dim]
     }
 }
 
@@ -115,6 +171,9 @@ impl Kind {
     #[inline]
     pub(super) fn score(&self, t: f32, qs: &RowS, ks: &RowS) -> (f32, f32) {
         match *self {
+            // q and k rows of a dot-product score are used as is: a non-finite product means a
+            // row holding ±∞ or NaN, whose scores are NaN (docs/nan.md).
+            Kind::Dot { .. } if !t.is_finite() => (f32::NAN, f32::NAN),
             Kind::Dot { scale, softcap: None } | Kind::Cosine { scale, .. } => (scale * t, scale),
             Kind::Dot {
                 scale,
@@ -305,51 +364,40 @@ pub(super) fn matmul(
     }
 }
 
-/// `e^x` in f32 to within 4 ulp on [−87, 88], in a form the compiler vectorises (no libm call):
-/// Cody–Waite reduction `x = n ln 2 + r`, a degree-6 polynomial in `r`, and `2^n` by exponent
-/// bits. 0 below −87 (e^−87 is near the bottom of f32's normal range), +∞ above 88, NaN for NaN.
+/// `e^x` in f32 to within 2 ulp on [−87, 88], in a form the compiler vectorises (no libm call,
+/// no float-to-int conversion): Cody–Waite reduction `x = n ln 2 + r` with `n` rounded by the
+/// 1.5·2²³ shift (whose low mantissa bits then hold `n`), Cephes' degree-5 minimax polynomial for
+/// `(e^r − 1 − r)/r²` on |r| ≤ ln2/2, and `2^n` by exponent bits. 0 below −87 (e^−87 is near the
+/// bottom of f32's normal range), +∞ above 88, NaN for NaN.
 #[inline(always)]
 pub(super) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    let xc = x.clamp(-87.0, 88.0);
-    // Round to nearest by the 1.5·2²³ shift (|x·log2 e| < 2²²): `f32::round` is a libm call on
-    // targets without SSE4.1, which keeps the loop from vectorising.
     const SHIFT: f32 = 12_582_912.0;
-    let n = (xc * LOG2E + SHIFT) - SHIFT;
+    // `clamp` keeps NaN, which then flows through every step below.
+    let xc = x.clamp(-87.0, 88.0);
+    let t = xc * LOG2E + SHIFT;
+    let n = t - SHIFT;
     let r = (xc - n * LN2_HI) - n * LN2_LO;
-    // Taylor coefficients 1/k! (|r| ≤ ln2/2: the degree-6 remainder is below 2⁻²⁴ relative).
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    let y = p * scale;
-    if x.is_nan() {
-        f32::NAN
-    } else if x < -87.0 {
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let y = (p * (r * r) + r) + 1.0;
+    // t = 1.5·2²³ + n: its bits minus the shift's are n (|n| ≤ 127), the exponent of 2^n.
+    let n_bits = t.to_bits().wrapping_sub(SHIFT.to_bits());
+    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
+    let y = y * scale;
+    if x < -87.0 {
         0.0
     } else if x > 88.0 {
         f32::INFINITY
     } else {
         y
     }
-}
-
-/// `Σ x` with eight partial sums (vectorises).
-#[inline]
-pub(super) fn sum(x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let c = x.chunks_exact(8);
-    let tail: f32 = c.remainder().iter().sum();
-    for v in c {
-        for l in 0..8 {
-            acc[l] += v[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
@@ -367,7 +415,7 @@ mod tests {
             x += 0.001_37;
         }
         assert!(
-            worst < 4.0 * f32::EPSILON as f64,
+            worst < 2.0 * f32::EPSILON as f64,
             "worst relative error {worst:e}"
         );
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
