@@ -426,16 +426,19 @@ fn nan_in_d_o_reaches_the_gradients_of_its_row_and_its_keys() {
     }
 }
 
-/// [`nan_in_d_o_reaches_the_gradients_of_its_row_and_its_keys`] on the fast path, without a mask.
+/// [`nan_in_d_o_reaches_the_gradients_of_its_row_and_its_keys`] on the fast path, with and
+/// without a causal mask.
 #[test]
 fn fast_nan_in_d_o_reaches_the_gradients_of_its_row_and_its_keys() {
     for (name, family) in families().into_iter().filter(|(n, _)| !n.starts_with("taylor")) {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            d_o_check(
-                run_fast_path,
-                &format!("fast {name} {dtype}"),
-                &spec_t(family, Causal::None, dtype),
-            );
+            for causal in [Causal::None, Causal::TopLeft] {
+                d_o_check(
+                    run_fast_path,
+                    &format!("fast {name} {dtype} {causal:?}"),
+                    &spec_t(family, causal, dtype),
+                );
+            }
         }
     }
 }
@@ -605,12 +608,10 @@ fn fast_inf_in_q_and_k_makes_the_rows_nan() {
     }
 }
 
-/// With a causal mask the fast path does not meet the contract yet: its tile products (`P·V`,
-/// `dO·Vᵀ`, `dS·K`, `dSᵀ·Q`) take masked pairs with a weight of exactly 0, and `0·NaN` is NaN, so a
-/// NaN in q, k or v reaches the rows and keys of its 64 × 128 tile that the mask hides from it
-/// (the GPU's tensor-core kernels have the same gap, docs/nan.md). Run with `--ignored`.
+/// With a causal mask: the tile products (`P·V`, `Pᵀ·dO`, `dS·K`, `dSᵀ·Q`) of a tile holding a
+/// non-finite source row skip the masked pairs, so the NaN stays out of the rows and keys of its
+/// 64 × 128 tile that the mask hides from it.
 #[test]
-#[ignore = "the fast path's tile products spread a NaN to masked pairs of its tile (docs/nan.md)"]
 fn fast_nan_behind_a_causal_mask_stays_out_of_the_rows_that_do_not_see_it() {
     for t in [Tensor::Q, Tensor::K, Tensor::V] {
         check_all_fast(t, f64::NAN, Causal::TopLeft);

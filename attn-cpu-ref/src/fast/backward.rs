@@ -5,7 +5,7 @@
 //! (bias batch, bias head, query tile), summing the (b, h) that broadcast onto it in order.
 
 use super::simd::{multiversion, Level};
-use super::tile::{dot, exp, log_gamma, matmul, Kind, Mat, BK, BQ};
+use super::tile::{bad_in, bad_rows, dot, exp, log_gamma, matmul, matmul_masked, Kind, Mat, BK, BQ};
 use super::Ctx;
 use crate::Gradients;
 use attn_core::Element;
@@ -17,6 +17,8 @@ struct Grad<'c, 'a, E> {
     ctx: &'c Ctx<'a, E>,
     /// dO rows of every (b, h) slice, f32, contiguous.
     g: Vec<Vec<f32>>,
+    /// The dO rows of each slice holding a non-finite value, ascending.
+    g_bad: Vec<Vec<usize>>,
     /// `δ_i = dO_i·o_i` per (b, h) slice.
     delta: Vec<Vec<f32>>,
     /// The LSE per (b, h) slice.
@@ -131,16 +133,19 @@ impl<E: Element> Grad<'_, '_, E> {
                     self.tile(b, h, i0, m, j0, n, &mut t);
                     let g = &self.g[slot][i0 * dv..(i0 + m) * dv];
                     let qt = q.block(i0, m);
+                    // Masked pairs of the tile carry weights of exactly 0; `matmul_masked` keeps
+                    // a non-finite source row away from the outputs they pair it with.
+                    let sees = |r: usize, c: usize| spec.key_range(b, i0 + r).contains(&(j0 + c));
+                    let sees_t = |c: usize, r: usize| sees(r, c);
                     // dV += Pᵀ dO
-                    matmul(
-                        n,
-                        dv,
-                        m,
+                    matmul_masked(
+                        (n, dv, m),
                         &mut dvs[jl * dv..jh * dv],
                         dv,
-                        true,
                         Mat::t(&t.p[..m * n], n),
                         Mat::rows(g, dv),
+                        &bad_in(&self.g_bad[slot], i0, m),
+                        sees_t,
                     );
                     for r in 0..m {
                         let range = spec.key_range(b, i0 + r);
@@ -158,9 +163,10 @@ impl<E: Element> Grad<'_, '_, E> {
                     let kt_rows = k.block(j0, n);
                     match lorentz_c {
                         None => {
-                            matmul(m, d, n, dqh, d, true, Mat::rows(w, n), kt_rows);
+                            let (wr, wt) = (Mat::rows(w, n), Mat::t(w, n));
+                            matmul_masked((m, d, n), dqh, d, wr, kt_rows, &k.bad_in(j0, n), sees);
                             let dkt = &mut dk[jl * d..jh * d];
-                            matmul(n, d, m, dkt, d, true, Mat::t(w, n), qt);
+                            matmul_masked((n, d, m), dkt, d, wt, qt, &q.bad_in(i0, m), sees_t);
                         }
                         Some(c) => {
                             // Per pair, in the reference's form `a (x̂ − ŷ) + T ŷ`: splitting it into
@@ -315,10 +321,12 @@ pub(super) fn run<E: Element>(
     let mut grad = Grad {
         ctx,
         g: Vec::with_capacity(per_slice.len()),
+        g_bad: Vec::with_capacity(per_slice.len()),
         delta: Vec::with_capacity(per_slice.len()),
         lse: Vec::with_capacity(per_slice.len()),
     };
     for (g, delta, lse) in per_slice {
+        grad.g_bad.push(bad_rows(&g, dv));
         grad.g.push(g);
         grad.delta.push(delta);
         grad.lse.push(lse);

@@ -2,7 +2,7 @@
 //! LSE merge when the (batch, head, query tile) tasks are too few to fill the threads.
 
 use super::simd::{dot_lanes, exp_sub_sum, max_ignoring_nan, multiversion, Level};
-use super::tile::{matmul, nan_max, Mat, BK, BQ};
+use super::tile::{matmul, matmul_masked, nan_max, Mat, BK, BQ};
 use super::Ctx;
 use crate::Forward;
 use attn_core::Element;
@@ -132,7 +132,9 @@ fn task_body<E: Element>(ctx: &Ctx<'_, E>, t: &Task) -> Part {
                     .for_each(|(o, x)| *o += p * x);
             }
         } else {
-            matmul(m, dv, n, &mut part.acc, dv, true, Mat::rows(s, n), v.block(j0, n));
+            let sees = |r: usize, c: usize| spec.key_range(t.b, i0 + r).contains(&(j0 + c));
+            let (a, b) = (Mat::rows(s, n), v.block(j0, n));
+            matmul_masked((m, dv, n), &mut part.acc, dv, a, b, &v.bad_in(j0, n), sees);
         }
     }
     part

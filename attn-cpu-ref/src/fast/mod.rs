@@ -134,6 +134,7 @@ impl<'a, E: Element> Ctx<'a, E> {
                             data: Vec::new().into(),
                             s: Vec::new(),
                             extra: vec![0.0; n],
+                            bad: Vec::new(),
                         });
                     }
                     let mut data = vec![0f32; n * dim];
@@ -164,6 +165,7 @@ impl<'a, E: Element> Ctx<'a, E> {
                     Rows {
                         dim,
                         rs: dim,
+                        bad: tile::bad_rows(&data, dim),
                         data: data.into(),
                         s,
                         extra,

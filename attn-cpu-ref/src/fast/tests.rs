@@ -63,7 +63,9 @@ fn run_at<E: Element>(spec: &AttnSpec, level: Level) -> Vec<Vec<u32>> {
         v: &v,
         bias: bias.as_deref(),
     };
-    let kind = check::<E>(spec, Pass::Forward).expect("a fast-path family");
+    let kind = check::<E>(spec, Pass::Forward)
+        .expect("a fast-path family")
+        .expect("a tiled family (Taylor has its own sweep)");
     let ctx = Ctx::new(spec, kind, &x);
     let f = forward::run(&ctx, level);
     let g = backward::run(&ctx, &f.o, &d_o, &f.stats, level);

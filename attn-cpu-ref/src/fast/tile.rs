@@ -20,15 +20,19 @@ pub(super) struct RowS {
 }
 
 /// `n` prepared rows of `dim` f32 values, row `r` at `data[r·rs..r·rs + dim]`, with their scalars
-/// (empty where every row's are the defaults: [`Rows::scalars`]) and one extra scalar per row (`log γ` of a value row under the Einstein midpoint, else 0).
-/// `data` is the caller's buffer itself where no preparation is needed (f32 storage, a row used
-/// as is: [`Rows::borrow`]), else a contiguous copy (`rs = dim`).
+/// (empty where every row's are the defaults: [`Rows::scalars`]), one extra scalar per row
+/// (`log γ` of a value row under the Einstein midpoint, else 0) and the rows holding a non-finite
+/// value ([`Rows::bad_in`]). `data` is the caller's buffer itself where no preparation is needed
+/// (f32 storage, a row used as is: [`Rows::borrow`]), else a contiguous copy (`rs = dim`).
 pub(super) struct Rows<'a> {
     pub dim: usize,
     pub rs: usize,
     pub data: Cow<'a, [f32]>,
     pub s: Vec<RowS>,
     pub extra: Vec<f32>,
+    /// Indices of the rows holding a NaN or ±∞, ascending. Not tracked for borrowed rows: only
+    /// the decode kernel reads those, and it visits allowed keys only.
+    pub bad: Vec<usize>,
 }
 
 impl<'a> Rows<'a> {
@@ -55,7 +59,14 @@ impl<'a> Rows<'a> {
             data: Cow::Borrowed(data),
             s: Vec::new(),
             extra: vec![0.0; n],
+            bad: Vec::new(),
         })
+    }
+
+    /// The rows of `r0..r0 + n` holding a non-finite value, relative to `r0`.
+    #[inline]
+    pub(super) fn bad_in(&self, r0: usize, n: usize) -> Vec<usize> {
+        bad_in(&self.bad, r0, n)
     }
 
     /// The scalars of row `r`.
@@ -258,6 +269,66 @@ pub(super) fn nan_max(a: f32, b: f32) -> f32 {
         f32::NAN
     } else {
         a.max(b)
+    }
+}
+
+/// The indices in `r0..r0 + n` of the ascending indices `bad`, relative to `r0`.
+#[inline]
+pub(super) fn bad_in(bad: &[usize], r0: usize, n: usize) -> Vec<usize> {
+    let at = bad.partition_point(|&r| r < r0);
+    bad[at..]
+        .iter()
+        .take_while(|&&r| r < r0 + n)
+        .map(|&r| r - r0)
+        .collect()
+}
+
+/// The ascending indices of the `dim`-value rows of `data` holding a NaN or ±∞.
+pub(super) fn bad_rows(data: &[f32], dim: usize) -> Vec<usize> {
+    data.chunks_exact(dim.max(1))
+        .enumerate()
+        .filter(|(_, r)| r.iter().any(|x| !x.is_finite()))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// `dst[m×n] += a[m×k]·b[k×n]` for a tile product whose weights `a` are exactly 0 at masked
+/// pairs (`sees(r, i)` false) and whose rows `bad` of `b` (ascending) hold a NaN or ±∞.
+///
+/// A plain GEMM would multiply the masked pairs' zero weights by those rows, and `0·NaN` is NaN:
+/// it would reach outputs the mask hides the row from (docs/nan.md). Here the GEMM runs on a
+/// copy of `b` with the bad rows zeroed, which gives every output the bits it would have with
+/// any finite row there (a masked pair adds an exact 0 either way), and each bad row is then
+/// added to the outputs that see it. Without bad rows it is [`matmul`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul_masked(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    dst_rs: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    bad: &[usize],
+    sees: impl Fn(usize, usize) -> bool,
+) {
+    if bad.is_empty() {
+        matmul(m, n, k, dst, dst_rs, true, a, b);
+        return;
+    }
+    let at = |x: &Mat<'_>, r: usize, c: usize| x.data[r * x.rs + c * x.cs];
+    let mut clean = vec![0f32; k * n];
+    for (i, row) in clean.chunks_exact_mut(n.max(1)).enumerate().take(k) {
+        if bad.binary_search(&i).is_err() {
+            row.iter_mut().enumerate().for_each(|(c, x)| *x = at(&b, i, c));
+        }
+    }
+    matmul(m, n, k, dst, dst_rs, true, a, Mat::rows(&clean, n));
+    for r in 0..m {
+        for &i in bad.iter().filter(|&&i| sees(r, i)) {
+            let w = at(&a, r, i);
+            for c in 0..n {
+                dst[r * dst_rs + c] += w * at(&b, i, c);
+            }
+        }
     }
 }
 
