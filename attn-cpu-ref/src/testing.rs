@@ -4,6 +4,8 @@
 //! Kept in the library (not behind `cfg(test)`) so the CUDA and Candle test suites compare against
 //! the same oracle in the same way.
 
+pub mod naive;
+
 use crate::{backward_f64, forward_f64, Inputs};
 use attn_core::{Aggregation, AttnSpec, FamilySpec, Result};
 use rand::rngs::StdRng;

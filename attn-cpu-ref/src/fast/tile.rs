@@ -156,8 +156,10 @@ impl Kind {
             }
             Kind::Cosine { eps, .. } => {
                 let norm = dot(x, x).sqrt();
-                let inv = 1.0 / norm.max(eps);
-                out.iter_mut().zip(x).for_each(|(o, x)| *o = x * inv);
+                // A division, not a product with `1/‖x‖`: `x / ‖x‖` is exactly ±1 at D = 1, where
+                // the l2-norm's gradient then cancels to exactly 0, as in the reference.
+                let n = norm.max(eps);
+                out.iter_mut().zip(x).for_each(|(o, x)| *o = x / n);
                 RowS {
                     norm,
                     ..RowS::default()

@@ -2,17 +2,19 @@
 //!
 //! Inputs are drawn by `testing::random_case`, rounded to the storage dtype `T`; the oracle is the
 //! f64 reference on the rounded inputs. The fast path runs its forward, then its backward from its
-//! own o and LSE (as attn-candle chains them). Every tensor passes `testing::check_close`: error ≤
-//! 2·baseline error + atol, where the baseline is the oracle rounded once to `T` (the best any
-//! `T` result can be; its backward starts from o rounded to `T`, as every storage-dtype backward
-//! does) and `atol = (4·u_T + 64·√(Nk + D)·u_f32)·max(|ref|, 1e-3)` (for the gradients
-//! the largest max|ref| over dq, dk, dv and dbias): the storage
-//! rounding plus the f32 accumulation bound of dot products of length D and sums over Nk keys.
+//! own o and LSE (as attn-candle chains them). Every tensor follows REFERENCE.md's rule with the
+//! GPU tests' naive same-dtype baseline (`testing::naive`: plain attention in `T`, f32 sums): error
+//! ≤ 2·err(naive) + atol. o and the LSE take the GPU tests' `atol = 4·u_T·max(|ref|, 1e-3)`; the
+//! gradients `(4·u_T + 64·√(Nk + D)·u_f32)·m`, `m` their largest max|ref| (`GradTol::Shared`: the
+//! fast path forms `δ = dO·o` and `dP = dO·v` by different sums, so a gradient that cancels to
+//! zero in the baseline, dq of a row that sees one key, keeps a rounding of the other gradients'
+//! size). Taylor has no naive baseline; there the baseline is the oracle rounded once to `T`, with
+//! the same `atol` for every tensor.
 
 #![allow(dead_code)]
 
 use attn_core::{AttnSpec, DType, Element};
-use attn_cpu_ref::testing::{check_close, max_abs, random_case};
+use attn_cpu_ref::testing::{check_close, max_abs, naive, random_case};
 use attn_cpu_ref::{backward_f64, fast, forward_f64, Inputs};
 
 fn round<T: Element>(x: &[f64]) -> (Vec<T>, Vec<f64>) {
@@ -64,9 +66,6 @@ pub fn check_t<T: Element>(spec: &AttnSpec, seed: u64) -> Result<(), String> {
     };
     let rf = forward_f64(spec, wide).map_err(e)?;
     let rg = backward_f64(spec, wide, &rf.o, &dow, &rf.stats).map_err(e)?;
-    // The baseline's backward starts, like any storage-dtype backward, from o rounded to T (δ = dO·o
-    // inherits that rounding).
-    let bg = backward_f64(spec, wide, &rounded::<T>(&rf.o), &dow, &rf.stats).map_err(e)?;
     let x = Inputs {
         q: &q,
         k: &k,
@@ -75,18 +74,6 @@ pub fn check_t<T: Element>(spec: &AttnSpec, seed: u64) -> Result<(), String> {
     };
     let f = fast::forward(spec, x).map_err(e)?;
     let g = fast::backward(spec, x, &f.o, &d_o, &f.stats).map_err(e)?;
-    let u = T::DTYPE.unit_roundoff();
-    let uf = DType::F32.unit_roundoff();
-    let acc = 64.0 * ((spec.seq_k() + spec.head_dim()) as f64).sqrt() * uf;
-    let atol = |r: &[f64]| (4.0 * u + acc) * max_abs(r).max(1e-3);
-    // Gradients share one scale: a gradient that is zero in exact arithmetic (cosine-sim's dk
-    // through the l2-norm at D = 1, say) is a cancellation of terms of the size of the others.
-    let gscale = [Some(&rg.dq), Some(&rg.dk), Some(&rg.dv), rg.dbias.as_ref()]
-        .iter()
-        .flatten()
-        .map(|g| max_abs(g))
-        .fold(1e-3, f64::max);
-    let gtol = (4.0 * u + acc) * gscale;
     let ctx = |m: String| {
         format!(
             "{} {} q{:?} k{:?} causal {:?} window {:?} seed {seed}: {m}",
@@ -98,6 +85,34 @@ pub fn check_t<T: Element>(spec: &AttnSpec, seed: u64) -> Result<(), String> {
             spec.window()
         )
     };
+    let u = T::DTYPE.unit_roundoff();
+    // f32 accumulation over dot products of length D and sums over Nk keys.
+    let acc = 64.0 * ((spec.seq_k() + spec.head_dim()) as f64).sqrt() * DType::F32.unit_roundoff();
+    if let Some(base) = naive::baseline::<T>(spec, wide, &dow) {
+        let got = naive::Outputs {
+            o: widen(&f.o),
+            lse: f.stats.iter().map(|&x| x as f64).collect(),
+            dq: widen(&g.dq),
+            dk: widen(&g.dk),
+            dv: widen(&g.dv),
+            dbias: g.dbias.as_deref().map(widen),
+        };
+        let grad = naive::GradTol::Shared { extra: acc };
+        return naive::compare(&got, &rf, &rg, &base, u, grad).map_err(ctx);
+    }
+    // Taylor: no naive baseline. The baseline is the oracle rounded once to T (its backward from o
+    // rounded to T, as every storage-dtype backward starts), plus an allowance for f32 accumulation
+    // over D and Nk.
+    let bg = backward_f64(spec, wide, &rounded::<T>(&rf.o), &dow, &rf.stats).map_err(e)?;
+    let atol = |r: &[f64]| (4.0 * u + acc) * max_abs(r).max(1e-3);
+    // Gradients share one scale: a gradient that is zero in exact arithmetic (cosine-sim's dk
+    // through the l2-norm at D = 1, say) is a cancellation of terms of the size of the others.
+    let gscale = [Some(&rg.dq), Some(&rg.dk), Some(&rg.dv), rg.dbias.as_ref()]
+        .iter()
+        .flatten()
+        .map(|g| max_abs(g))
+        .fold(1e-3, f64::max);
+    let gtol = (4.0 * u + acc) * gscale;
     let cmp = |name: &str, got: &[T], r: &[f64], base: &[f64], tol: f64| {
         check_close(name, &widen(got), r, &rounded::<T>(base), tol).map_err(ctx)
     };

@@ -17,14 +17,20 @@ pub mod bench;
 pub mod hyperbolic;
 pub mod shapes;
 
-use attn_core::{AttnSpec, DType, Element, Family, FamilySpec};
-use attn_cpu_ref::testing::{check_close, max_abs, random_case, Case};
-use attn_cpu_ref::{backward_f64, forward_f64, Inputs};
+use attn_core::{AttnSpec, DType, Element, Family};
+// Each test binary uses part of the harness (as `dead_code` above).
+#[allow(unused_imports)]
+pub use attn_cpu_ref::testing::naive::{
+    bias_at, dot, key_rows, l2norm_bwd, naive, prep_row, query_rows, softmax_row, KeyCache, KeyRow, Outputs,
+    QueryRow, SoftmaxSums,
+};
+use attn_cpu_ref::testing::naive::{check_lse, compare, GradTol};
+use attn_cpu_ref::testing::{check_close, random_case, Case};
+use attn_cpu_ref::{backward_f64, forward_f64};
 use attn_cuda::cudarc::driver::CudaSlice;
 use attn_cuda::{BackwardViews, CudaAttn, DeviceElem, ForwardViews, KernelConfig, Route};
 use shapes::{Lengths, Make, Shapes};
 use std::cell::Cell;
-use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, OnceLock};
 
@@ -185,316 +191,6 @@ fn widen<T: Element>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.to_f64()).collect()
 }
 
-/// What one implementation produced.
-#[derive(Clone, Debug)]
-pub struct Outputs {
-    pub o: Vec<f64>,
-    pub lse: Vec<f64>,
-    pub dq: Vec<f64>,
-    pub dk: Vec<f64>,
-    pub dv: Vec<f64>,
-    pub dbias: Option<Vec<f64>>,
-}
-
-impl Outputs {
-    /// Zeros, the LSE at −∞ (an empty row's) and a dbias where the spec has a bias: what a naive
-    /// baseline leaves where no key is seen.
-    pub fn zeros(spec: &AttnSpec) -> Self {
-        Outputs {
-            o: vec![0.0; spec.o_len()],
-            lse: vec![f64::NEG_INFINITY; spec.stats_len()],
-            dq: vec![0.0; spec.dq_len()],
-            dk: vec![0.0; spec.dk_len()],
-            dv: vec![0.0; spec.dv_len()],
-            dbias: spec.bias().map(|_| vec![0.0; spec.bias_len()]),
-        }
-    }
-}
-
-/// A query row that sees at least one key: batch entry `b`, query head `h` over key/value head
-/// `hk`, position `i`, and the keys it sees.
-pub struct QueryRow {
-    pub b: usize,
-    pub h: usize,
-    pub hk: usize,
-    pub i: usize,
-    pub keys: Range<usize>,
-}
-
-/// Every query row of `spec` that sees a key, in (batch, head, position) order.
-pub fn query_rows(spec: &AttnSpec) -> impl Iterator<Item = QueryRow> + '_ {
-    (0..spec.batch()).flat_map(move |b| {
-        (0..spec.heads_q()).flat_map(move |h| {
-            (0..spec.seq_lens(b).q).filter_map(move |i| {
-                let keys = spec.key_range(b, i);
-                (!keys.is_empty()).then(|| QueryRow {
-                    b,
-                    h,
-                    hk: spec.kv_head(h),
-                    i,
-                    keys,
-                })
-            })
-        })
-    })
-}
-
-/// A key row whose gradient a naive baseline writes: batch entry `b`, key/value head `hk`,
-/// position `j`; `valid` where `j` is inside the entry's key length (not key padding).
-pub struct KeyRow {
-    pub b: usize,
-    pub hk: usize,
-    pub j: usize,
-    pub valid: bool,
-}
-
-/// Every key row of `spec` in (batch, head, position) order: a packed entry's own rows, every row
-/// of a dense entry (its key padding included).
-pub fn key_rows(spec: &AttnSpec) -> impl Iterator<Item = KeyRow> + '_ {
-    (0..spec.batch()).flat_map(move |b| {
-        let len_k = spec.seq_lens(b).k;
-        let rows = if spec.is_varlen() { len_k } else { spec.seq_k() };
-        (0..spec.heads_kv()).flat_map(move |hk| {
-            (0..rows).map(move |j| KeyRow {
-                b,
-                hk,
-                j,
-                valid: j < len_k,
-            })
-        })
-    })
-}
-
-/// `a·b`, summed in f32.
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>()
-}
-
-/// Per-key values of one call, each made once: the naive baselines prepare a key row for every query row
-/// that sees it, which made them the GPU tests' longest part. `fill` makes the value of key j of (batch
-/// entry, kv head) the first time it is asked for; `at` reads it after.
-pub struct KeyCache<V> {
-    keys: usize,
-    rows: std::collections::HashMap<(usize, usize), Vec<Option<V>>>,
-}
-
-impl<V> KeyCache<V> {
-    /// A cache for `keys` keys per (batch entry, kv head) (the spec's longest sequence).
-    pub fn new(keys: usize) -> Self {
-        KeyCache {
-            keys,
-            rows: std::collections::HashMap::new(),
-        }
-    }
-    pub fn fill(&mut self, b: usize, hk: usize, j: usize, make: impl FnOnce() -> V) {
-        let keys = self.keys;
-        let row = self
-            .rows
-            .entry((b, hk))
-            .or_insert_with(|| (0..keys).map(|_| None).collect());
-        row[j].get_or_insert_with(make);
-    }
-    /// The value `fill` made (a test bug if it did not: the baselines fill every key before reading it).
-    pub fn at(&self, b: usize, hk: usize, j: usize) -> &V {
-        self.rows[&(b, hk)][j].as_ref().expect("a filled key")
-    }
-}
-
-/// Row `x` in f32 and its norm `‖x‖`; with `l2_eps`, the row is `x / max(‖x‖, eps)` rounded to `T`.
-pub fn prep_row<T: Element>(x: &[f64], l2_eps: Option<f32>) -> (Vec<f32>, f32) {
-    let row: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-    match l2_eps {
-        Some(eps) => (
-            row.iter()
-                .map(|v| T::from_f32(v / norm.max(eps)).to_f32())
-                .collect(),
-            norm,
-        ),
-        None => (row, norm),
-    }
-}
-
-/// The gradient through [`prep_row`]: `dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖` where `‖x‖ > eps`, else
-/// `dx̂ / eps`; `dx̂` itself without the l2-norm.
-pub fn l2norm_bwd(xh: &[f32], dxh: &[f32], norm: f32, l2_eps: Option<f32>) -> Vec<f32> {
-    match l2_eps {
-        None => dxh.to_vec(),
-        Some(eps) if norm > eps => {
-            let xd: f32 = xh.iter().zip(dxh).map(|(a, b)| a * b).sum();
-            xh.iter().zip(dxh).map(|(x, g)| (g - x * xd) / norm).collect()
-        }
-        Some(eps) => dxh.iter().map(|g| g / eps).collect(),
-    }
-}
-
-/// The bias of `row` at key `j` in f32 (0 without a bias).
-pub fn bias_at(spec: &AttnSpec, x: &Inputs<'_, f64>, row: &QueryRow, j: usize) -> f32 {
-    spec.bias_index(row.b, row.h, row.i, j)
-        .map(|bi| x.bias.expect("bias")[bi] as f32)
-        .unwrap_or(0.0)
-}
-
-/// The f32 sums of the softmax part of a naive baseline's backward, per key row: `dv` (`Σ p dO`)
-/// and `dbias` (`Σ dS`).
-pub struct SoftmaxSums {
-    pub dv: Vec<f32>,
-    pub dbias: Vec<f32>,
-}
-
-impl SoftmaxSums {
-    pub fn new(spec: &AttnSpec) -> Self {
-        SoftmaxSums {
-            dv: vec![0f32; spec.dv_len()],
-            dbias: vec![0f32; spec.bias_len()],
-        }
-    }
-
-    /// `dbias` rounded to `T` into `out`.
-    pub fn write_dbias<T: Element>(&self, out: &mut Outputs) {
-        if let Some(db) = out.dbias.as_mut() {
-            for (o, a) in db.iter_mut().zip(&self.dbias) {
-                *o = T::from_f32(*a).to_f32() as f64;
-            }
-        }
-    }
-}
-
-/// The softmax half of one query row of a naive baseline in dtype `T`, from its rounded scores `s`
-/// (one per key of `row.keys`): `p = e^{s−m}/Σ` rounded, `o = Σ p v` (f32 sum, rounded) and the LSE
-/// `m + ln Σ` into `out`; then `dP = dO·v` and `dS = p (dP − dO·o)`, both rounded, with `p dO` and
-/// `dS` added to `sums`. Returns `dS` per key, or `None` where every score is −∞ (the row keeps
-/// its zeros).
-#[allow(clippy::needless_range_loop)] // one index addresses several rows at once
-pub fn softmax_row<T: Element>(
-    spec: &AttnSpec,
-    x: &Inputs<'_, f64>,
-    d_o: &[f64],
-    row: &QueryRow,
-    s: &[f32],
-    out: &mut Outputs,
-    sums: &mut SoftmaxSums,
-) -> Option<Vec<f32>> {
-    let rt = |v: f32| T::from_f32(v).to_f32();
-    let (d, &QueryRow { b, h, hk, i, .. }) = (spec.head_dim(), row);
-    let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    if m == f32::NEG_INFINITY {
-        return None;
-    }
-    let e: Vec<f32> = s.iter().map(|v| (v - m).exp()).collect();
-    let sum: f32 = e.iter().sum();
-    let p: Vec<f32> = e.iter().map(|v| rt(v / sum)).collect();
-    let oo = spec.o_offset(b, i, h);
-    let mut o_row = vec![0f32; d];
-    for (jj, j) in row.keys.clone().enumerate() {
-        let vo = spec.v_offset(b, j, hk);
-        for c in 0..d {
-            o_row[c] += p[jj] * x.v[vo + c] as f32;
-        }
-    }
-    let o_row: Vec<f32> = o_row.into_iter().map(rt).collect();
-    for c in 0..d {
-        out.o[oo + c] = o_row[c] as f64;
-    }
-    out.lse[spec.stats_index(b, h, i)] = (m + sum.ln()) as f64;
-    let g: Vec<f32> = d_o[oo..oo + d].iter().map(|&v| v as f32).collect();
-    let delta = dot(&g, &o_row);
-    let mut ds = Vec::with_capacity(s.len());
-    for (jj, j) in row.keys.clone().enumerate() {
-        let vo = spec.v_offset(b, j, hk);
-        let vrow: Vec<f32> = x.v[vo..vo + d].iter().map(|&v| v as f32).collect();
-        let dp = rt(dot(&g, &vrow));
-        let dsj = rt(p[jj] * (dp - delta));
-        if let Some(bi) = spec.bias_index(b, h, i, j) {
-            sums.dbias[bi] += dsj;
-        }
-        let dvo = spec.dv_offset(b, j, hk);
-        for c in 0..d {
-            sums.dv[dvo + c] += p[jj] * g[c];
-        }
-        ds.push(dsj);
-    }
-    Some(ds)
-}
-
-/// Plain attention in dtype `T` (see the module doc), for softmax and cosine-sim.
-#[allow(clippy::needless_range_loop)] // one index addresses several rows at once
-pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
-    let rt = |v: f32| T::from_f32(v).to_f32();
-    let d = spec.head_dim();
-    let (scale, softcap, cosine_eps) = match *spec.family() {
-        FamilySpec::Softmax { scale, softcap } => (scale, softcap, None),
-        FamilySpec::CosineSim {
-            scale,
-            qk_l2norm,
-            eps,
-        } => (scale, None, qk_l2norm.then_some(eps)),
-        ref other => panic!("no naive baseline for {other:?}"),
-    };
-    // Prepared rows: x̂ = x / max(‖x‖, eps) rounded to T (cosine-sim), else x; and ‖x‖.
-    let prep = |buf: &[f64], off: usize| prep_row::<T>(&buf[off..off + d], cosine_eps);
-    let mut out = Outputs::zeros(spec);
-    // dk̂ accumulated in f32 per key row, then rounded.
-    let mut dk_acc = vec![0f32; spec.dk_len()];
-    let mut sums = SoftmaxSums::new(spec);
-    let mut cache = KeyCache::new(spec.seq_k());
-    for row in query_rows(spec) {
-        let QueryRow { b, h, hk, i, .. } = row;
-        let (qh, qnorm) = prep(x.q, spec.q_offset(b, i, h));
-        for j in row.keys.clone() {
-            cache.fill(b, hk, j, || prep(x.k, spec.k_offset(b, j, hk)));
-        }
-        let krows: Vec<&(Vec<f32>, f32)> = row.keys.clone().map(|j| cache.at(b, hk, j)).collect();
-        // s = score + bias, rounded; sigma = ∂score/∂(q̂·k̂) (the softcap's tanh term).
-        let mut s = Vec::with_capacity(row.keys.len());
-        let mut sigma = Vec::with_capacity(row.keys.len());
-        for (jj, j) in row.keys.clone().enumerate() {
-            let raw = scale * dot(&qh, &krows[jj].0);
-            let (sc, sg) = match softcap {
-                Some(cap) => {
-                    let t = (raw / cap).tanh();
-                    (cap * t, scale * (1.0 - t * t))
-                }
-                None => (raw, scale),
-            };
-            s.push(rt(sc + bias_at(spec, &x, &row, j)));
-            sigma.push(sg);
-        }
-        let Some(ds) = softmax_row::<T>(spec, &x, d_o, &row, &s, &mut out, &mut sums) else {
-            continue;
-        };
-        let mut dqh = vec![0f32; d];
-        for (jj, j) in row.keys.clone().enumerate() {
-            let w = ds[jj] * sigma[jj];
-            let ko = spec.dk_offset(b, j, hk);
-            for c in 0..d {
-                dqh[c] += w * krows[jj].0[c];
-                dk_acc[ko + c] += w * qh[c];
-            }
-        }
-        let dqh: Vec<f32> = dqh.into_iter().map(rt).collect();
-        let dq = l2norm_bwd(&qh, &dqh, qnorm, cosine_eps);
-        let qo = spec.dq_offset(b, i, h);
-        for c in 0..d {
-            out.dq[qo + c] = rt(dq[c]) as f64;
-        }
-    }
-    // dk: through the l2-norm per key row (cosine-sim), then rounded.
-    for KeyRow { b, hk, j, .. } in key_rows(spec) {
-        let ko = spec.dk_offset(b, j, hk);
-        let dkh: Vec<f32> = dk_acc[ko..ko + d].iter().map(|&v| rt(v)).collect();
-        let (kh, norm) = prep(x.k, spec.k_offset(b, j, hk));
-        let dk = l2norm_bwd(&kh, &dkh, norm, cosine_eps);
-        let vo = spec.dv_offset(b, j, hk);
-        for c in 0..d {
-            out.dk[ko + c] = rt(dk[c]) as f64;
-            out.dv[vo + c] = rt(sums.dv[vo + c]) as f64;
-        }
-    }
-    sums.write_dbias::<T>(&mut out);
-    out
-}
-
 /// `data` on the device; an empty `data` as one NaN (a zero-byte allocation is a driver error; the
 /// buffers are checked for at least the spec's length).
 fn upload<T: DeviceElem>(data: &[T]) -> CudaSlice<T> {
@@ -573,28 +269,6 @@ pub fn run_gpu<T: DeviceElem>(spec: &AttnSpec, case: &Case, offset: usize) -> Re
     })
 }
 
-/// Compare the LSE: −∞ exactly where the reference has an empty row, close elsewhere.
-fn check_lse(got: &[f64], reference: &[f64], baseline: &[f64], atol: f64) -> Result<(), String> {
-    let mut g = Vec::new();
-    let mut r = Vec::new();
-    let mut b = Vec::new();
-    for i in 0..reference.len() {
-        let empty = reference[i] == f64::NEG_INFINITY;
-        if empty != (got[i] == f64::NEG_INFINITY) {
-            return Err(format!(
-                "lse[{i}]: got {} where the reference has {}",
-                got[i], reference[i]
-            ));
-        }
-        if !empty {
-            g.push(got[i]);
-            r.push(reference[i]);
-            b.push(baseline[i]);
-        }
-    }
-    check_close("lse", &g, &r, &b, atol)
-}
-
 /// Unit roundoff of the storage dtype.
 fn unit<T: Element>() -> f64 {
     T::DTYPE.unit_roundoff()
@@ -615,18 +289,8 @@ pub fn check<T: DeviceElem>(spec: &AttnSpec, seed: u64, offset: usize) -> Result
         .map_err(|e| e.to_string())?;
     let base = naive::<T>(spec, case.inputs(), &case.d_o);
     let got = run_gpu::<T>(spec, &case, offset)?;
-    let atol = |r: &[f64]| 4.0 * unit::<T>() * max_abs(r).max(1e-3);
     let ctx = |e: String| format!("{} {} seed {seed}: {e}", spec.family().label(), T::DTYPE);
-    check_close("o", &got.o, &reference.o, &base.o, atol(&reference.o)).map_err(ctx)?;
-    let lse_ref: Vec<f64> = reference.stats.clone();
-    check_lse(&got.lse, &lse_ref, &base.lse, atol(&[1.0])).map_err(ctx)?;
-    check_close("dq", &got.dq, &grads.dq, &base.dq, atol(&grads.dq)).map_err(ctx)?;
-    check_close("dk", &got.dk, &grads.dk, &base.dk, atol(&grads.dk)).map_err(ctx)?;
-    check_close("dv", &got.dv, &grads.dv, &base.dv, atol(&grads.dv)).map_err(ctx)?;
-    if let (Some(g), Some(r), Some(b)) = (&got.dbias, &grads.dbias, &base.dbias) {
-        check_close("dbias", g, r, b, atol(r)).map_err(ctx)?;
-    }
-    Ok(())
+    compare(&got, &reference, &grads, &base, unit::<T>(), GradTol::PerTensor).map_err(ctx)
 }
 
 /// Taylor order 1 as the tests and timings run it (l2-normalised q, k and `a1·scale < a0`, so
