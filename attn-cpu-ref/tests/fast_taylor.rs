@@ -4,130 +4,51 @@
 //! Nq ≠ Nk, GQA, key padding, packed varlen, Dv ≠ D, both layouts), the chunk boundaries, large
 //! scores for order 2, f32, f16 and bf16 storage, and independence of the thread count.
 //!
-//! The tolerance is REFERENCE.md's rule as `fast_common` applies it: error ≤ 2·baseline + atol, the
-//! baseline the oracle rounded once to the storage dtype (its backward started from o rounded to
-//! it), `atol = (4·u_T + 64·√(Nk + D)·u_f32)·scale`; the denominator, unlike an LSE, scales with
-//! its rows, so its `scale` is `max|den|`.
+//! The comparison is `fast_common::check_case` (its module doc: Taylor has no naive baseline, so
+//! the baseline is the oracle rounded once to the storage dtype, the denominator's `atol` relative
+//! to `max|den|`).
 
 #[path = "../src/taylor/test_specs.rs"]
 mod test_specs;
 
 mod common;
+mod fast_common;
 
-use attn_core::{AttnProblem, AttnSpec, Causal, DType, Element, Family, Layout};
-use attn_cpu_ref::testing::{check_close, max_abs, random_case, Case};
+use attn_core::{AttnProblem, AttnSpec, Causal, DType, Family, Layout};
+use attn_cpu_ref::testing::{max_abs, random_case, Case};
 use attn_cpu_ref::{backward_f64, fast, forward_f64, Forward, Gradients, Inputs};
 use common::run_cases;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use test_specs::{family, problems, Limits};
 
-fn round<T: Element>(x: &[f64]) -> (Vec<T>, Vec<f64>) {
-    let t: Vec<T> = x.iter().map(|&v| T::from_f64(v)).collect();
-    let w = t.iter().map(|v| v.to_f64()).collect();
-    (t, w)
-}
-
-fn widen<T: Element>(x: &[T]) -> Vec<f64> {
-    x.iter().map(|v| v.to_f64()).collect()
-}
-
-/// The case's inputs rounded to `T`, in `T` and widened back.
-struct Rounded<T> {
-    q: (Vec<T>, Vec<f64>),
-    k: (Vec<T>, Vec<f64>),
-    v: (Vec<T>, Vec<f64>),
-    d_o: (Vec<T>, Vec<f64>),
-}
-
-impl<T: Element> Rounded<T> {
-    fn new(case: &Case) -> Self {
-        Rounded {
-            q: round(&case.q),
-            k: round(&case.k),
-            v: round(&case.v),
-            d_o: round(&case.d_o),
-        }
-    }
-    fn narrow(&self) -> Inputs<'_, T> {
-        Inputs {
-            q: &self.q.0,
-            k: &self.k.0,
-            v: &self.v.0,
-            bias: None,
-        }
-    }
-    fn wide(&self) -> Inputs<'_, f64> {
-        Inputs {
-            q: &self.q.1,
-            k: &self.k.1,
-            v: &self.v.1,
-            bias: None,
-        }
-    }
-}
-
-/// The fast path's forward, then its backward from its own o and denominators (as attn-candle
-/// chains them).
-fn run_fast<T: Element>(
-    spec: &AttnSpec,
-    x: Inputs<'_, T>,
-    d_o: &[T],
-) -> Result<(Forward<T, f32>, Gradients<T>), String> {
-    let f = fast::forward(spec, x).map_err(|e| e.to_string())?;
-    let g = fast::backward(spec, x, &f.o, d_o, &f.stats).map_err(|e| e.to_string())?;
-    Ok((f, g))
-}
-
-/// Compare every output and gradient of the fast path in `T` with the oracle on the case.
-fn check_case<T: Element>(spec: &AttnSpec, case: &Case, what: &str) -> Result<(), String> {
-    let r = Rounded::<T>::new(case);
-    let e = |e: attn_core::AttnError| e.to_string();
-    let rf = forward_f64(spec, r.wide()).map_err(e)?;
-    let rg = backward_f64(spec, r.wide(), &rf.o, &r.d_o.1, &rf.stats).map_err(e)?;
-    let o_t = round::<T>(&rf.o).1;
-    let bg = backward_f64(spec, r.wide(), &o_t, &r.d_o.1, &rf.stats).map_err(e)?;
-    let (f, g) = run_fast::<T>(spec, r.narrow(), &r.d_o.0)?;
-
-    let u = T::DTYPE.unit_roundoff();
-    let acc = 64.0 * ((spec.seq_k() + spec.head_dim()) as f64).sqrt() * DType::F32.unit_roundoff();
-    let atol = |scale: f64| (4.0 * u + acc) * scale.max(1e-3);
-    let gscale = [&rg.dq, &rg.dk, &rg.dv]
-        .iter()
-        .map(|g| max_abs(g))
-        .fold(0.0, f64::max);
-    let ctx = |m: String| {
-        format!(
-            "{what}: {} {} q{:?} k{:?} causal {:?}: {m}",
-            spec.family().label(),
-            T::DTYPE,
-            spec.q_shape(),
-            spec.k_shape(),
-            spec.causal(),
-        )
+/// The case in f32 storage through the fast path: its forward, then its backward from its own o and
+/// denominators (as attn-candle chains them).
+fn run_fast_f32(spec: &AttnSpec, case: &Case) -> (Forward<f32, f32>, Gradients<f32>) {
+    let narrow = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+    let (q, k, v, d_o) = (
+        narrow(&case.q),
+        narrow(&case.k),
+        narrow(&case.v),
+        narrow(&case.d_o),
+    );
+    let x = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        bias: None,
     };
-    let cmp = |name: &str, got: &[T], reference: &[f64], base: &[f64], tol: f64| {
-        check_close(name, &widen(got), reference, &round::<T>(base).1, tol).map_err(ctx)
-    };
-    cmp("o", &f.o, &rf.o, &rf.o, atol(max_abs(&rf.o)))?;
-    let den: Vec<f64> = f.stats.iter().map(|&x| x as f64).collect();
-    let den_base: Vec<f64> = rf.stats.iter().map(|&x| x as f32 as f64).collect();
-    check_close("den", &den, &rf.stats, &den_base, atol(max_abs(&rf.stats))).map_err(ctx)?;
-    cmp("dq", &g.dq, &rg.dq, &bg.dq, atol(gscale))?;
-    cmp("dk", &g.dk, &rg.dk, &bg.dk, atol(gscale))?;
-    cmp("dv", &g.dv, &rg.dv, &bg.dv, atol(gscale))?;
-    if g.dbias.is_some() {
-        return Err(ctx("a dbias without a bias".into()));
-    }
-    Ok(())
+    let f = fast::forward(spec, x).expect("fast forward");
+    let g = fast::backward(spec, x, &f.o, &d_o, &f.stats).expect("fast backward");
+    (f, g)
 }
 
 fn check(spec: &AttnSpec, seed: u64, what: &str) -> Result<(), String> {
     let case = random_case(spec, seed);
     match spec.dtype() {
-        DType::F32 => check_case::<f32>(spec, &case, what),
-        DType::F16 => check_case::<half::f16>(spec, &case, what),
-        DType::BF16 => check_case::<half::bf16>(spec, &case, what),
+        DType::F32 => fast_common::check_case::<f32>(spec, &case, what),
+        DType::F16 => fast_common::check_case::<half::f16>(spec, &case, what),
+        DType::BF16 => fast_common::check_case::<half::bf16>(spec, &case, what),
     }
 }
 
@@ -288,11 +209,11 @@ fn fast_taylor_order2_large_scores() {
             .iter_mut()
             .chain(case.k.iter_mut())
             .for_each(|x| *x *= 100.0);
-        check_case::<f32>(&spec, &case, "large scores").unwrap_or_else(|e| panic!("{e}"));
+        fast_common::check_case::<f32>(&spec, &case, "large scores").unwrap_or_else(|e| panic!("{e}"));
         let mut p = p;
         p.dtype = DType::BF16;
         let spec = p.validate().expect("valid problem");
-        check_case::<half::bf16>(&spec, &case, "large scores").unwrap_or_else(|e| panic!("{e}"));
+        fast_common::check_case::<half::bf16>(&spec, &case, "large scores").unwrap_or_else(|e| panic!("{e}"));
     }
 }
 
@@ -308,17 +229,13 @@ fn fast_taylor_is_bit_identical_across_thread_counts() {
         let p = problem(order, false, n, n + 40, d, d).with_causal(causal);
         let spec = p.validate().expect("valid problem");
         let case = random_case(&spec, 5);
-        let r = Rounded::<f32>::new(&case);
         let mut runs = Vec::new();
         for threads in [1, 3] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .expect("a rayon pool");
-            let (f, g) = pool
-                .install(|| run_fast::<f32>(&spec, r.narrow(), &r.d_o.0))
-                .unwrap_or_else(|e| panic!("{e}"));
-            runs.push((f, g));
+            runs.push(pool.install(|| run_fast_f32(&spec, &case)));
         }
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let (a, b) = (&runs[0], &runs[1]);
@@ -357,14 +274,28 @@ fn fast_taylor_nan_reaches_what_it_reaches_in_the_reference() {
         // Key 100's k and key 120's v (kv head 0, layout [B, N, H, D] with one kv head).
         case.k[spec.k_offset(0, 100, 0)] = f64::NAN;
         case.v[spec.v_offset(0, 120, 0) + 1] = f64::NAN;
-        let r = Rounded::<f32>::new(&case);
-        let rf = forward_f64(&spec, r.wide()).expect("reference forward");
-        let rg = backward_f64(&spec, r.wide(), &rf.o, &r.d_o.1, &rf.stats).expect("reference backward");
-        let (f, g) = run_fast::<f32>(&spec, r.narrow(), &r.d_o.0).unwrap_or_else(|e| panic!("{e}"));
-        let den: Vec<f32> = f.stats.clone();
+        // f32 storage; the oracle on the same rounded values.
+        let narrow = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let (q, k, v, d_o) = (
+            narrow(&case.q),
+            narrow(&case.k),
+            narrow(&case.v),
+            narrow(&case.d_o),
+        );
+        let (qw, kw, vw, dow) = (widen(&q), widen(&k), widen(&v), widen(&d_o));
+        let wide = Inputs {
+            q: &qw,
+            k: &kw,
+            v: &vw,
+            bias: None,
+        };
+        let rf = forward_f64(&spec, wide).expect("reference forward");
+        let rg = backward_f64(&spec, wide, &rf.o, &dow, &rf.stats).expect("reference backward");
+        let (f, g) = run_fast_f32(&spec, &case);
         for (name, got, want) in [
             ("o", widen(&f.o), &rf.o),
-            ("den", widen(&den), &rf.stats),
+            ("den", widen(&f.stats), &rf.stats),
             ("dq", widen(&g.dq), &rg.dq),
             ("dk", widen(&g.dk), &rg.dk),
             ("dv", widen(&g.dv), &rg.dv),

@@ -430,23 +430,9 @@ impl<T: DeviceElem> Dev<T> {
     }
 }
 
+/// The LSE within the naive baseline's rule, `atol` 4e-3 (bf16 decode).
 fn check_lse(got: &[f64], reference: &[f64], base: &[f64]) -> Result<(), String> {
-    let (mut g, mut r, mut b) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..reference.len() {
-        let empty = reference[i] == f64::NEG_INFINITY;
-        if empty != (got[i] == f64::NEG_INFINITY) {
-            return Err(format!(
-                "lse[{i}]: got {} where the reference has {}",
-                got[i], reference[i]
-            ));
-        }
-        if !empty {
-            g.push(got[i]);
-            r.push(reference[i]);
-            b.push(base[i]);
-        }
-    }
-    check_close("lse", &g, &r, &b, 4.0 * 1e-3)
+    attn_cpu_ref::testing::naive::check_lse(got, reference, base, 4.0 * 1e-3)
 }
 
 /// The step's o and LSE against the reference, and the caches: exactly the appended image.
