@@ -374,11 +374,18 @@ fn check_all(t: Tensor, bad: f64) {
 /// [`check_all`] on the fast path: the softmax-like families, f32, f16 and bf16 storage, with the
 /// mask `causal`. Collects every failure before failing.
 fn check_all_fast(t: Tensor, bad: f64, causal: Causal) {
+    check_all_fast_on(t, bad, &format!("{causal:?}"), |family, dtype| {
+        spec_t(family, causal, dtype)
+    });
+}
+
+/// [`check_all_fast`] on the specs `make` builds (`label` names them in failures).
+fn check_all_fast_on(t: Tensor, bad: f64, label: &str, make: impl Fn(Family, DType) -> AttnSpec) {
     let mut failures = Vec::new();
     for (name, family) in families().into_iter().filter(|(n, _)| !n.starts_with("taylor")) {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let case = random_case(&spec_t(family, causal, dtype), 47);
-            let name = format!("fast {name} {dtype} {causal:?}");
+            let case = random_case(&make(family, dtype), 47);
+            let name = format!("fast {name} {dtype} {label}");
             for (at, c) in spots(t) {
                 let r = std::panic::catch_unwind(|| check_with(run_fast_path, &name, &case, t, at, c, bad));
                 if let Err(e) = r {
@@ -389,6 +396,19 @@ fn check_all_fast(t: Tensor, bad: f64, causal: Causal) {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// [`spec_t`] with every mask at once: bottom-right causal, a window of 2 keys left and 1 right, and
+/// key lengths 7 and 5 (batch entry 1's keys 5 and 6 are padding).
+fn spec_masked(family: Family, dtype: DType) -> AttnSpec {
+    AttnProblem::new(family, dtype, 2, 4, 2, 6, 7, 5)
+        .with_head_dim_v(3)
+        .with_layout(Layout::Bhnd)
+        .with_causal(Causal::BottomRight)
+        .with_window(Some(2), Some(1))
+        .with_key_lens(vec![7, 5])
+        .validate()
+        .expect("a valid spec")
 }
 
 #[test]
@@ -615,5 +635,26 @@ fn fast_inf_in_q_and_k_makes_the_rows_nan() {
 fn fast_nan_behind_a_causal_mask_stays_out_of_the_rows_that_do_not_see_it() {
     for t in [Tensor::Q, Tensor::K, Tensor::V] {
         check_all_fast(t, f64::NAN, Causal::TopLeft);
+    }
+}
+
+/// The same behind a window, key padding and bottom-right causality at once, and for ±∞.
+#[test]
+fn fast_nan_and_inf_behind_windows_and_key_padding_stay_out_of_the_rows_that_do_not_see_them() {
+    for t in [Tensor::Q, Tensor::K, Tensor::V] {
+        check_all_fast_on(t, f64::NAN, "masked", spec_masked);
+    }
+    for bad in [f64::INFINITY, f64::NEG_INFINITY] {
+        check_all_fast_on(Tensor::Q, bad, "masked", spec_masked);
+        check_all_fast_on(Tensor::K, bad, "masked", spec_masked);
+    }
+    for (name, family) in families().into_iter().filter(|(n, _)| !n.starts_with("taylor")) {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            d_o_check(
+                run_fast_path,
+                &format!("fast {name} {dtype} masked"),
+                &spec_masked(family, dtype),
+            );
+        }
     }
 }
