@@ -112,66 +112,70 @@ impl<'a, E: Element> Ctx<'a, E> {
             } else {
                 spec.heads_kv()
             };
-            (0..spec.batch() * heads)
-                .into_par_iter()
-                .map(|bh| {
-                    let (b, h) = (bh / heads, bh % heads);
-                    let lens = spec.seq_lens(b);
-                    let (n, dim) = match w {
-                        Which::Q => (lens.q, spec.head_dim()),
-                        Which::K => (lens.k, spec.head_dim()),
-                        Which::V => (lens.k, spec.head_dim_v()),
+            let slice = |bh: usize| {
+                let (b, h) = (bh / heads, bh % heads);
+                let lens = spec.seq_lens(b);
+                let (n, dim) = match w {
+                    Which::Q => (lens.q, spec.head_dim()),
+                    Which::K => (lens.k, spec.head_dim()),
+                    Which::V => (lens.k, spec.head_dim_v()),
+                };
+                if decode && w != Which::Q {
+                    let base = |r| match w {
+                        Which::K => spec.k_offset(b, r, h),
+                        _ => spec.v_offset(b, r, h),
                     };
-                    if decode && w != Which::Q {
-                        let base = |r| match w {
-                            Which::K => spec.k_offset(b, r, h),
-                            _ => spec.v_offset(b, r, h),
-                        };
-                        let rs = if n > 1 { base(1) - base(0) } else { dim };
-                        return Rows::borrow(src, base(0), rs, n, dim).unwrap_or_else(|| Rows {
-                            dim,
-                            rs: dim,
-                            data: Vec::new().into(),
-                            s: Vec::new(),
-                            extra: vec![0.0; n],
-                            bad: Vec::new(),
-                        });
-                    }
-                    let mut data = vec![0f32; n * dim];
-                    let mut s = Vec::with_capacity(n);
-                    let mut extra = Vec::with_capacity(n);
-                    let mut raw = vec![0f32; dim];
-                    for (r, out) in data.chunks_exact_mut(dim.max(1)).take(n).enumerate() {
-                        let at = match w {
-                            Which::Q => spec.q_offset(b, r, h),
-                            Which::K => spec.k_offset(b, r, h),
-                            Which::V => spec.v_offset(b, r, h),
-                        };
-                        raw.iter_mut()
-                            .zip(&src[at..at + dim])
-                            .for_each(|(o, x)| *o = x.to_f32());
-                        match w {
-                            Which::V => {
-                                out.copy_from_slice(&raw);
-                                s.push(RowS::default());
-                                extra.push(midpoint.map_or(0.0, |c| log_gamma(c, &raw).0));
-                            }
-                            _ => {
-                                s.push(kind.prepare(&raw, out));
-                                extra.push(0.0);
-                            }
-                        }
-                    }
-                    Rows {
+                    let rs = if n > 1 { base(1) - base(0) } else { dim };
+                    return Rows::borrow(src, base(0), rs, n, dim).unwrap_or_else(|| Rows {
                         dim,
                         rs: dim,
-                        bad: tile::bad_rows(&data, dim),
-                        data: data.into(),
-                        s,
-                        extra,
+                        data: Vec::new().into(),
+                        s: Vec::new(),
+                        extra: vec![0.0; n],
+                        bad: Vec::new(),
+                    });
+                }
+                let mut data = vec![0f32; n * dim];
+                let mut s = Vec::with_capacity(n);
+                let mut extra = Vec::with_capacity(n);
+                let mut raw = vec![0f32; dim];
+                for (r, out) in data.chunks_exact_mut(dim.max(1)).take(n).enumerate() {
+                    let at = match w {
+                        Which::Q => spec.q_offset(b, r, h),
+                        Which::K => spec.k_offset(b, r, h),
+                        Which::V => spec.v_offset(b, r, h),
+                    };
+                    raw.iter_mut()
+                        .zip(&src[at..at + dim])
+                        .for_each(|(o, x)| *o = x.to_f32());
+                    match w {
+                        Which::V => {
+                            out.copy_from_slice(&raw);
+                            s.push(RowS::default());
+                            extra.push(midpoint.map_or(0.0, |c| log_gamma(c, &raw).0));
+                        }
+                        _ => {
+                            s.push(kind.prepare(&raw, out));
+                            extra.push(0.0);
+                        }
                     }
-                })
-                .collect()
+                }
+                Rows {
+                    dim,
+                    rs: dim,
+                    bad: tile::bad_rows(&data, dim),
+                    data: data.into(),
+                    s,
+                    extra,
+                }
+            };
+            // Decode borrows k and v and prepares one query row per head: less work than waking
+            // the pool for it.
+            if decode {
+                (0..spec.batch() * heads).map(slice).collect()
+            } else {
+                (0..spec.batch() * heads).into_par_iter().map(slice).collect()
+            }
         };
         Ctx {
             spec,
