@@ -4,9 +4,9 @@
 //! Nq ≠ Nk, GQA, key padding, packed varlen, Dv ≠ D, both layouts), the chunk boundaries, large
 //! scores for order 2, f32, f16 and bf16 storage, and independence of the thread count.
 //!
-//! The comparison is `fast_common::check_case` (its module doc: Taylor has no naive baseline, so
-//! the baseline is the oracle rounded once to the storage dtype, the denominator's `atol` relative
-//! to `max|den|`).
+//! The comparison is `fast_common::check_case` (its module doc: the GPU tests' naive same-dtype
+//! baseline, quadratic Taylor attention in the storage dtype; the denominator's `atol` relative to
+//! `max|den|`).
 
 #[path = "../src/taylor/test_specs.rs"]
 mod test_specs;

@@ -2,24 +2,25 @@
 //! against the f64 reference: plain attention in the storage dtype `T` as a framework user writes
 //! it. Inputs rounded to `T`; S, P, dP and dS rounded to `T` before the next product; outputs
 //! rounded; sums accumulated in f32 (as a framework's matmul would). Softmax and cosine-sim here,
-//! hyperbolic in [`hyperbolic`]; Taylor has none (its suites keep their own allowance).
+//! hyperbolic in [`hyperbolic`], Taylor in [`taylor`]; [`baseline`] picks by family.
 //!
 //! The GPU tests (`attn-cuda/tests/common`) and the CPU fast path's (`attn-cpu-ref/tests/fast_common`)
 //! both compare through [`compare`].
 
 pub mod hyperbolic;
+pub mod taylor;
 
 use super::{check_close, max_abs};
 use crate::{Forward, Gradients, Inputs};
 use attn_core::{AttnSpec, Element, FamilySpec};
 use std::ops::Range;
 
-/// The naive baseline of `spec`'s family in dtype `T`, or `None` for Taylor (no baseline).
-pub fn baseline<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Option<Outputs> {
+/// The naive baseline of `spec`'s family in dtype `T`.
+pub fn baseline<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
     match spec.family() {
-        FamilySpec::Softmax { .. } | FamilySpec::CosineSim { .. } => Some(naive::<T>(spec, x, d_o)),
-        FamilySpec::Hyperbolic { .. } => Some(hyperbolic::naive::<T>(spec, x, d_o)),
-        FamilySpec::Taylor { .. } => None,
+        FamilySpec::Softmax { .. } | FamilySpec::CosineSim { .. } => naive::<T>(spec, x, d_o),
+        FamilySpec::Hyperbolic { .. } => hyperbolic::naive::<T>(spec, x, d_o),
+        FamilySpec::Taylor { .. } => taylor::naive::<T>(spec, x, d_o),
     }
 }
 
@@ -42,8 +43,10 @@ pub enum GradTol {
 /// Compare `got` (o, LSE and gradients, widened to f64) with the f64 reference forward `reference`
 /// and gradients `grads`: every tensor within `2·err(base) + atol` (`check_close`), with
 /// `atol = 4·u·max(|ref|, 1e-3)` for the storage dtype's unit roundoff `u` (the gradients' per
-/// `grad`), and the LSE −∞ exactly where the reference's row is empty.
+/// `grad`), and the LSE −∞ exactly where the reference's row is empty (Taylor: the denominator,
+/// its `atol` relative to its own `max|ref|`).
 pub fn compare(
+    spec: &AttnSpec,
     got: &Outputs,
     reference: &Forward<f64, f64>,
     grads: &Gradients<f64>,
@@ -67,7 +70,18 @@ pub fn compare(
         GradTol::Shared { extra } => (4.0 * u + extra) * shared,
     };
     check_close("o", &got.o, &reference.o, &base.o, atol(&reference.o))?;
-    check_lse(&got.lse, &reference.stats, &base.lse, atol(&[1.0]))?;
+    if let FamilySpec::Taylor { .. } = spec.family() {
+        // Denominators scale with their rows, unlike an LSE.
+        check_close(
+            "den",
+            &got.lse,
+            &reference.stats,
+            &base.lse,
+            atol(&reference.stats),
+        )?;
+    } else {
+        check_lse(&got.lse, &reference.stats, &base.lse, atol(&[1.0]))?;
+    }
     check_close("dq", &got.dq, &grads.dq, &base.dq, gtol(&grads.dq))?;
     check_close("dk", &got.dk, &grads.dk, &base.dk, gtol(&grads.dk))?;
     check_close("dv", &got.dv, &grads.dv, &base.dv, gtol(&grads.dv))?;

@@ -290,7 +290,16 @@ pub fn check<T: DeviceElem>(spec: &AttnSpec, seed: u64, offset: usize) -> Result
     let base = naive::<T>(spec, case.inputs(), &case.d_o);
     let got = run_gpu::<T>(spec, &case, offset)?;
     let ctx = |e: String| format!("{} {} seed {seed}: {e}", spec.family().label(), T::DTYPE);
-    compare(&got, &reference, &grads, &base, unit::<T>(), GradTol::PerTensor).map_err(ctx)
+    compare(
+        spec,
+        &got,
+        &reference,
+        &grads,
+        &base,
+        unit::<T>(),
+        GradTol::PerTensor,
+    )
+    .map_err(ctx)
 }
 
 /// Taylor order 1 as the tests and timings run it (l2-normalised q, k and `a1·scale < a0`, so
