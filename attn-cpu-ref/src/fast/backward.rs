@@ -4,8 +4,8 @@
 //! task's own dQ partial `+= (dS⊙σ) K̃` (GEMMs). With a bias, dbias runs as a second pass per
 //! (bias batch, bias head, query tile), summing the (b, h) that broadcast onto it in order.
 
-use super::simd::{multiversion, Level};
-use super::tile::{bad_in, bad_rows, dot, exp, log_gamma, matmul, matmul_masked, Kind, Mat, BK, BQ};
+use super::simd::{dot_lanes, multiversion, Level};
+use super::tile::{bad_in, bad_rows, exp, log_gamma, matmul, matmul_masked, Kind, Mat, BK, BQ};
 use super::Ctx;
 use crate::Gradients;
 use attn_core::Element;
@@ -312,7 +312,7 @@ pub(super) fn run<E: Element>(
                 orow.iter_mut()
                     .zip(&o[at..at + dv])
                     .for_each(|(x, e)| *x = e.to_f32());
-                delta[i] = dot(gi, &orow);
+                delta[i] = dot_lanes(gi, &orow);
                 lse[i] = stats[spec.stats_index(b, h, i)];
             }
             (g, delta, lse)

@@ -1,6 +1,7 @@
 //! f32 building blocks of the fast path: prepared rows, the pair score of each softmax-like family
 //! computed from a tile of dot products, and a safe wrapper around the `gemm` crate.
 
+use super::simd::dot_lanes;
 use attn_core::{Element, FamilySpec, HypScore, ACOSH_EPS, KLEIN_MAX_NORM2};
 use std::any::TypeId;
 use std::borrow::Cow;
@@ -155,7 +156,7 @@ impl Kind {
                 RowS::default()
             }
             Kind::Cosine { eps, .. } => {
-                let norm = dot(x, x).sqrt();
+                let norm = dot_lanes(x, x).sqrt();
                 // A division, not a product with `1/‖x‖`: `x / ‖x‖` is exactly ±1 at D = 1, where
                 // the l2-norm's gradient then cancels to exactly 0, as in the reference.
                 let n = norm.max(eps);
@@ -166,7 +167,7 @@ impl Kind {
                 }
             }
             Kind::Lorentz { c, .. } => {
-                let norm = dot(x, x).sqrt();
+                let norm = dot_lanes(x, x).sqrt();
                 let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
                 out.iter_mut().zip(x).for_each(|(o, x)| *o = x * inv);
                 let x0 = (1.0 / c + norm * norm).sqrt();
@@ -243,7 +244,7 @@ impl Kind {
     pub(super) fn finish(&self, acc: &mut [f32], xt: &[f32], xs: &RowS) {
         if let Kind::Cosine { eps, .. } = *self {
             if xs.norm > eps {
-                let radial = dot(xt, acc);
+                let radial = dot_lanes(xt, acc);
                 acc.iter_mut()
                     .zip(xt)
                     .for_each(|(a, x)| *a = (*a - x * radial) / xs.norm);
@@ -257,7 +258,7 @@ impl Kind {
 /// `log γ` of a value row and the factor `c γ²` of its gradient (0 where the Klein-ball clamp is
 /// active).
 pub(super) fn log_gamma(c: f32, v: &[f32]) -> (f32, f32) {
-    let n2 = c * dot(v, v);
+    let n2 = c * dot_lanes(v, v);
     let clamped = n2 > KLEIN_MAX_NORM2 as f32;
     let n2 = if clamped { KLEIN_MAX_NORM2 as f32 } else { n2 };
     let dfactor = if clamped { 0.0 } else { c / (1.0 - n2) };
@@ -332,25 +333,6 @@ pub(super) fn matmul_masked(
             }
         }
     }
-}
-
-/// `a·b` with eight partial sums (vectorises).
-#[inline]
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// A matrix operand: `data[r·rs + c·cs]` is element (r, c).
