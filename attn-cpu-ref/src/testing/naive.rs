@@ -12,16 +12,35 @@ pub mod taylor;
 
 use super::{check_close, max_abs};
 use crate::{Forward, Gradients, Inputs};
-use attn_core::{AttnSpec, Element, FamilySpec};
+use attn_core::{AttnSpec, Element, FamilySpec, Pass, Result};
 use std::ops::Range;
 
-/// The naive baseline of `spec`'s family in dtype `T`.
-pub fn baseline<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
-    match spec.family() {
-        FamilySpec::Softmax { .. } | FamilySpec::CosineSim { .. } => naive::<T>(spec, x, d_o),
-        FamilySpec::Hyperbolic { .. } => hyperbolic::naive::<T>(spec, x, d_o),
-        FamilySpec::Taylor { .. } => taylor::naive::<T>(spec, x, d_o),
-    }
+/// The naive baseline of `spec`'s family in dtype `T`, forward and backward (dO `d_o`), after the
+/// reference's checks of the buffers against the spec (a typed error otherwise).
+pub fn baseline<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Result<Outputs> {
+    crate::check_inputs(spec, Pass::Backward, &x)?;
+    spec.check_len(Pass::Backward, "d_o", d_o.len(), spec.o_len())?;
+    Ok(match *spec.family() {
+        FamilySpec::Softmax { scale, softcap } => softmax_like::<T>(spec, x, d_o, scale, softcap, None),
+        FamilySpec::CosineSim {
+            scale,
+            qk_l2norm,
+            eps,
+        } => softmax_like::<T>(spec, x, d_o, scale, None, qk_l2norm.then_some(eps)),
+        FamilySpec::Hyperbolic {
+            score,
+            curvature,
+            beta,
+            aggregation,
+        } => hyperbolic::naive::<T>(spec, x, d_o, score, curvature, beta, aggregation),
+        FamilySpec::Taylor {
+            a,
+            scale,
+            qk_l2norm,
+            eps,
+            ..
+        } => taylor::naive::<T>(spec, x, d_o, a, scale, qk_l2norm.then_some(eps)),
+    })
 }
 
 /// The gradients' `atol`.
@@ -240,8 +259,9 @@ impl<V> KeyCache<V> {
             .or_insert_with(|| (0..keys).map(|_| None).collect());
         row[j].get_or_insert_with(make);
     }
-    /// The value `fill` made (a test bug if it did not: the baselines fill every key before reading it).
+    /// The value `fill` made.
     pub fn at(&self, b: usize, hk: usize, j: usize) -> &V {
+        // Internal invariant: the baselines fill every key of a row before reading it.
         self.rows[&(b, hk)][j].as_ref().expect("a filled key")
     }
 }
@@ -274,11 +294,12 @@ pub fn l2norm_bwd(xh: &[f32], dxh: &[f32], norm: f32, l2_eps: Option<f32>) -> Ve
     }
 }
 
-/// The bias of `row` at key `j` in f32 (0 without a bias).
+/// The bias of `row` at key `j` in f32 (0 without a bias; [`baseline`] has checked that a spec with a
+/// bias comes with its buffer).
 pub fn bias_at(spec: &AttnSpec, x: &Inputs<'_, f64>, row: &QueryRow, j: usize) -> f32 {
     spec.bias_index(row.b, row.h, row.i, j)
-        .map(|bi| x.bias.expect("bias")[bi] as f32)
-        .unwrap_or(0.0)
+        .zip(x.bias)
+        .map_or(0.0, |(bi, bias)| bias[bi] as f32)
 }
 
 /// The f32 sums of the softmax part of a naive baseline's backward, per key row: `dv` (`Σ p dO`)
@@ -366,21 +387,19 @@ pub fn softmax_row<T: Element>(
     Some(ds)
 }
 
-/// Plain attention in dtype `T` (see the module doc), for softmax and cosine-sim.
+/// Plain attention in dtype `T` (see the module doc), for softmax (`softcap`) and cosine-sim
+/// (`cosine_eps`: the l2-norm's eps where q and k are normalised).
 #[allow(clippy::needless_range_loop)] // one index addresses several rows at once
-pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
+fn softmax_like<T: Element>(
+    spec: &AttnSpec,
+    x: Inputs<'_, f64>,
+    d_o: &[f64],
+    scale: f32,
+    softcap: Option<f32>,
+    cosine_eps: Option<f32>,
+) -> Outputs {
     let rt = |v: f32| T::from_f32(v).to_f32();
     let d = spec.head_dim();
-    let (scale, softcap, cosine_eps) = match *spec.family() {
-        FamilySpec::Softmax { scale, softcap } => (scale, softcap, None),
-        FamilySpec::CosineSim {
-            scale,
-            qk_l2norm,
-            eps,
-        } => (scale, None, qk_l2norm.then_some(eps)),
-        // `baseline` routes the other families; a direct call with one is a test bug.
-        ref other => panic!("no naive softmax baseline for {other:?}"),
-    };
     // Prepared rows: x̂ = x / max(‖x‖, eps) rounded to T (cosine-sim), else x; and ‖x‖.
     let prep = |buf: &[f64], off: usize| prep_row::<T>(&buf[off..off + d], cosine_eps);
     let mut out = Outputs::zeros(spec);

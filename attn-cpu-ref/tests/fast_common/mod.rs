@@ -65,7 +65,7 @@ pub fn check_case<T: Element>(spec: &AttnSpec, case: &Case, what: &str) -> Resul
     let u = T::DTYPE.unit_roundoff();
     // f32 accumulation over dot products of length D and sums over Nk keys.
     let acc = 64.0 * ((spec.seq_k() + spec.head_dim()) as f64).sqrt() * DType::F32.unit_roundoff();
-    let base = naive::baseline::<T>(spec, wide, &dow);
+    let base = naive::baseline::<T>(spec, wide, &dow).map_err(e)?;
     let got = naive::Outputs {
         o: widen(&f.o),
         lse: f.stats.iter().map(|&x| x as f64).collect(),

@@ -1,9 +1,9 @@
 //! Case shaping and the point checks of the hyperbolic GPU tests; the family's naive same-dtype
 //! baseline is `attn_cpu_ref::testing::naive::hyperbolic`.
 
+pub use super::naive;
 use super::{check_close, check_lse, run_gpu, unit};
 use attn_core::{AttnSpec, FamilySpec};
-pub use attn_cpu_ref::testing::naive::hyperbolic::naive;
 use attn_cpu_ref::testing::{max_abs, Case};
 use attn_cpu_ref::{backward_f64, forward_f64};
 use attn_cuda::DeviceElem;

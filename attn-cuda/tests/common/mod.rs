@@ -21,7 +21,7 @@ use attn_core::{AttnSpec, DType, Element, Family};
 // Each test binary uses part of the harness (as `dead_code` above).
 #[allow(unused_imports)]
 pub use attn_cpu_ref::testing::naive::{
-    bias_at, dot, key_rows, l2norm_bwd, naive, prep_row, query_rows, softmax_row, KeyCache, KeyRow, Outputs,
+    bias_at, dot, key_rows, l2norm_bwd, prep_row, query_rows, softmax_row, KeyCache, KeyRow, Outputs,
     QueryRow, SoftmaxSums,
 };
 use attn_cpu_ref::testing::naive::{check_lse, compare, GradTol};
@@ -272,6 +272,12 @@ pub fn run_gpu<T: DeviceElem>(spec: &AttnSpec, case: &Case, offset: usize) -> Re
 /// Unit roundoff of the storage dtype.
 fn unit<T: Element>() -> f64 {
     T::DTYPE.unit_roundoff()
+}
+
+/// The naive same-dtype baseline of the spec's family (`attn_cpu_ref::testing::naive::baseline`) on
+/// inputs the reference accepted.
+pub fn naive<T: Element>(spec: &AttnSpec, x: attn_cpu_ref::Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
+    attn_cpu_ref::testing::naive::baseline::<T>(spec, x, d_o).expect("the buffers of the spec")
 }
 
 /// One case: random inputs (seeded), rounded to `T`; the f64 reference on the rounded inputs; the

@@ -45,7 +45,7 @@ fn check_taylor<T: DeviceElem>(spec: &AttnSpec, seed: u64, offset: usize, amp: f
     let reference = forward_f64(spec, case.inputs()).map_err(|e| e.to_string())?;
     let grads = backward_f64(spec, case.inputs(), &reference.o, &case.d_o, &reference.stats)
         .map_err(|e| e.to_string())?;
-    let base = naive::taylor::naive::<T>(spec, case.inputs(), &case.d_o);
+    let base = naive::baseline::<T>(spec, case.inputs(), &case.d_o).map_err(|e| e.to_string())?;
     let got = run_gpu::<T>(spec, &case, offset)?;
     let ctx = |e: String| format!("{} {} seed {seed}: {e}", spec.family().label(), T::DTYPE);
     naive::compare(

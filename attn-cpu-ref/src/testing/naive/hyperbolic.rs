@@ -11,7 +11,7 @@ use super::{
     bias_at, dot, key_rows, query_rows, softmax_row, KeyCache, KeyRow, Outputs, QueryRow, SoftmaxSums,
 };
 use crate::Inputs;
-use attn_core::{Aggregation, AttnSpec, Element, FamilySpec, HypScore, KLEIN_MAX_NORM2};
+use attn_core::{Aggregation, AttnSpec, Element, HypScore, KLEIN_MAX_NORM2};
 
 /// The lifted row `(x0, x)` of `x`, both in `T`.
 fn lift<T: Element>(x: &[f64], c: f32) -> (f32, Vec<f32>) {
@@ -29,19 +29,18 @@ fn log_gamma(v: &[f64], c: f32) -> (f32, f32) {
     (-0.5 * (-n2).ln_1p(), if clamped { 0.0 } else { c / (1.0 - n2) })
 }
 
-/// Plain hyperbolic attention in dtype `T` (module doc).
-#[allow(clippy::needless_range_loop)] // one index addresses several rows at once
-pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
+/// Plain hyperbolic attention in dtype `T` (module doc), with the family's parameters.
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // one index addresses several rows at once
+pub(super) fn naive<T: Element>(
+    spec: &AttnSpec,
+    x: Inputs<'_, f64>,
+    d_o: &[f64],
+    score: HypScore,
+    c: f32,
+    beta: f32,
+    aggregation: Aggregation,
+) -> Outputs {
     let rt = |v: f32| T::from_f32(v).to_f32();
-    let FamilySpec::Hyperbolic {
-        score,
-        curvature: c,
-        beta,
-        aggregation,
-    } = *spec.family()
-    else {
-        panic!("the hyperbolic baseline needs a hyperbolic spec")
-    };
     let midpoint = aggregation == Aggregation::EinsteinMidpoint;
     let (d, dv) = (spec.head_dim(), spec.head_dim_v());
     let eps = attn_core::ACOSH_EPS as f32;

@@ -4,7 +4,7 @@
 
 use super::{dot, key_rows, l2norm_bwd, prep_row, query_rows, KeyCache, KeyRow, Outputs, QueryRow};
 use crate::Inputs;
-use attn_core::{AttnSpec, Element, FamilySpec};
+use attn_core::{AttnSpec, Element};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -16,22 +16,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// `query_rows`' order, so every sum is taken in the same order as one pass over `query_rows` would (the
 /// same bits). A group prepares its key and value rows in `T` once (`KeyCache`). (Done row by row and on one thread,
 /// this baseline took ~30× as long as the f64 reference and most of the GPU tests' time.)
-pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Outputs {
+pub(super) fn naive<T: Element>(
+    spec: &AttnSpec,
+    x: Inputs<'_, f64>,
+    d_o: &[f64],
+    a: [f32; 3],
+    scale: f32,
+    l2: Option<f32>,
+) -> Outputs {
     let rt = |v: f32| T::from_f32(v).to_f32();
-    let FamilySpec::Taylor {
-        a,
-        scale,
-        qk_l2norm,
-        eps,
-        ..
-    } = *spec.family()
-    else {
-        panic!("the Taylor baseline needs a Taylor spec")
-    };
     let f = |s: f32| a[0] + s * (a[1] + a[2] * s);
     let df = |s: f32| a[1] + 2.0 * a[2] * s;
     let (d, dv) = (spec.head_dim(), spec.head_dim_v());
-    let l2 = qk_l2norm.then_some(eps);
     let prep = |buf: &[f64], off: usize| prep_row::<T>(&buf[off..off + d], l2);
     let mut groups: BTreeMap<(usize, usize), Vec<QueryRow>> = BTreeMap::new();
     for row in query_rows(spec) {
@@ -118,7 +114,7 @@ pub fn naive<T: Element>(spec: &AttnSpec, x: Inputs<'_, f64>, d_o: &[f64]) -> Ou
             .collect();
         handles
             .into_iter()
-            .flat_map(|h| h.join().expect("a baseline thread"))
+            .flat_map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             .collect()
     });
     done.sort_by_key(|(g, _)| *g);
