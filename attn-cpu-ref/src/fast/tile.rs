@@ -303,7 +303,6 @@ pub(super) fn bad_rows(data: &[f32], dim: usize) -> Vec<usize> {
 /// copy of `b` with the bad rows zeroed, which gives every output the bits it would have with
 /// any finite row there (a masked pair adds an exact 0 either way), and each bad row is then
 /// added to the outputs that see it. Without bad rows it is [`matmul`].
-#[allow(clippy::too_many_arguments)]
 pub(super) fn matmul_masked(
     (m, n, k): (usize, usize, usize),
     dst: &mut [f32],

@@ -167,7 +167,7 @@ impl Outputs {
 
 /// A query row that sees at least one key: batch entry `b`, query head `h` over key/value head
 /// `hk`, position `i`, and the keys it sees.
-pub struct QueryRow {
+struct QueryRow {
     /// Batch entry.
     pub b: usize,
     /// Query head.
@@ -181,7 +181,7 @@ pub struct QueryRow {
 }
 
 /// Every query row of `spec` that sees a key, in (batch, head, position) order.
-pub fn query_rows(spec: &AttnSpec) -> impl Iterator<Item = QueryRow> + '_ {
+fn query_rows(spec: &AttnSpec) -> impl Iterator<Item = QueryRow> + '_ {
     (0..spec.batch()).flat_map(move |b| {
         (0..spec.heads_q()).flat_map(move |h| {
             (0..spec.seq_lens(b).q).filter_map(move |i| {
@@ -200,7 +200,7 @@ pub fn query_rows(spec: &AttnSpec) -> impl Iterator<Item = QueryRow> + '_ {
 
 /// A key row whose gradient a naive baseline writes: batch entry `b`, key/value head `hk`,
 /// position `j`; `valid` where `j` is inside the entry's key length (not key padding).
-pub struct KeyRow {
+struct KeyRow {
     /// Batch entry.
     pub b: usize,
     /// Key/value head.
@@ -213,7 +213,7 @@ pub struct KeyRow {
 
 /// Every key row of `spec` in (batch, head, position) order: a packed entry's own rows, every row
 /// of a dense entry (its key padding included).
-pub fn key_rows(spec: &AttnSpec) -> impl Iterator<Item = KeyRow> + '_ {
+fn key_rows(spec: &AttnSpec) -> impl Iterator<Item = KeyRow> + '_ {
     (0..spec.batch()).flat_map(move |b| {
         let len_k = spec.seq_lens(b).k;
         let rows = if spec.is_varlen() { len_k } else { spec.seq_k() };
@@ -229,14 +229,14 @@ pub fn key_rows(spec: &AttnSpec) -> impl Iterator<Item = KeyRow> + '_ {
 }
 
 /// `a·b`, summed in f32.
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>()
 }
 
 /// Per-key values of one call, each made once: the naive baselines prepare a key row for every query row
 /// that sees it, which made them the GPU tests' longest part. `fill` makes the value of key j of (batch
 /// entry, kv head) the first time it is asked for; `at` reads it after.
-pub struct KeyCache<V> {
+struct KeyCache<V> {
     keys: usize,
     rows: std::collections::HashMap<(usize, usize), Vec<Option<V>>>,
 }
@@ -267,7 +267,7 @@ impl<V> KeyCache<V> {
 }
 
 /// Row `x` in f32 and its norm `‖x‖`; with `l2_eps`, the row is `x / max(‖x‖, eps)` rounded to `T`.
-pub fn prep_row<T: Element>(x: &[f64], l2_eps: Option<f32>) -> (Vec<f32>, f32) {
+fn prep_row<T: Element>(x: &[f64], l2_eps: Option<f32>) -> (Vec<f32>, f32) {
     let row: Vec<f32> = x.iter().map(|&v| v as f32).collect();
     let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
     match l2_eps {
@@ -283,7 +283,7 @@ pub fn prep_row<T: Element>(x: &[f64], l2_eps: Option<f32>) -> (Vec<f32>, f32) {
 
 /// The gradient through [`prep_row`]: `dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖` where `‖x‖ > eps`, else
 /// `dx̂ / eps`; `dx̂` itself without the l2-norm.
-pub fn l2norm_bwd(xh: &[f32], dxh: &[f32], norm: f32, l2_eps: Option<f32>) -> Vec<f32> {
+fn l2norm_bwd(xh: &[f32], dxh: &[f32], norm: f32, l2_eps: Option<f32>) -> Vec<f32> {
     match l2_eps {
         None => dxh.to_vec(),
         Some(eps) if norm > eps => {
@@ -296,7 +296,7 @@ pub fn l2norm_bwd(xh: &[f32], dxh: &[f32], norm: f32, l2_eps: Option<f32>) -> Ve
 
 /// The bias of `row` at key `j` in f32 (0 without a bias; [`baseline`] has checked that a spec with a
 /// bias comes with its buffer).
-pub fn bias_at(spec: &AttnSpec, x: &Inputs<'_, f64>, row: &QueryRow, j: usize) -> f32 {
+fn bias_at(spec: &AttnSpec, x: &Inputs<'_, f64>, row: &QueryRow, j: usize) -> f32 {
     spec.bias_index(row.b, row.h, row.i, j)
         .zip(x.bias)
         .map_or(0.0, |(bi, bias)| bias[bi] as f32)
@@ -304,7 +304,7 @@ pub fn bias_at(spec: &AttnSpec, x: &Inputs<'_, f64>, row: &QueryRow, j: usize) -
 
 /// The f32 sums of the softmax part of a naive baseline's backward, per key row: `dv` (`Σ p dO`)
 /// and `dbias` (`Σ dS`).
-pub struct SoftmaxSums {
+struct SoftmaxSums {
     /// `Σ p dO` per value row.
     pub dv: Vec<f32>,
     /// `Σ dS` per bias entry.
@@ -336,7 +336,7 @@ impl SoftmaxSums {
 /// `dS` added to `sums`. Returns `dS` per key, or `None` where every score is −∞ (the row keeps
 /// its zeros).
 #[allow(clippy::needless_range_loop)] // one index addresses several rows at once
-pub fn softmax_row<T: Element>(
+fn softmax_row<T: Element>(
     spec: &AttnSpec,
     x: &Inputs<'_, f64>,
     d_o: &[f64],

@@ -18,12 +18,7 @@ pub mod hyperbolic;
 pub mod shapes;
 
 use attn_core::{AttnSpec, DType, Element, Family};
-// Each test binary uses part of the harness (as `dead_code` above).
-#[allow(unused_imports)]
-pub use attn_cpu_ref::testing::naive::{
-    bias_at, dot, key_rows, l2norm_bwd, prep_row, query_rows, softmax_row, KeyCache, KeyRow, Outputs,
-    QueryRow, SoftmaxSums,
-};
+pub use attn_cpu_ref::testing::naive::Outputs;
 use attn_cpu_ref::testing::naive::{check_lse, compare, GradTol};
 use attn_cpu_ref::testing::{check_close, random_case, Case};
 use attn_cpu_ref::{backward_f64, forward_f64};
