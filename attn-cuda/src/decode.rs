@@ -105,6 +105,32 @@ fn params_for(spec: &AttnSpec) -> DecodeParams {
     p
 }
 
+/// The forward kernel's name for `spec` (`decode_fwd_{dtype}_d{D}`).
+fn forward_name(spec: &AttnSpec) -> String {
+    format!("decode_fwd_{}_d{}", dtype_name(spec.dtype()), spec.head_dim())
+}
+
+/// The forward launch of `spec` under kernel `name` with `splits` key chunks: grid (S·row tiles,
+/// Hkv, B) of [`plan::THREADS`], the dynamic shared memory of its head dim (none for the f32
+/// kernel, which keeps its rows in registers).
+fn forward_launch<'a>(spec: &AttnSpec, name: &'a str, splits: usize) -> Launch<'a> {
+    Launch {
+        module: Module::Decode,
+        name,
+        grid: (
+            splits.saturating_mul(plan::row_tiles(spec.seq_q(), spec.group())),
+            spec.heads_kv(),
+            spec.batch(),
+        ),
+        threads: plan::THREADS,
+        smem: if spec.dtype() == DType::F32 {
+            0
+        } else {
+            plan::smem_bytes(spec.head_dim())
+        },
+    }
+}
+
 /// Launch the forward (and with S > 1 the combine) with `p` filled but for the split and the load
 /// path: bulk copies on mbarriers where the Hopper kernels are on (compute capability 9.0 and
 /// `KernelConfig::hopper`) and the head dim is at least `plan::BULK_MIN_HEAD_DIM`, cp.async
@@ -121,22 +147,9 @@ fn launch_forward(
     let mut p = *p;
     p.bulk = i32::from(kernels.hopper(attn.config()).on && plan::bulk_loads(spec.head_dim()));
     let p = &p;
-    let tiles = plan::row_tiles(spec.seq_q(), spec.group());
     let dt = dtype_name(spec.dtype());
-    let d = spec.head_dim();
-    let name = format!("decode_fwd_{dt}_d{d}");
-    let fwd = Launch {
-        module: Module::Decode,
-        name: &name,
-        grid: (split.splits * tiles, spec.heads_kv(), spec.batch()),
-        threads: plan::THREADS,
-        // The f32 kernel keeps its rows in registers.
-        smem: if spec.dtype() == DType::F32 {
-            0
-        } else {
-            plan::smem_bytes(d)
-        },
-    };
+    let name = forward_name(spec);
+    let fwd = forward_launch(spec, &name, split.splits);
     // SAFETY: `p` is the mirror of DecodeParams (decode_params.h); the callers checked every buffer it
     // points at against the spec (q, k, v or the cache, o, lse, the lengths and table) and sized the
     // workspace for `split`; grid and shared memory are the kernel's (plan mirrors decode_fwd.cuh).
@@ -164,13 +177,27 @@ fn fill_split(p: &mut DecodeParams, spec: &AttnSpec, split: plan::Split) {
     p.row_tiles = to_i32(plan::row_tiles(spec.seq_q(), spec.group()));
 }
 
-/// The split of `spec`'s keys on this device under the backend's configuration.
-fn split_for(attn: &CudaAttn, kernels: &Kernels, spec: &AttnSpec) -> plan::Split {
+/// The split of `spec`'s keys on this device under the backend's configuration: as many chunks as
+/// one wave of the forward's resident blocks holds (the driver's occupancy of the forward kernel
+/// times the SMs), or `KernelConfig::decode_splits`.
+fn split_for(attn: &CudaAttn, kernels: &Kernels, spec: &AttnSpec, op: Op) -> Result<plan::Split> {
     let blocks = spec
         .batch()
         .saturating_mul(spec.heads_kv())
         .saturating_mul(plan::row_tiles(spec.seq_q(), spec.group()));
-    plan::splits(blocks, spec.seq_k(), kernels.sms, attn.config().decode_splits)
+    let forced = attn.config().decode_splits;
+    // No kernel to ask for a spec the decode kernels cannot run (its step is rejected when run).
+    let slots = match forced {
+        Some(_) => 0,
+        None if plan::unsupported(spec).is_some() => 0,
+        None => {
+            let name = forward_name(spec);
+            kernels
+                .blocks_per_sm(&forward_launch(spec, &name, 1), op)?
+                .saturating_mul(kernels.sms)
+        }
+    };
+    Ok(plan::splits(blocks, spec.seq_k(), slots, forced))
 }
 
 /// The decode forward of `spec` (routed by [`plan::route`]): o and the LSE as the flash forward
@@ -221,7 +248,7 @@ pub(crate) fn forward<T: DeviceElem>(
         }
         _ => None,
     };
-    let split = split_for(attn, &kernels, spec);
+    let split = split_for(attn, &kernels, spec, op)?;
     fill_split(&mut p, spec, split);
     let _ws = if split.splits > 1 {
         let rows = split.splits * spec.stats_len();
@@ -317,7 +344,7 @@ impl CudaAttn {
         let a = spec.attend();
         let op = spec.op(Pass::Forward);
         let kernels = runtime::kernels_for(self.stream().context(), op)?;
-        let split = split_for(self, &kernels, a);
+        let split = split_for(self, &kernels, a, op)?;
         let rows = if split.splits > 1 {
             split.splits * a.stats_len()
         } else {

@@ -198,6 +198,21 @@ impl Kernels {
         Ok(loaded)
     }
 
+    /// Blocks of `launch`'s kernel resident on one SM at its block size and dynamic shared memory
+    /// (the driver's occupancy calculator, which counts the compiled kernel's registers too), at
+    /// least 1.
+    pub(crate) fn blocks_per_sm(&self, launch: &Launch<'_>, op: Op) -> Result<usize> {
+        let module = self.module(launch.module, op)?;
+        let f = self
+            .functions
+            .get(launch.module, &module, launch.name, launch.smem)?;
+        // The occupancy calculator runs on the calling thread's current context (no stream call
+        // before it need have made ours current).
+        self.ctx.bind_to_thread()?;
+        let n = f.occupancy_max_active_blocks_per_multiprocessor(launch.threads, launch.smem, None)?;
+        Ok(usize::try_from(n).unwrap_or(1).max(1))
+    }
+
     /// Launch `kernel` with `params` on `stream`. The caller guarantees that every pointer in
     /// `params` addresses a live device buffer of the length the spec requires (checked by the
     /// backend before the params are built).

@@ -7,7 +7,8 @@
 using namespace attn_decode;
 
 #define DECODE_FWD(NAME, T, D)                                                                    \
-    extern "C" __global__ void __launch_bounds__(kThreads) NAME(const __grid_constant__ DecodeParams p) { \
+    extern "C" __global__ void __launch_bounds__(kThreads, Cfg<D>::kMinBlocks) NAME(                    \
+        const __grid_constant__ DecodeParams p) {                                                       \
         decode_fwd<T, D>(p);                                                                      \
     }
 

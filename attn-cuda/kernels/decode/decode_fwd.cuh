@@ -1,12 +1,16 @@
 // Split-KV decode forward (docs/kernels/decode.md). One block per (key chunk, row tile, kv head,
 // sequence): the g = Hq/Hkv query heads that read one kv head, times the few queries of the call,
 // are the rows of one 16-row tile (row r = query r / g of head hk·g + r % g), so each K/V tile is read
-// once for all of them. The block streams its chunk's keys in tiles of 64 (cp.async, kStages-deep
-// ring); each of the 4 warps takes 16 keys of a tile through mma.sync m16n8k16 (S = Q·Kᵀ, then
-// P·V with P straight from registers) under its own online softmax (base 2), and the warps merge
-// their (max, sum, o) through shared memory at the end. With one chunk the block writes o and the
-// LSE; with S chunks it writes its partial o (f32, normalised within the chunk) and LSE into the
-// workspace, and decode_combine merges them through the LSEs.
+// once for all of them. Each of the block's 4 warps streams its own 16-key tiles of the chunk (warp w
+// takes tiles w, w + 4, ...: the warps read neighbouring keys at the same time) through its own ring
+// of kStages K/V stages, with no block barrier inside the key loop: on sm_90 at D >= 128 (where the
+// host sets `bulk`) one bulk copy per lane and tile (lanes 0–15 the K rows, 16–31 the V rows)
+// completing on the stage's mbarrier, elsewhere coalesced 16-byte cp.async. Per tile: S = Q·Kᵀ on mma.sync m16n8k16 (Q's fragments held in
+// registers up to D = 128), the score and mask (skipped on tiles every row sees whole), the online
+// softmax in base 2 (o rescaled only when a row max moved), then P·V with P straight from registers.
+// The warps merge their (max, sum, o) through shared memory at the end. With one chunk the block
+// writes o and the LSE; with S chunks it writes its partial o (f32, normalised within the chunk) and
+// LSE into the workspace, and decode_combine merges them through the LSEs.
 #pragma once
 #include "../common/mma.h"
 #include "decode_params.h"
@@ -19,21 +23,30 @@ using namespace attn;
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 16;            // rows of the tile (one mma M)
-constexpr int kKeys = 16 * kWarps;   // keys of one K/V tile
+constexpr int kWarpKeys = 16;        // keys of one warp's K/V tile
+constexpr int kKeys = kWarpKeys * kWarps;  // keys the block's warps take per round: the chunk unit
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D> struct Cfg {
     static constexpr int ld = D + 8;  // padded smem row: ldmatrix rows hit distinct bank groups
-    static constexpr int kStages = D >= 256 ? 2 : 3;
-    static constexpr int kTileElems = kKeys * ld;
-    // Q tile, then kStages × (K tile, V tile); the f32 per-row scalars after them.
-    static constexpr int kElems = kRows * ld + kStages * 2 * kTileElems;
-    static constexpr int kFloatsEnd = kElems * 2 + (kRows + kStages * kKeys * 2) * 4;
-    // One mbarrier per stage after the floats (the bulk-copy ring).
-    static constexpr int kBytes = kFloatsEnd + kStages * 8;
-    // The merge reuses the K/V ring for kWarps × 16 × D floats.
-    static_assert(kWarps * kRows * D * 4 <= kStages * 2 * kTileElems * 2, "merge scratch fits the ring");
+    // Stages per warp ring (plan::stages): H200, bf16, Nq = 1 (docs/kernels/decode.md): at D = 128
+    // three stages (two blocks per SM) beat two (three blocks per SM); at D = 64 two stages keep
+    // four blocks per SM and beat three.
+    static constexpr int kStages = (D == 64 || D >= 256) ? 2 : 3;
+    // Blocks per SM the registers are capped for (__launch_bounds__): four at D ≤ 64 (what the
+    // shared memory allows there), two at D = 96 and 128 (their shared-memory limit).
+    static constexpr int kMinBlocks = D <= 64 ? 4 : (D <= 128 ? 2 : 1);
+    static constexpr int kTileElems = kWarpKeys * ld;  // one warp's K (or V) tile
+    static constexpr int kRingElems = kWarps * kStages * 2 * kTileElems;
+    // Q tile, then the warps' rings; the f32 per-row scalars and merge maxima and sums after them;
+    // then one mbarrier per (warp, stage), 8-byte aligned.
+    static constexpr int kElems = kRows * ld + kRingElems;
+    static constexpr int kFloats = kRows + 2 * kWarps * kRows;
+    static constexpr int kBarsAt = (kElems * 2 + kFloats * 4 + 7) / 8 * 8;
+    static constexpr int kBytes = kBarsAt + kWarps * kStages * 8;
+    // The merge reuses the rings for kWarps × 16 × D floats.
+    static_assert(kWarps * kRows * D * 4 <= kRingElems * 2, "merge scratch fits the rings");
 };
 
 // The keys of the sequence query i may attend to: [lo, hi) (AttnSpec::key_range).
@@ -69,38 +82,25 @@ __device__ __forceinline__ long long kv_row(const DecodeParams& p, int b, int j,
     return (long long)b * sb + (long long)j * ss + (long long)hk * sh;
 }
 
-// cp.async of keys [j0, j0 + kKeys) (rows at or past j_stop zero-filled) of K and V into one stage.
+// One warp's tile: keys [j0, j0 + 16) of K and V (rows at or past j_stop zero-filled) into its stage
+// by cp.async, consecutive lanes on consecutive 16-byte pieces of a row.
 template <typename T, int D>
-__device__ __forceinline__ void load_kv(const DecodeParams& p, T* sk, T* sv, int b, int hk, int j0, int j_stop,
-                                        int tid) {
-    constexpr int kChunks = D * 2 / 16;  // 16-byte chunks per row
+__device__ __forceinline__ void load_tile(const DecodeParams& p, T* sk, T* sv, int b, int hk, int j0, int j_stop,
+                                          int lane) {
+    constexpr int kChunks = D * 2 / 16;  // 16-byte pieces per row
     constexpr int ld = Cfg<D>::ld;
     const T* k = static_cast<const T*>(p.k);
     const T* v = static_cast<const T*>(p.v);
-    // A paged cache: tiles start at multiples of kKeys, so a page of at least kKeys slots holds the
-    // whole tile and its id is read once; smaller pages are looked up once per row (K and V share it).
-    long long tile_page = -1;
-    if (p.page_size >= kKeys && j0 < j_stop)
-        tile_page = p.block_table[(long long)b * p.pages_per_seq + (j0 >> p.page_shift)];
 #pragma unroll
-    for (int c = tid; c < kKeys * kChunks; c += kThreads) {
+    for (int c = lane; c < kWarpKeys * kChunks; c += 32) {
         const int r = c / kChunks, col = (c % kChunks) * 8;
         const int j = j0 + r;
         const bool valid = j < j_stop;
         const T* ks = k;
         const T* vs = v;
         if (valid) {
-            if (p.page_size) {
-                const long long page =
-                    tile_page >= 0 ? tile_page
-                                   : (long long)p.block_table[(long long)b * p.pages_per_seq + (j >> p.page_shift)];
-                const long long slot = page * p.page_size + (j & (p.page_size - 1));
-                ks = k + slot * p.k_seq + (long long)hk * p.k_head + col;
-                vs = v + slot * p.v_seq + (long long)hk * p.v_head + col;
-            } else {
-                ks = k + (long long)b * p.k_batch + (long long)j * p.k_seq + (long long)hk * p.k_head + col;
-                vs = v + (long long)b * p.v_batch + (long long)j * p.v_seq + (long long)hk * p.v_head + col;
-            }
+            ks = k + kv_row(p, b, j, p.k_batch, p.k_seq, p.k_head, hk) + col;
+            vs = v + kv_row(p, b, j, p.v_batch, p.v_seq, p.v_head, hk) + col;
         }
         cp_async_16(sk + r * ld + col, ks, valid);
         cp_async_16(sv + r * ld + col, vs, valid);
@@ -156,29 +156,24 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
-// Bytes of tile t's valid K and V rows (what its barrier expects).
-template <int D>
-__device__ __forceinline__ uint32_t tile_bytes(int j0, int j_stop) {
-    return (uint32_t)min(j_stop - j0, kKeys) * (uint32_t)(D * 2 * 2);
-}
-
-// Keys [j0, j0 + kKeys) of K and V into one stage by bulk copies, one row per thread (threads 0–63
-// K, 64–127 V), completing on `bar`; rows at or past j_stop are zeroed by the thread (and fenced for
-// the bulk copies that later reuse the stage).
+// One warp's tile by bulk copies, one row per lane (lanes 0–15 K, 16–31 V), completing on `bar`;
+// lane 0 announces the valid rows' bytes first. Rows at or past j_stop are zeroed by their lane (and
+// fenced for the bulk copies that later reuse the stage).
 template <typename T, int D>
-__device__ __forceinline__ void load_kv_bulk(const DecodeParams& p, T* sk, T* sv, int b, int hk, int j0, int j_stop,
-                                             int tid, uint64_t* bar) {
-    static_assert(kThreads == 2 * kKeys, "one row per thread");
+__device__ __forceinline__ void load_tile_bulk(const DecodeParams& p, T* sk, T* sv, int b, int hk, int j0,
+                                               int j_stop, int lane, uint64_t* bar) {
     constexpr int ld = Cfg<D>::ld;
-    const int r = tid & (kKeys - 1);
-    const bool is_v = tid >= kKeys;
+    const int r = lane & (kWarpKeys - 1);
+    const bool is_v = lane >= kWarpKeys;
     const int j = j0 + r;
     T* dst = (is_v ? sv : sk) + r * ld;
+    if (lane == 0) bar_expect(bar, (uint32_t)max(0, min(j_stop - j0, kWarpKeys)) * (uint32_t)(D * 2 * 2));
+    __syncwarp();  // the expect before any copy completes
     if (j < j_stop) {
         const T* base = static_cast<const T*>(is_v ? p.v : p.k);
-        const long long sb = is_v ? p.v_batch : p.k_batch, ss = is_v ? p.v_seq : p.k_seq;
-        const long long sh = is_v ? p.v_head : p.k_head;
-        bulk_copy(dst, base + kv_row(p, b, j, sb, ss, sh, hk), D * 2, bar);
+        const long long off = is_v ? kv_row(p, b, j, p.v_batch, p.v_seq, p.v_head, hk)
+                                   : kv_row(p, b, j, p.k_batch, p.k_seq, p.k_head, hk);
+        bulk_copy(dst, base + off, D * 2, bar);
     } else {
 #pragma unroll
         for (int c = 0; c < D * 2 / 16; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
@@ -186,40 +181,39 @@ __device__ __forceinline__ void load_kv_bulk(const DecodeParams& p, T* sk, T* sv
     }
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
+// kPlain: softmax without softcap (the score is scale·q·k; no key or query scalars).
+template <typename T, int D, bool kPlain>
+__device__ __forceinline__ void decode_fwd_body(const DecodeParams& p) {
     using C = Cfg<D>;
     constexpr int ld = C::ld;
-    constexpr int kStages = C::kStages;
+    constexpr int kSt = C::kStages;
+    constexpr bool kQRegs = D <= 128;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sq = reinterpret_cast<T*>(smem_raw);
-    T* ring = sq + kRows * ld;
-    float* s_rows = reinterpret_cast<float*>(ring + kStages * 2 * C::kTileElems);  // per-row scalar
-    float* s_keys = s_rows + kRows;  // the merge's per-warp maxima and sums
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw + C::kFloatsEnd);
-
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    T* ring = sq + kRows * ld + warp * kSt * 2 * C::kTileElems;
+    float* s_rows = reinterpret_cast<float*>(sq + C::kElems);
+    float* s_keys = s_rows + kRows;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw + C::kBarsAt) + warp * kSt;
     const int split = blockIdx.x / p.row_tiles, tile = blockIdx.x % p.row_tiles;
     const int hk = blockIdx.y, b = blockIdx.z;
     const int g = p.group;
     const int rows = p.seq_q * g;
     const int r0 = tile * kRows;
-
     Mask m;
     m.len_k = key_len(p, b);
     m.diag = p.causal == 1 ? 0 : m.len_k - p.seq_q;
-
-    // The block's keys: the union of its rows' ranges (both ends non-decreasing in the query) within
-    // its chunk.
     const int i_first = r0 / g, i_last = (min(r0 + kRows, rows) - 1) / g;
     const int blk_lo = m.lo(p, i_first), blk_hi = m.hi(p, i_last);
+    // Keys every row of the block sees: [all_lo, all_hi).
+    const int all_lo = m.lo(p, i_last), all_hi = m.hi(p, i_first);
     const int chunk_lo = split * p.chunk;
     const int chunk_hi = min(chunk_lo + p.chunk, p.seq_k);
     const int j_stop = min(chunk_hi, blk_hi);
-    const int j_start = blk_lo > chunk_lo ? chunk_lo + (blk_lo - chunk_lo) / kKeys * kKeys : chunk_lo;
-    const int n_tiles = j_stop > j_start ? (j_stop - j_start + kKeys - 1) / kKeys : 0;
-
-    // Q rows (zeros past the last row), with the first K/V tiles.
+    const int j_start = blk_lo > chunk_lo ? chunk_lo + (blk_lo - chunk_lo) / kWarpKeys * kWarpKeys : chunk_lo;
+    const int n_all = j_stop > j_start ? (j_stop - j_start + kWarpKeys - 1) / kWarpKeys : 0;
+    const int n_tiles = n_all > warp ? (n_all - warp + kWarps - 1) / kWarps : 0;
+    const bool bulk = p.bulk != 0;
     {
         const T* q = static_cast<const T*>(p.q);
         constexpr int kChunks = D * 2 / 16;
@@ -234,35 +228,54 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
             }
             cp_async_16(sq + rr * ld + col, src, valid);
         }
+        cp_async_commit();
     }
-    const bool bulk = p.bulk != 0;
     if (bulk) {
-        cp_async_commit();  // Q's group
-        if (tid == 0) {
-            for (int s = 0; s < kStages; ++s) bar_init(&bars[s]);
+        if (lane == 0) {
+            for (int s = 0; s < kSt; ++s) bar_init(&bars[s]);
             bar_init_fence();
         }
-        __syncthreads();
-        if (tid == 0)
-            for (int s = 0; s < kStages - 1 && s < n_tiles; ++s)
-                bar_expect(&bars[s], tile_bytes<D>(j_start + s * kKeys, j_stop));
-        __syncthreads();  // every expect before any copy
-        for (int s = 0; s < kStages - 1 && s < n_tiles; ++s)
-            load_kv_bulk<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
-                               j_start + s * kKeys, j_stop, tid, &bars[s]);
+        __syncwarp();
+        for (int s = 0; s < kSt - 1 && s < n_tiles; ++s)
+            load_tile_bulk<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
+                               j_start + (s * kWarps + warp) * kWarpKeys, j_stop, lane, &bars[s]);
     } else {
 #pragma unroll
-        for (int s = 0; s < kStages - 1; ++s) {
+        for (int s = 0; s < kSt - 1; ++s) {
             if (s < n_tiles)
-                load_kv<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
-                              j_start + s * kKeys, j_stop, tid);
+                load_tile<T, D>(p, ring + 2 * s * C::kTileElems, ring + (2 * s + 1) * C::kTileElems, b, hk,
+                                 j_start + (s * kWarps + warp) * kWarpKeys, j_stop, lane);
             cp_async_commit();
         }
     }
-
+    if (bulk)
+        cp_async_wait<0>();  // Q (the tiles complete on their barriers)
+    else
+        cp_async_wait<kSt - 1>();  // Q (the tiles' groups may still be in flight)
+    __syncthreads();  // Q visible to every warp
     const bool norms = needs_norms(p);
-    // This thread's two rows of the C fragments: gr and gr + 8; their key ranges.
     const int gr = lane >> 2, tq = lane & 3;
+    float qs[2] = {1.f, 1.f};
+    if (norms) {
+        const int rr = tid >> 3, part = tid & 7;
+        float a = 0.f;
+        if (rr < kRows)
+            for (int d = part; d < D; d += 8) {
+                const float x = to_f32(sq[rr * ld + d]);
+                a += x * x;
+            }
+#pragma unroll
+        for (int off = 4; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+        if (part == 0 && rr < kRows) s_rows[rr] = row_scalar(p, a);
+        __syncthreads();
+        qs[0] = s_rows[gr];
+        qs[1] = s_rows[gr + 8];
+    }
+    uint32_t qa[kQRegs ? D / 16 : 1][4];
+    if constexpr (kQRegs) {
+#pragma unroll
+        for (int kd = 0; kd < D / 16; ++kd) load_a<T>(qa[kd], sq, ld, 0, kd * 16, lane);
+    }
     int lo_r[2], hi_r[2];
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
@@ -274,66 +287,44 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
             lo_r[x] = hi_r[x] = 0;
         }
     }
-
+    const float qk_scale = p.scale * kLog2e;
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float mx[2] = {-INFINITY, -INFINITY};  // running max, log2 units
-    float sum[2] = {0.f, 0.f};              // this thread's share of the row sums
-    float qs[2] = {1.f, 1.f};
-
+    float mx[2] = {-INFINITY, -INFINITY};
+    float sum[2] = {0.f, 0.f};
     for (int n = 0; n < n_tiles; ++n) {
-        const int nl = n + kStages - 1;  // the tile whose loads this iteration issues
-        const int sl = nl % kStages;     // its stage: the one tile n − 1 used
+        const int nl = n + kSt - 1;
+        const int sl = nl % kSt;
+        const int st = n % kSt;
         if (bulk) {
-            if (n == 0) cp_async_wait<0>();  // Q
-            bar_wait(&bars[n % kStages], (uint32_t)(n / kStages) & 1u);
-            if (tid == 0 && nl < n_tiles) bar_expect(&bars[sl], tile_bytes<D>(j_start + nl * kKeys, j_stop));
-            __syncthreads();  // tile n visible (zeroed rows too); every warp done with tile n − 1
+            bar_wait(&bars[st], (uint32_t)(n / kSt) & 1u);
+            __syncwarp();  // every lane done with tile n - 1 (the stage refilled below)
+            fence_proxy_async_smem();
             if (nl < n_tiles)
-                load_kv_bulk<T, D>(p, ring + 2 * sl * C::kTileElems, ring + (2 * sl + 1) * C::kTileElems, b, hk,
-                                   j_start + nl * kKeys, j_stop, tid, &bars[sl]);
+                load_tile_bulk<T, D>(p, ring + 2 * sl * C::kTileElems, ring + (2 * sl + 1) * C::kTileElems, b, hk,
+                                   j_start + (nl * kWarps + warp) * kWarpKeys, j_stop, lane, &bars[sl]);
         } else {
-            cp_async_wait<kStages - 2>();
-            __syncthreads();
+            cp_async_wait<kSt - 2>();
+            __syncwarp();
             if (nl < n_tiles)
-                load_kv<T, D>(p, ring + 2 * sl * C::kTileElems, ring + (2 * sl + 1) * C::kTileElems, b, hk,
-                              j_start + nl * kKeys, j_stop, tid);
+                load_tile<T, D>(p, ring + 2 * sl * C::kTileElems, ring + (2 * sl + 1) * C::kTileElems, b, hk,
+                                 j_start + (nl * kWarps + warp) * kWarpKeys, j_stop, lane);
             cp_async_commit();
         }
-        const int st = n % kStages;
         const T* sk = ring + 2 * st * C::kTileElems;
         const T* sv = ring + (2 * st + 1) * C::kTileElems;
-        const int j0 = j_start + n * kKeys + warp * 16;  // this warp's first key
-
-        if (norms) {
-            if (n == 0) {
-                // The query rows' scalars: 8 threads per row.
-                const int rr = tid >> 3, part = tid & 7;
-                float a = 0.f;
-                for (int d = part; d < D; d += 8) {
-                    const float x = to_f32(sq[rr * ld + d]);
-                    a += x * x;
-                }
-#pragma unroll
-                for (int off = 4; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
-                if (part == 0) s_rows[rr] = row_scalar(p, a);
-                __syncthreads();
-                qs[0] = s_rows[gr];
-                qs[1] = s_rows[gr + 8];
-            }
-        }
-        float ks[4] = {1.f, 1.f, 1.f, 1.f};   // key scalars of this thread's 4 columns
-        float lg[4] = {0.f, 0.f, 0.f, 0.f};   // log γ of those keys
-        if (norms || p.midpoint) {
-            // This warp's 16 keys: two lanes per key, D/2 elements each.
+        const int j0 = j_start + (n * kWarps + warp) * kWarpKeys;
+        float ks[4] = {1.f, 1.f, 1.f, 1.f};
+        float lg[4] = {0.f, 0.f, 0.f, 0.f};
+        if (!kPlain && (norms || p.midpoint)) {
             const int kk = lane >> 1, half = lane & 1;
             float a = 0.f, c = 0.f;
             for (int d = half; d < D; d += 2) {
-                const float x = to_f32(sk[(warp * 16 + kk) * ld + d]);
+                const float x = to_f32(sk[kk * ld + d]);
                 a += x * x;
                 if (p.midpoint) {
-                    const float y = to_f32(sv[(warp * 16 + kk) * ld + d]);
+                    const float y = to_f32(sv[kk * ld + d]);
                     c += y * y;
                 }
             }
@@ -348,28 +339,38 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
                 lg[e] = __shfl_sync(0xffffffffu, kv_g, 2 * key);
             }
         }
-
-        // S = Q·Kᵀ for this warp's 16 keys: s[0] keys 0–7, s[1] keys 8–15.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
         for (int kd = 0; kd < D / 16; ++kd) {
-            uint32_t a[4], bb[4];
-            load_a<T>(a, sq, ld, 0, kd * 16, lane);
-            load_b_nk<T>(bb, sk, ld, warp * 16, kd * 16, lane);
-            mma16816<T>(s[0], a, bb[0], bb[1]);
-            mma16816<T>(s[1], a, bb[2], bb[3]);
+            uint32_t bb[4];
+            load_b_nk<T>(bb, sk, ld, 0, kd * 16, lane);
+            if constexpr (kQRegs) {
+                mma16816<T>(s[0], qa[kd], bb[0], bb[1]);
+                mma16816<T>(s[1], qa[kd], bb[2], bb[3]);
+            } else {
+                uint32_t a[4];
+                load_a<T>(a, sq, ld, 0, kd * 16, lane);
+                mma16816<T>(s[0], a, bb[0], bb[1]);
+                mma16816<T>(s[1], a, bb[2], bb[3]);
+            }
         }
-        // Scores (log2 units), masked; the new row maxima.
+        const bool whole = j0 >= all_lo && j0 + kWarpKeys <= all_hi && j0 + kWarpKeys <= chunk_hi;
         float mnew[2] = {mx[0], mx[1]};
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int x = e >> 1;
-                const int kc = t * 2 + (e & 1);  // index into ks/lg: (t, e&1)
-                const int j = j0 + t * 8 + 2 * tq + (e & 1);
-                float v = (score(p, s[t][e], qs[x], ks[kc]) + lg[kc]) * kLog2e;
-                if (j < lo_r[x] || j >= hi_r[x] || j >= chunk_hi) v = -INFINITY;
+                const int kc = t * 2 + (e & 1);
+                float v;
+                if constexpr (kPlain)
+                    v = s[t][e] * qk_scale;  // softmax without softcap: scale·q·k in log2 units
+                else
+                    v = (score(p, s[t][e], qs[x], ks[kc]) + lg[kc]) * kLog2e;
+                if (!whole) {
+                    const int j = j0 + t * 8 + 2 * tq + (e & 1);
+                    if (j < lo_r[x] || j >= hi_r[x] || j >= chunk_hi) v = -INFINITY;
+                }
                 s[t][e] = v;
                 mnew[x] = nan_max(mnew[x], v);
             }
@@ -379,10 +380,12 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
             mnew[x] = nan_max(mnew[x], __shfl_xor_sync(0xffffffffu, mnew[x], 2));
         }
         float alpha[2], base[2];
+        bool moved = false;
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
             base[x] = mnew[x] == -INFINITY ? 0.f : mnew[x];
-            alpha[x] = exp2f(mx[x] - base[x]);  // 0 while the row had no key (−∞), NaN stays NaN
+            alpha[x] = exp2f(mx[x] - base[x]);
+            moved |= !(alpha[x] == 1.f);
             mx[x] = mnew[x];
             sum[x] *= alpha[x];
         }
@@ -394,36 +397,35 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
                 s[t][e] = exp2f(s[t][e] - base[x]);
                 sum[x] += s[t][e];
             }
+        if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-        for (int nd = 0; nd < D / 8; ++nd) {
-            o[nd][0] *= alpha[0];
-            o[nd][1] *= alpha[0];
-            o[nd][2] *= alpha[1];
-            o[nd][3] *= alpha[1];
+            for (int nd = 0; nd < D / 8; ++nd) {
+                o[nd][0] *= alpha[0];
+                o[nd][1] *= alpha[0];
+                o[nd][2] *= alpha[1];
+                o[nd][3] *= alpha[1];
+            }
         }
-        // O += P·V (P as the A fragment: keys 0–7 from s[0], 8–15 from s[1]).
         uint32_t pa[4];
         pack_a<T>(pa, s[0], s[1]);
 #pragma unroll
         for (int dn = 0; dn < D / 16; ++dn) {
             uint32_t bb[4];
-            load_b_kn<T>(bb, sv, ld, warp * 16, dn * 16, lane);
+            load_b_kn<T>(bb, sv, ld, 0, dn * 16, lane);
             mma16816<T>(o[2 * dn], pa, bb[0], bb[1]);
             mma16816<T>(o[2 * dn + 1], pa, bb[2], bb[3]);
         }
     }
-    cp_async_wait<0>();
-    __syncthreads();  // every warp is done with the ring: reuse it for the merge
-
-    // Row sums over the quad.
+    if (!bulk) cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
         sum[x] += __shfl_xor_sync(0xffffffffu, sum[x], 1);
         sum[x] += __shfl_xor_sync(0xffffffffu, sum[x], 2);
     }
-    float* s_m = s_keys;              // [kWarps][16] maxima
-    float* s_l = s_keys + kWarps * kRows;  // [kWarps][16] sums
-    float* s_o = reinterpret_cast<float*>(ring);  // [kWarps][16][D]
+    float* s_m = s_keys;
+    float* s_l = s_keys + kWarps * kRows;
+    float* s_o = reinterpret_cast<float*>(sq + kRows * ld);
     if (tq == 0) {
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
@@ -432,7 +434,6 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
         }
     }
     __syncthreads();
-    // Each warp's factor exp2(m_w − M) for this thread's rows, M the block's row max.
     float f[2];
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
@@ -453,10 +454,8 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
         dst[8 * D + 1] = o[nd][3] * f[1];
     }
     __syncthreads();
-
-    // Rows of the block: the max M, the sum L = Σ_w l_w·2^(m_w − M), o = Σ_w o_w / L, LSE = (M + log2 L)·ln 2.
     const bool direct = p.splits == 1;
-    constexpr int kPerRow = kThreads / kRows;  // 8 threads per row
+    constexpr int kPerRow = kThreads / kRows;
     const int rr = tid / kPerRow, part = tid % kPerRow;
     const int r = r0 + rr;
     if (r < rows) {
@@ -500,7 +499,15 @@ __device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
         }
     }
 }
-
+// The forward, with the plain softmax score (no softcap, no row scalars) compiled apart.
+template <typename T, int D>
+__device__ __forceinline__ void decode_fwd(const DecodeParams& p) {
+    const bool plain = p.score == kSoftmax && p.softcap == 0.f;
+    if (plain)
+        decode_fwd_body<T, D, true>(p);
+    else
+        decode_fwd_body<T, D, false>(p);
+}
 // Merge the S partial outputs of each row through their LSEs: LSE = M + log Σ_s exp(LSE_s − M),
 // o = Σ_s exp(LSE_s − LSE)·o_s; a row whose every chunk is empty is zeros with LSE −∞. One block per
 // row (b, h, i): the S LSEs into shared memory and their max and sum over the block, then each

@@ -7,8 +7,12 @@ use attn_core::{AttnSpec, DType, FamilySpec, SeqLengths};
 
 /// Rows of one tile (query heads of a kv head × queries): one mma M (`kRows`).
 pub(crate) const ROWS: usize = 16;
-/// Keys of one K/V tile: 16 per warp, 4 warps (`kKeys`).
-pub(crate) const KEYS: usize = 64;
+/// Keys of one warp's K/V tile (`kWarpKeys`).
+pub(crate) const WARP_KEYS: usize = 16;
+/// Warps of the forward block (`kWarps`).
+pub(crate) const WARPS: usize = 4;
+/// Keys the block's warps take per round (`kKeys`): the unit of a key chunk.
+pub(crate) const KEYS: usize = WARP_KEYS * WARPS;
 /// Threads of the forward block (`kThreads`).
 pub(crate) const THREADS: u32 = 128;
 /// Head dims the decode kernels are compiled for (D = Dv): the flash kernels' (16 for cosine-sim
@@ -18,19 +22,17 @@ pub(crate) const HEAD_DIMS: [usize; 6] = [16, 32, 64, 96, 128, 256];
 /// up to four row tiles, each re-reading the keys its chunk covers (at 64 rows the flash kernels'
 /// tiles are full enough that splitting the keys is no longer what the grid lacks).
 pub(crate) const MEASURED_MAX_ROWS: usize = 64;
-/// A chunk holds at least this many key tiles (256 keys) unless the keys are fewer: each block
+/// A chunk holds at least this many key rounds (256 keys) unless the keys are fewer: each block
 /// then streams long enough for its pipeline to pay for its prologue and its partial output.
 pub(crate) const MIN_TILES_PER_CHUNK: usize = 4;
-/// Target blocks per SM: at least two waves of the 132 SMs of an H200 (two blocks of 108 KiB fit one
-/// SM at D = 128), so the last wave's tail is short and every SM keeps loads in flight.
-pub(crate) const BLOCKS_PER_SM: usize = 2;
 /// The most key chunks: bounds the workspace (S × rows × Dv f32) and the combine's loop.
 pub(crate) const MAX_SPLITS: usize = 1024;
 
-/// The smallest head dim whose K/V rows are loaded by bulk copies on Hopper. H200, 2026-12-03 (bf16,
-/// Nq = 1, µs, bulk / cp.async): D = 64 (1, 32, 32, 16k) 97.5 / 79.6 and (16, 32, 32, 4k) 355.9 / 279.3,
-/// bulk 20–27% slower; D = 128 (1, 32, 8, 32k) 73.2 / 70.9, (1, 32, 8, 128k) 196.2 / 200.6,
-/// (32, 32, 8, 4k) 200.1 / 203.8, within −3 … +2%. Smaller rows (fewer bytes per copy) keep cp.async.
+/// The smallest head dim whose K/V rows are loaded by bulk copies where the Hopper kernels are on;
+/// below it the coalesced cp.async loads. H200, 2026-12-04 (bf16, Nq = 1, µs, bulk / cp.async,
+/// `gpu_bench_decode`): D = 128 (1, 32, 8, 32k) 58.5 / 73.8, (32, 32, 8, 4k) 139.8 / 151.5, bulk
+/// 8–26% faster; D = 64 (1, 32, 32, 16k) 59.9 / 53.7, (16, 32, 32, 4k) 163.2 / 141.2, cp.async
+/// 11–15% faster (half the bytes per row copy, the same count of copies per byte).
 pub(crate) const BULK_MIN_HEAD_DIM: usize = 128;
 
 /// Whether a forward at head dim `d` loads K and V by bulk copies where the Hopper kernels are on.
@@ -38,21 +40,23 @@ pub(crate) fn bulk_loads(d: usize) -> bool {
     d >= BULK_MIN_HEAD_DIM
 }
 
-/// Pipeline depth of the K/V ring (`Cfg<D>::kStages`).
+/// Stages of each warp's K/V ring (`Cfg<D>::kStages`): two at D = 64 and 256, three elsewhere.
 pub(crate) fn stages(d: usize) -> usize {
-    if d >= 256 {
+    if d == 64 || d >= 256 {
         2
     } else {
         3
     }
 }
 
-/// Dynamic shared memory of the forward at head dim `d` (`Cfg<D>::kBytes`): Q, the K/V ring, f32
-/// scratch, one 8-byte mbarrier per stage.
+/// Dynamic shared memory of the forward at head dim `d` (`Cfg<D>::kBytes`): the Q tile and the
+/// warps' K/V rings (bf16/f16 rows padded to D + 8), f32 row scalars and merge maxima and sums, then
+/// one 8-byte mbarrier per (warp, stage) at an 8-byte boundary.
 pub(crate) fn smem_bytes(d: usize) -> usize {
     let ld = d + 8;
-    let elems = ROWS * ld + stages(d) * 2 * KEYS * ld;
-    elems * 2 + (ROWS + stages(d) * KEYS * 2) * 4 + stages(d) * 8
+    let elems = ROWS * ld + WARPS * stages(d) * 2 * WARP_KEYS * ld;
+    let floats = ROWS + 2 * WARPS * ROWS;
+    (elems * 2 + floats * 4).div_ceil(8) * 8 + WARPS * stages(d) * 8
 }
 
 /// Row tiles per kv head: ⌈seq_q·group / 16⌉.
@@ -69,16 +73,19 @@ pub(crate) struct Split {
     pub chunk: usize,
 }
 
-/// The split of `seq_k` keys for a grid of `blocks` = B·Hkv·row_tiles blocks per chunk on `sms` SMs:
-/// S = ⌈BLOCKS_PER_SM·sms / blocks⌉ (so the grid fills the GPU about twice), at most the key tiles
-/// over [`MIN_TILES_PER_CHUNK`], at least 1; `forced` (KernelConfig::decode_splits) replaces the
-/// heuristic and is clamped to the key tiles. S is then reduced so that no chunk is empty.
-pub(crate) fn splits(blocks: usize, seq_k: usize, sms: usize, forced: Option<usize>) -> Split {
+/// The split of `seq_k` keys for a grid of `blocks` = B·Hkv·row_tiles blocks per chunk, with
+/// `slots` blocks resident at once on the device (blocks per SM × SMs): S = ⌊slots / blocks⌋, so
+/// the grid is one wave that fills the device (a second, partial wave would cost a whole chunk's
+/// time for a few blocks), at most the key rounds over [`MIN_TILES_PER_CHUNK`], at least 1;
+/// `forced` (KernelConfig::decode_splits) replaces the heuristic and is clamped to the key rounds.
+/// S is then reduced so that no chunk is empty.
+///
+/// H200, bf16, Nq = 1, the best of S = 1 … 64 measured (docs/kernels/decode.md) is the one-wave
+/// count at every shape of issue 43: (8, 32, 8, 8k, 128) at two blocks per SM: S = 4 (256 blocks),
+/// 80.6 µs, against 99.5 at S = 3 and 117 at S = 5; (64, 32, 8, 2k, 128): 512 blocks, S = 1.
+pub(crate) fn splits(blocks: usize, seq_k: usize, slots: usize, forced: Option<usize>) -> Split {
     let tiles = seq_k.div_ceil(KEYS).max(1);
-    let want = forced.unwrap_or_else(|| {
-        let fill = BLOCKS_PER_SM.saturating_mul(sms.max(1)).div_ceil(blocks.max(1));
-        fill.min(tiles / MIN_TILES_PER_CHUNK)
-    });
+    let want = forced.unwrap_or_else(|| (slots / blocks.max(1)).min(tiles / MIN_TILES_PER_CHUNK));
     let want = want.clamp(1, tiles.min(MAX_SPLITS));
     let chunk_tiles = tiles.div_ceil(want);
     Split {
@@ -146,18 +153,23 @@ mod tests {
 
     #[test]
     fn smem_fits_the_h200_and_matches_the_kernel_layout() {
-        // Q 16 × 136 + 3 × 2 × 64 × 136 f16, then 16 + 3·128 f32 and 3 mbarriers at D = 128: 108 KiB,
-        // two blocks per SM.
+        // Q 16 × 136 and 4 warps × 3 stages × (K, V) × 16 × 136 f16, then 16 + 2·4·16 f32 and 12
+        // mbarriers at D = 128: 107 KiB, two blocks per SM (228 KiB, 1 KiB reserved per block).
         assert_eq!(
             smem_bytes(128),
-            (16 * 136 + 6 * 64 * 136) * 2 + (16 + 384) * 4 + 3 * 8
+            (16 * 136 + 4 * 3 * 2 * 16 * 136) * 2 + (16 + 128) * 4 + 12 * 8
         );
+        assert!(2 * (smem_bytes(128) + 1024) <= 228 * 1024);
+        // D = 64, two stages: four blocks per SM.
+        assert!(4 * (smem_bytes(64) + 1024) <= 228 * 1024);
         for d in HEAD_DIMS {
             assert!(smem_bytes(d) <= 227 * 1024, "{d}");
-            // The merge scratch (4 warps × 16 rows × D f32) fits the K/V ring.
-            assert!(4 * 16 * d * 4 <= stages(d) * 2 * KEYS * (d + 8) * 2, "{d}");
+            // The merge scratch (4 warps × 16 rows × D f32) fits the rings.
+            assert!(
+                WARPS * ROWS * d * 4 <= WARPS * stages(d) * 2 * WARP_KEYS * (d + 8) * 2,
+                "{d}"
+            );
         }
-        assert!(2 * smem_bytes(128) <= 228 * 1024);
     }
 
     #[test]
@@ -175,10 +187,10 @@ mod tests {
     }
 
     #[test]
-    fn splits_fill_two_waves_with_chunks_of_several_tiles() {
-        // (1, 32, 8, 32k, 128), one query: 8 blocks per chunk, 512 key tiles: 33 chunks wanted,
-        // 16 tiles each, so 32 chunks of 1024 keys: 256 blocks on 132 SMs.
-        let s = splits(8, 32768, 132, None);
+    fn splits_fill_one_wave_with_chunks_of_several_tiles() {
+        // (1, 32, 8, 32k, 128), one query, two blocks per SM on 132 SMs: 8 blocks per chunk, 264
+        // slots: 33 chunks wanted of 512 key rounds, 16 rounds each, so 32 chunks of 1024 keys.
+        let s = splits(8, 32768, 264, None);
         assert_eq!(
             s,
             Split {
@@ -186,20 +198,26 @@ mod tests {
                 chunk: 1024
             }
         );
+        // (8, 32, 8, 8k, 128): 64 blocks per chunk, 4 chunks (256 blocks, one wave; 5 would need two).
+        assert_eq!(splits(64, 8192, 264, None).splits, 4);
         // Enough blocks already (B = 64, Hkv = 8): one chunk.
-        assert_eq!(splits(512, 2048, 132, None).splits, 1);
-        // Short keys: chunks of at least 4 tiles.
+        assert_eq!(splits(512, 2048, 264, None).splits, 1);
+        // (1, 32, 32, 16k, 64) at four blocks per SM: 16 chunks (512 blocks).
+        assert_eq!(splits(32, 16384, 528, None).splits, 16);
+        // Short keys: chunks of at least 4 rounds.
         assert_eq!(
-            splits(8, 512, 132, None),
+            splits(8, 512, 264, None),
             Split {
                 splits: 2,
                 chunk: 256
             }
         );
-        assert_eq!(splits(8, 100, 132, None).splits, 1);
+        assert_eq!(splits(8, 100, 264, None).splits, 1);
+        // No slot information (0): one chunk.
+        assert_eq!(splits(8, 32768, 0, None).splits, 1);
         // Forced counts are clamped to the tiles and never leave a chunk empty.
         for forced in 1..=20 {
-            let s = splits(8, 1000, 132, Some(forced));
+            let s = splits(8, 1000, 264, Some(forced));
             assert!(
                 s.splits >= 1 && s.splits <= 16 && s.chunk % KEYS == 0,
                 "{forced}: {s:?}"
@@ -209,7 +227,7 @@ mod tests {
                 "{forced}: {s:?}"
             );
         }
-        assert_eq!(splits(8, 1000, 132, Some(16)).splits, 16);
+        assert_eq!(splits(8, 1000, 264, Some(16)).splits, 16);
     }
 
     #[test]
@@ -251,7 +269,7 @@ mod tests {
         let log2e = std::f64::consts::LOG2_E;
         let mut warps = [(f64::NEG_INFINITY, 0.0f64, 0.0f64); 4];
         for j in lo..hi {
-            let w = (j % KEYS) / 16;
+            let w = (j % KEYS) / WARP_KEYS;
             let (m, l, o) = &mut warps[w];
             let x = s[j] * log2e;
             let mn = if x > *m || x.is_nan() { x } else { *m };
@@ -301,7 +319,7 @@ mod tests {
             let want_o: f64 = (lo..hi).map(|j| (s[j] - m).exp() * v[j]).sum::<f64>() / den;
             let want_lse = if hi > lo { m + den.ln() } else { f64::NEG_INFINITY };
             for forced in 1..=20 {
-                let sp = splits(1, n, 132, Some(forced));
+                let sp = splits(1, n, 264, Some(forced));
                 let parts: Vec<(f64, f64)> = (0..sp.splits)
                     .map(|c| {
                         let (c0, c1) = (c * sp.chunk, ((c + 1) * sp.chunk).min(n));
