@@ -11,11 +11,14 @@
 #[allow(dead_code)]
 mod test_specs;
 
+mod fast_common;
+
 use attn_core::{AttnError, AttnProblem, AttnSpec, Causal, DType, Element, Family, Pass, TaylorParams};
 use attn_cpu_ref::decode::{self as oracle, DecodeState};
 use attn_cpu_ref::fast::decode_taylor::{prefill, step, FastDecodeState};
 use attn_cpu_ref::testing::{max_abs, naive, random_case};
 use attn_cpu_ref::{forward_f64, Forward, Inputs};
+use fast_common::{on_threads, round};
 use half::bf16;
 use test_specs::family;
 
@@ -127,15 +130,10 @@ fn check_decode<T: Element>(
 ) -> Result<(), String> {
     let e = |e: AttnError| e.to_string();
     let case = random_case(full, seed);
-    let round = |x: &[f64]| -> (Vec<T>, Vec<f64>) {
-        let t: Vec<T> = x.iter().map(|&v| T::from_f64(v)).collect();
-        let w = t.iter().map(|v| v.to_f64()).collect();
-        (t, w)
-    };
-    let ((q, qw), (k, kw), (v, vw)) = (round(&case.q), round(&case.k), round(&case.v));
+    let ((q, qw), (k, kw), (v, vw)) = (round::<T>(&case.q), round::<T>(&case.k), round::<T>(&case.v));
     let wide = inputs(&qw, &kw, &vw);
     let reference = forward_f64(full, wide).map_err(e)?;
-    let base = naive::baseline::<T>(full, wide, &round(&case.d_o).1).map_err(e)?;
+    let base = naive::baseline::<T>(full, wide, &round::<T>(&case.d_o).1).map_err(e)?;
 
     let mut got = Gathered::new(full);
     let zero = vec![0; full.batch()];
@@ -399,14 +397,7 @@ fn fast_decode_is_bit_identical_across_thread_counts() {
             }
             outs
         };
-        let mut runs = Vec::new();
-        for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .expect("a rayon pool");
-            runs.push(pool.install(run));
-        }
+        let runs = [on_threads(1, run), on_threads(3, run)];
         assert_eq!(runs[0], runs[1], "order {order}: 1 and 3 threads differ");
     }
 }

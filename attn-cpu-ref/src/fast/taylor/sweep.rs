@@ -450,6 +450,20 @@ fn masked_product(
 mod tests {
     use super::*;
 
+    /// An order-2 and an order-1 polynomial.
+    const POLYS: [Poly; 2] = [
+        Poly {
+            a0: 1.0,
+            a1: 0.7,
+            a2: 0.4,
+        },
+        Poly {
+            a0: 1.0,
+            a1: -0.3,
+            a2: 0.0,
+        },
+    ];
+
     /// Uniform draws in (−1, 1) from a fixed linear congruential sequence.
     fn draws(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
@@ -517,18 +531,7 @@ mod tests {
             w: Some(&w),
             hi: &hi,
         };
-        for poly in [
-            Poly {
-                a0: 1.0,
-                a1: 0.7,
-                a2: 0.4,
-            },
-            Poly {
-                a0: 1.0,
-                a1: -0.3,
-                a2: 0.0,
-            },
-        ] {
+        for poly in POLYS {
             let (value, grad) = naive(poly, d, m, src, probes);
             for chunk in [1, 2, 3, 7, 64, 65, 149, 150, 151, 1000] {
                 let cfg = Sweep {
@@ -554,18 +557,7 @@ mod tests {
         let x = draws(ns * d, 11);
         let y = draws(ns * m, 12);
         let z = draws(np * d, 13);
-        for poly in [
-            Poly {
-                a0: 1.0,
-                a1: 0.7,
-                a2: 0.4,
-            },
-            Poly {
-                a0: 1.0,
-                a1: -0.3,
-                a2: 0.0,
-            },
-        ] {
+        for poly in POLYS {
             let square = poly.a2 != 0.0;
             let mut whole = State::new(d, m, square);
             whole.fold(d, m, &x, &y);
