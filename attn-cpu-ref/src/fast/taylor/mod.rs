@@ -236,7 +236,7 @@ fn slice_forward(par: &Params, sl: &Slice, d: usize, m: usize, state: Option<&mu
         None => sweep(&config(par, fwd, &sl.hi, sl.nk), src, probes).value,
         Some(st) => {
             let w = Work {
-                resume: st.any(),
+                resume: st.any,
                 keep: true,
                 ..fwd
             };

@@ -112,7 +112,7 @@ pub(super) struct State {
     /// The pair `(a, b)` of each row of `p2`.
     pairs: Vec<(usize, usize)>,
     /// Whether any source has been folded (an empty state is not read).
-    any: bool,
+    pub any: bool,
 }
 
 impl State {
@@ -130,11 +130,6 @@ impl State {
             pairs,
             any: false,
         }
-    }
-
-    /// Whether any source has been folded.
-    pub(super) fn any(&self) -> bool {
-        self.any
     }
 
     /// Fold the sources `x` `[n, D]`, `y` `[n, m]`, [`FOLD_KT`] at a time.
@@ -161,7 +156,7 @@ impl State {
             .enumerate()
             .for_each(|(blk, p2)| {
                 let rows = &pairs[blk * FOLD_ROWS..blk * FOLD_ROWS + p2.len() / m];
-                let mut phi = vec![0f32; rows.len() * FOLD_KT];
+                let mut phi = vec![0f32; rows.len() * FOLD_KT.min(n)];
                 for s0 in (0..n).step_by(FOLD_KT) {
                     let kt = FOLD_KT.min(n - s0);
                     let (xt, yt) = (&x[s0 * d..(s0 + kt) * d], &y[s0 * m..(s0 + kt) * m]);
@@ -252,6 +247,33 @@ fn run(cfg: &Sweep, state: &mut State, src: Sources<'_>, probes: Probes<'_>) -> 
     (out, start)
 }
 
+/// `Ψ(z)_(a,b) = a2 c_ab z_a z_b` into `out` `[D(D+1)/2]` (pairs `a ≤ b` row-major, `c_ab = 2` off
+/// the diagonal, 1 on it), so that `Ψ(z)·φ(x) = a2 (z·x)²`.
+pub(super) fn psi_row(a2: f32, z: &[f32], out: &mut [f32]) {
+    let d = z.len();
+    let mut row = 0;
+    for a in 0..d {
+        let za = a2 * z[a];
+        out[row] = za * z[a];
+        for (o, zv) in out[row + 1..row + d - a].iter_mut().zip(&z[a + 1..]) {
+            *o = 2.0 * za * zv;
+        }
+        row += d - a;
+    }
+}
+
+/// `φ(x)_(a,b) = x_a x_b` into `out` `[D(D+1)/2]` (pairs `a ≤ b` row-major).
+pub(super) fn phi_row(x: &[f32], out: &mut [f32]) {
+    let d = x.len();
+    let mut row = 0;
+    for a in 0..d {
+        for (o, xb) in out[row..row + d - a].iter_mut().zip(&x[a..]) {
+            *o = x[a] * xb;
+        }
+        row += d - a;
+    }
+}
+
 /// Evaluate the probes `range` against the states (sources `[0, start)`) plus the sources
 /// `[start, hi_p)`.
 fn eval_block(
@@ -315,15 +337,7 @@ fn eval_block(
                 // Ψ(Z) [n, D(D+1)/2];  value += Ψ(Z) P2, summed over blocks of READ_K rows
                 let mut psi = vec![0f32; n * f];
                 for (ps, zp) in psi.chunks_exact_mut(f).zip(zb.chunks_exact(d)) {
-                    let mut row = 0;
-                    for a in 0..d {
-                        let za = a2 * zp[a];
-                        ps[row] = za * zp[a];
-                        for (o, zv) in ps[row + 1..row + d - a].iter_mut().zip(&zp[a + 1..]) {
-                            *o = 2.0 * za * zv;
-                        }
-                        row += d - a;
-                    }
+                    psi_row(a2, zp, ps);
                 }
                 matmul_blocked(
                     n,
@@ -596,7 +610,7 @@ mod tests {
                         y: &y[..split * m],
                     };
                     sweep_on(&cfg, &mut state, first, none);
-                    assert_eq!(state.any(), split > 0);
+                    assert_eq!(state.any, split > 0);
                     let got = sweep_on(
                         &cfg,
                         &mut state,
