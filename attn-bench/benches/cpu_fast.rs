@@ -98,7 +98,10 @@ fn bench(c: &mut Criterion) {
 }
 
 /// A group with criterion's minimum sampling (10 samples, flat).
-fn group<'a>(c: &'a mut Criterion, name: &str) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
+fn group<'a>(
+    c: &'a mut Criterion,
+    name: &str,
+) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
     let mut g = c.benchmark_group(name);
     g.sample_size(10)
         .sampling_mode(SamplingMode::Flat)

@@ -480,7 +480,9 @@ impl TaylorCache {
         let (qh, kh, vh) = (host(q)?, host(k)?, host(v)?);
         let state = match &mut self.state {
             Some(s) => s,
-            None => self.state.insert(FastDecodeState::empty(spec).map_err(to_candle)?),
+            None => self
+                .state
+                .insert(FastDecodeState::empty(spec).map_err(to_candle)?),
         };
         let f = attn_cpu_ref::fast::decode_taylor::step::<E>(
             state,

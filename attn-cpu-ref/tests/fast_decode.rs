@@ -157,7 +157,10 @@ fn check_decode<T: Element>(
     for b in 0..full.batch() {
         let want = full.seq_lens(b).k;
         if state.lens()[b] != want {
-            return Err(format!("entry {b}: the state holds {} tokens, not {want}", state.lens()[b]));
+            return Err(format!(
+                "entry {b}: the state holds {} tokens, not {want}",
+                state.lens()[b]
+            ));
         }
     }
     let u = T::DTYPE.unit_roundoff();
@@ -183,7 +186,8 @@ fn check_dense(setup: &Setup, prompt: usize, sizes: &[usize], seed: u64) -> Resu
         .map_err(|e| e.to_string())?;
     let p = (prompt > 0).then(|| setup.step(prompt));
     let steps: Vec<AttnSpec> = sizes.iter().map(|&t| setup.step(t)).collect();
-    check(&full, p.as_ref(), &steps, seed).map_err(|m| format!("{setup:?}, prompt {prompt}, steps {sizes:?}: {m}"))
+    check(&full, p.as_ref(), &steps, seed)
+        .map_err(|m| format!("{setup:?}, prompt {prompt}, steps {sizes:?}: {m}"))
 }
 
 fn fail_on(failures: Vec<String>, what: &str) {
@@ -422,7 +426,8 @@ fn expect_shape<T: std::fmt::Debug>(r: Result<T, AttnError>, what: &str) {
 /// state's; a failed step leaves the state as it was.
 #[test]
 fn fast_decode_steps_that_do_not_fit_the_state_are_typed_errors() {
-    let base = || AttnProblem::new(Family::taylor(2), DType::F32, 2, 4, 2, 1, 1, 8).with_causal(Causal::TopLeft);
+    let base =
+        || AttnProblem::new(Family::taylor(2), DType::F32, 2, 4, 2, 1, 1, 8).with_causal(Causal::TopLeft);
     let spec = base().validate().expect("valid");
     let c = random_case(&spec, 1);
     let narrow = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();

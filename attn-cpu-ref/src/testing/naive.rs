@@ -111,7 +111,13 @@ pub fn compare_forward(
     check_close("o", o, &reference.o, &base.o, atol(u, &reference.o))?;
     if let FamilySpec::Taylor { .. } = spec.family() {
         // Denominators scale with their rows, unlike an LSE.
-        check_close("den", stats, &reference.stats, &base.lse, atol(u, &reference.stats))
+        check_close(
+            "den",
+            stats,
+            &reference.stats,
+            &base.lse,
+            atol(u, &reference.stats),
+        )
     } else {
         check_lse(stats, &reference.stats, &base.lse, atol(u, &[1.0]))
     }

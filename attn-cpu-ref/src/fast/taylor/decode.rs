@@ -227,7 +227,9 @@ impl FastDecodeState {
             (sl, value)
         };
         let per_slice = self.states.first().map_or(0, |s| s.p1.len() + s.p2.len());
-        let work = per_slice.saturating_mul(self.states.len()).saturating_mul(spec.seq_q());
+        let work = per_slice
+            .saturating_mul(self.states.len())
+            .saturating_mul(spec.seq_q());
         let results: Vec<(Slice, Vec<f32>)> = if recurrent_step && work < SERIAL_WORK {
             self.states.iter_mut().enumerate().map(slice).collect()
         } else {
@@ -254,7 +256,11 @@ pub fn prefill<E: Element>(spec: &AttnSpec, x: Inputs<'_, E>) -> Result<(Forward
 /// Append the tokens of `x` (a step spec: see [`crate::decode`]'s module doc) to `state` and return
 /// their outputs in the storage dtype and their denominators in f32. The errors of
 /// [`crate::decode::step`]; on an error the state is unchanged.
-pub fn step<E: Element>(state: &mut FastDecodeState, spec: &AttnSpec, x: Inputs<'_, E>) -> Result<Forward<E, f32>> {
+pub fn step<E: Element>(
+    state: &mut FastDecodeState,
+    spec: &AttnSpec,
+    x: Inputs<'_, E>,
+) -> Result<Forward<E, f32>> {
     check_step(&state.shape, spec, &x)?;
     let f = state.advance(spec, &x, true);
     let t = spec.seq_q();
