@@ -15,7 +15,7 @@
 use crate::error::{describe, storage_dtype, to_candle};
 use crate::kv_cache::{kv_cache_attention, KvAttnOptions};
 use attn_core::{shape_str, AttnError, AttnProblem, Causal, DType, Family, FamilyKind, Op, Pass, PAGE_SIZES};
-use attn_cpu_ref::decode::DecodeState;
+use attn_cpu_ref::fast::decode_taylor::FastDecodeState;
 use attn_cpu_ref::Inputs;
 use candle_core::{Device, Result, Tensor, WithDType};
 
@@ -423,12 +423,13 @@ impl AttnCache for PagedKvCache {
 /// Taylor attention's recurrent decode state behind the cache interface: no keys are kept, each
 /// step folds the new keys and values into running sums (docs/math.md §3, "Decode") and reads the
 /// new queries from them, so a prompt appended in one step and continued token by token gives the
-/// causal forward of the whole sequence. CPU tensors run attn-cpu-ref's `decode` (the state in f64);
-/// CUDA tensors (feature `cuda`) attn-cuda's `TaylorDecodeState` on candle's stream.
+/// causal forward of the whole sequence. CPU tensors run attn-cpu-ref's fast path
+/// (`fast::decode_taylor`: the sums in f32, read and folded by GEMMs; the f64 `decode` stays its
+/// test oracle); CUDA tensors (feature `cuda`) attn-cuda's `TaylorDecodeState` on candle's stream.
 pub struct TaylorCache {
     family: Family,
     batch: usize,
-    state: Option<DecodeState>,
+    state: Option<FastDecodeState>,
     #[cfg(feature = "cuda")]
     cuda_state: Option<attn_cuda::TaylorDecodeState>,
     /// The device of the first step; every later step runs there.
@@ -479,9 +480,11 @@ impl TaylorCache {
         let (qh, kh, vh) = (host(q)?, host(k)?, host(v)?);
         let state = match &mut self.state {
             Some(s) => s,
-            None => self.state.insert(DecodeState::empty(spec).map_err(to_candle)?),
+            None => self
+                .state
+                .insert(FastDecodeState::empty(spec).map_err(to_candle)?),
         };
-        let f = attn_cpu_ref::decode::step::<E>(
+        let f = attn_cpu_ref::fast::decode_taylor::step::<E>(
             state,
             spec,
             Inputs {

@@ -26,7 +26,7 @@
 //! same check as the GPU decode's.
 
 use crate::{check_dtype, narrow, widen, Forward, Inputs};
-use attn_core::{AttnError, AttnSpec, DecodeShape, Element, Pass, Result, TaylorOrder};
+use attn_core::{AttnError, AttnSpec, DecodeShape, Element, FamilyKind, Op, Pass, Result, TaylorOrder};
 
 /// The shapes and parameters a [`DecodeState`] was built for: attn-core's [`DecodeShape`], the same
 /// type the GPU decode wraps.
@@ -71,12 +71,12 @@ impl DecodeState {
     pub fn empty(spec: &AttnSpec) -> Result<Self> {
         let shape = DecodeShape::of(spec, Pass::Decode)?;
         let params = Params::of(&shape)?;
-        let per_head = features(params.order, shape.head_dim) * shape.width();
+        let len = state_len(&shape, features(params.order, shape.head_dim), 8)?;
         Ok(DecodeState {
             shape,
             params,
             lens: vec![0; shape.batch],
-            sums: vec![0.0; shape.batch * shape.heads_kv * per_head],
+            sums: vec![0.0; len],
         })
     }
 
@@ -114,11 +114,38 @@ impl DecodeState {
     }
 }
 
-/// `F = 1 + D` (+ `D(D+1)/2` for order 2): `P0`, `P1` and, for order 2, `P2`.
-fn features(order: TaylorOrder, d: usize) -> usize {
+/// `F = 1 + D` (+ `D(D+1)/2` for order 2): `P0`, `P1` and, for order 2, `P2`. At most 33,153
+/// (`D ≤ MAX_HEAD_DIM` = 256).
+pub(crate) fn features(order: TaylorOrder, d: usize) -> usize {
     match order {
         TaylorOrder::One => 1 + d,
         TaylorOrder::Two => 1 + d + d * (d + 1) / 2,
+    }
+}
+
+/// The values of a state of `shape` with `rows` feature rows, `B·Hkv·rows·m`, where that many
+/// values of `elem` bytes fit in `isize::MAX` bytes; `TooLarge` naming `batch` otherwise (batch
+/// and heads may each be up to 2³¹ − 1).
+pub(crate) fn state_len(shape: &DecodeShape, rows: usize, elem: usize) -> Result<usize> {
+    let len = shape
+        .batch
+        .checked_mul(shape.heads_kv)
+        .and_then(|n| n.checked_mul(rows))
+        .and_then(|n| n.checked_mul(shape.width()));
+    match len {
+        Some(l) if l <= isize::MAX as usize / elem => Ok(l),
+        _ => Err(AttnError::TooLarge {
+            op: Op::new(FamilyKind::Taylor, Pass::Decode),
+            arg: "batch",
+            shapes: format!(
+                "batch {}, heads {}/{}, head dims {}/{}",
+                shape.batch, shape.heads_q, shape.heads_kv, shape.head_dim, shape.head_dim_v
+            ),
+            reason: format!(
+                "a state of batch·heads_kv·{rows}·{} values of {elem} bytes passes isize::MAX bytes",
+                shape.width()
+            ),
+        }),
     }
 }
 
@@ -187,7 +214,8 @@ fn read(sums: &[f64], order: TaylorOrder, a: [f64; 3], u: &[f64], m: usize) -> V
     out
 }
 
-fn check_inputs<T>(spec: &AttnSpec, pass: Pass, x: &Inputs<'_, T>) -> Result<()> {
+/// The buffers of a decode call against `spec`: q, k and v of its lengths, no bias.
+pub(crate) fn check_inputs<T>(spec: &AttnSpec, pass: Pass, x: &Inputs<'_, T>) -> Result<()> {
     spec.check_len(pass, "q", x.q.len(), spec.q_len())?;
     spec.check_len(pass, "k", x.k.len(), spec.k_len())?;
     spec.check_len(pass, "v", x.v.len(), spec.v_len())?;
@@ -200,6 +228,14 @@ fn check_inputs<T>(spec: &AttnSpec, pass: Pass, x: &Inputs<'_, T>) -> Result<()>
         });
     }
     Ok(())
+}
+
+/// The checks of a step on storage-dtype buffers, before the state is touched: the dtype, the
+/// spec against the state's shape ([`DecodeShape::check_step`]), then the buffers.
+pub(crate) fn check_step<E: Element>(shape: &DecodeShape, spec: &AttnSpec, x: &Inputs<'_, E>) -> Result<()> {
+    check_dtype::<E>(spec, Pass::Decode)?;
+    shape.check_step(spec)?;
+    check_inputs(spec, Pass::Decode, x)
 }
 
 /// Fold every valid key of every batch entry of `spec` into a fresh state.
@@ -312,9 +348,7 @@ pub fn step<E: Element>(
     spec: &AttnSpec,
     x: Inputs<'_, E>,
 ) -> Result<Forward<E, f32>> {
-    check_dtype::<E>(spec, Pass::Decode)?;
-    state.shape.check_step(spec)?;
-    check_inputs(spec, Pass::Decode, &x)?;
+    check_step(&state.shape, spec, &x)?;
     let (q, k, v) = (widen(x.q), widen(x.k), widen(x.v));
     let f = step_f64(
         state,

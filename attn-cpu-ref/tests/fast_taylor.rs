@@ -229,14 +229,10 @@ fn fast_taylor_is_bit_identical_across_thread_counts() {
         let p = problem(order, false, n, n + 40, d, d).with_causal(causal);
         let spec = p.validate().expect("valid problem");
         let case = random_case(&spec, 5);
-        let mut runs = Vec::new();
-        for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .expect("a rayon pool");
-            runs.push(pool.install(|| run_fast_f32(&spec, &case)));
-        }
+        let runs: Vec<_> = [1, 3]
+            .into_iter()
+            .map(|threads| fast_common::on_threads(threads, || run_fast_f32(&spec, &case)))
+            .collect();
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let (a, b) = (&runs[0], &runs[1]);
         assert_eq!(

@@ -21,7 +21,8 @@
 //!   does not depend on scheduling). dbias runs as a separate pass per bias row tile.
 //! - Masks come from `AttnSpec::key_range` only, as everywhere else.
 //!
-//! Taylor attention runs through its factorised states, chunked (`fast/taylor/`, its module doc).
+//! Taylor attention runs through its factorised states, chunked (`fast/taylor/`, its module doc);
+//! its recurrent decode ([`decode_taylor`]) keeps those states between calls.
 
 mod backward;
 mod decode;
@@ -31,6 +32,8 @@ mod taylor;
 #[cfg(test)]
 mod tests;
 mod tile;
+
+pub use taylor::decode as decode_taylor;
 
 use crate::{check_inputs, Forward, Gradients, Inputs};
 use attn_core::{Aggregation, AttnError, AttnSpec, Element, FamilySpec, Pass, Result};

@@ -356,6 +356,9 @@ impl<'a> Mat<'a> {
     }
 }
 
+/// Products summed at a time into a single row's partial (see [`matmul`]).
+const ROW_K: usize = 64;
+
 /// `dst[m×n] (row-major, row stride dst_rs) = (acc ? dst : 0) + a[m×k]·b[k×n]` on the `gemm` crate,
 /// single-threaded (the callers parallelise over tiles).
 #[allow(clippy::too_many_arguments)]
@@ -391,6 +394,13 @@ pub(super) fn matmul(
         }
         return;
     }
+    if m == 1 && (acc || k > ROW_K) {
+        // One row: the `gemm` crate adds the k products to dst one after the other, so each
+        // rounding is relative to dst's running value (20 ulp of the result at k = 2080, an
+        // order-2 Taylor state at D = 64, against 4 with two rows or more).
+        matmul_blocked(1, n, k, ROW_K, dst, dst_rs, acc, a, b);
+        return;
+    }
     // SAFETY: the three extents were checked above; dst is a unique borrow that overlaps neither
     // input (both are shared borrows).
     unsafe {
@@ -415,6 +425,45 @@ pub(super) fn matmul(
             false,
             gemm::Parallelism::None,
         );
+    }
+}
+
+/// [`matmul`] with the `k` products summed in blocks of `kb` from zero and the blocks added to dst
+/// in order: a long contraction (`k` in the thousands) whose terms cancel keeps the rounding of
+/// sums of `kb` terms plus one addition per block, instead of one sum over all of `k`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul_blocked(
+    m: usize,
+    n: usize,
+    k: usize,
+    kb: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    acc: bool,
+    a: Mat<'_>,
+    b: Mat<'_>,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let kb = kb.max(1);
+    let (mut sum, mut part) = (vec![0f32; m * n], vec![0f32; m * n]);
+    for k0 in (0..k).step_by(kb) {
+        let a = Mat {
+            data: a.data.get(k0 * a.cs..).unwrap_or(&[]),
+            ..a
+        };
+        let b = Mat {
+            data: b.data.get(k0 * b.rs..).unwrap_or(&[]),
+            ..b
+        };
+        matmul(m, n, kb.min(k - k0), &mut part, n, false, a, b);
+        sum.iter_mut().zip(&part).for_each(|(s, p)| *s += p);
+    }
+    for (r, sr) in sum.chunks_exact(n).enumerate() {
+        for (d, s) in dst[r * dst_rs..r * dst_rs + n].iter_mut().zip(sr) {
+            *d = if acc { *d + s } else { *s };
+        }
     }
 }
 

@@ -73,7 +73,6 @@ pub fn compare(
     u: f64,
     grad: GradTol,
 ) -> Result<(), String> {
-    let atol = |r: &[f64]| 4.0 * u * max_abs(r).max(1e-3);
     let shared = [
         Some(&grads.dq),
         Some(&grads.dk),
@@ -85,22 +84,10 @@ pub fn compare(
     .map(|g| max_abs(g))
     .fold(1e-3, f64::max);
     let gtol = |r: &[f64]| match grad {
-        GradTol::PerTensor => atol(r),
+        GradTol::PerTensor => atol(u, r),
         GradTol::Shared { extra } => (4.0 * u + extra) * shared,
     };
-    check_close("o", &got.o, &reference.o, &base.o, atol(&reference.o))?;
-    if let FamilySpec::Taylor { .. } = spec.family() {
-        // Denominators scale with their rows, unlike an LSE.
-        check_close(
-            "den",
-            &got.lse,
-            &reference.stats,
-            &base.lse,
-            atol(&reference.stats),
-        )?;
-    } else {
-        check_lse(&got.lse, &reference.stats, &base.lse, atol(&[1.0]))?;
-    }
+    compare_forward(spec, &got.o, &got.lse, reference, base, u)?;
     check_close("dq", &got.dq, &grads.dq, &base.dq, gtol(&grads.dq))?;
     check_close("dk", &got.dk, &grads.dk, &base.dk, gtol(&grads.dk))?;
     check_close("dv", &got.dv, &grads.dv, &base.dv, gtol(&grads.dv))?;
@@ -109,6 +96,36 @@ pub fn compare(
         (None, None, _) => Ok(()),
         _ => Err("dbias present on one side only".into()),
     }
+}
+
+/// The forward half of [`compare`]: o and the statistics `stats` (LSE, or Taylor's denominator)
+/// of an implementation against the reference forward and the baseline, with the same `atol`.
+pub fn compare_forward(
+    spec: &AttnSpec,
+    o: &[f64],
+    stats: &[f64],
+    reference: &Forward<f64, f64>,
+    base: &Outputs,
+    u: f64,
+) -> Result<(), String> {
+    check_close("o", o, &reference.o, &base.o, atol(u, &reference.o))?;
+    if let FamilySpec::Taylor { .. } = spec.family() {
+        // Denominators scale with their rows, unlike an LSE.
+        check_close(
+            "den",
+            stats,
+            &reference.stats,
+            &base.lse,
+            atol(u, &reference.stats),
+        )
+    } else {
+        check_lse(stats, &reference.stats, &base.lse, atol(u, &[1.0]))
+    }
+}
+
+/// The `atol` of a tensor with reference `r` in a dtype of unit roundoff `u`: `4·u·max(|r|, 1e-3)`.
+fn atol(u: f64, r: &[f64]) -> f64 {
+    4.0 * u * max_abs(r).max(1e-3)
 }
 
 /// Compare the LSE: −∞ exactly where the reference has an empty row, close elsewhere.

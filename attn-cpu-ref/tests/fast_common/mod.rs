@@ -16,7 +16,8 @@ use attn_core::{AttnSpec, DType, Element};
 use attn_cpu_ref::testing::{naive, random_case, Case};
 use attn_cpu_ref::{backward_f64, fast, forward_f64, Inputs};
 
-fn round<T: Element>(x: &[f64]) -> (Vec<T>, Vec<f64>) {
+/// `x` rounded to `T`, and the rounded values widened back to f64 (the oracle's inputs).
+pub fn round<T: Element>(x: &[f64]) -> (Vec<T>, Vec<f64>) {
     let t: Vec<T> = x.iter().map(|&v| T::from_f64(v)).collect();
     let w = t.iter().map(|v| v.to_f64()).collect();
     (t, w)
@@ -87,4 +88,14 @@ pub fn check(spec: &AttnSpec, seed: u64) -> Result<(), String> {
         DType::F16 => check_case::<half::f16>(spec, &case, &what),
         DType::BF16 => check_case::<half::bf16>(spec, &case, &what),
     }
+}
+
+/// `f` run inside a rayon pool of `threads` threads (the fast path's partitions must not depend
+/// on the count).
+pub fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a rayon pool")
+        .install(f)
 }

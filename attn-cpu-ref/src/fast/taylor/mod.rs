@@ -28,6 +28,7 @@
 //! contributes nothing to dK or dV; a key no row sees has `dk = dv = 0`; a NaN or ±∞ in a q or k row
 //! makes that row NaN.
 
+pub mod decode;
 mod plan;
 mod sweep;
 
@@ -35,7 +36,7 @@ use crate::{Forward, Gradients, Inputs};
 use attn_core::{AttnSpec, Element, FamilySpec};
 use plan::Work;
 use rayon::prelude::*;
-use sweep::{sweep, Probes, Sources, Sweep};
+use sweep::{sweep, sweep_on, Probes, Sources, State, Sweep};
 
 /// `f(s) = a0 + a1 s + a2 s²` (`a2 = 0` for order 1).
 #[derive(Clone, Copy, Debug)]
@@ -194,29 +195,53 @@ fn tasks(spec: &AttnSpec) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// A sweep configuration for `sources` sources seen up to `hi`, its chunk from [`plan::chunk`].
-fn config(
-    par: &Params,
-    d: usize,
-    m: usize,
-    want_value: bool,
-    grad: bool,
-    hi: &[usize],
-    sources: usize,
-) -> Sweep {
-    let work = Work {
+/// What a sweep of rows `D` and `m` computes (`value` and/or `grad`), from no state, its states
+/// dropped at the end.
+fn work(par: &Params, d: usize, m: usize, value: bool, grad: bool) -> Work {
+    Work {
         d,
         m,
         square: par.poly.a2 != 0.0,
-        value: want_value,
+        value,
         grad,
-    };
+        resume: false,
+        keep: false,
+    }
+}
+
+/// A sweep configuration for `work` over `sources` sources seen up to `hi`, its chunk from
+/// [`plan::chunk`].
+fn config(par: &Params, work: Work, hi: &[usize], sources: usize) -> Sweep {
     Sweep {
         poly: par.poly,
-        d,
-        m,
+        d: work.d,
+        m: work.m,
         chunk: plan::chunk(&work, hi, sources),
-        want_value,
+        want_value: work.value,
+    }
+}
+
+/// The forward sweep of one slice: `[num_p, den_p]` `[nq·G, m]` per probe. With a `state`, the
+/// sweep starts from the keys it holds (every probe sees them) and leaves the slice's keys folded
+/// into it (the recurrent decode, `decode.rs`).
+fn slice_forward(par: &Params, sl: &Slice, d: usize, m: usize, state: Option<&mut State>) -> Vec<f32> {
+    let src = Sources { x: &sl.kh, y: &sl.vt };
+    let probes = Probes {
+        z: &sl.u,
+        w: None,
+        hi: &sl.hi,
+    };
+    let fwd = work(par, d, m, true, false);
+    match state {
+        None => sweep(&config(par, fwd, &sl.hi, sl.nk), src, probes).value,
+        Some(st) => {
+            let w = Work {
+                resume: st.any,
+                keep: true,
+                ..fwd
+            };
+            sweep_on(&config(par, w, &sl.hi, sl.nk), st, src, probes).value
+        }
     }
 }
 
@@ -227,26 +252,23 @@ pub(super) fn forward<E: Element>(spec: &AttnSpec, x: &Inputs<'_, E>) -> Forward
         // Internal invariant: fast::forward routes only Taylor specs here.
         unreachable!("fast::taylor::forward is only called with Taylor specs")
     };
-    let (d, dv, g) = (spec.head_dim(), spec.head_dim_v(), spec.group());
-    let m = dv + 1;
+    let (d, m) = (spec.head_dim(), spec.head_dim_v() + 1);
     let results: Vec<(Slice, Vec<f32>)> = tasks(spec)
         .into_par_iter()
         .map(|(b, kvh)| {
             let sl = Slice::gather(spec, &par, x, b, kvh);
-            let cfg = config(&par, d, m, true, false, &sl.hi, sl.nk);
-            let value = sweep(
-                &cfg,
-                Sources { x: &sl.kh, y: &sl.vt },
-                Probes {
-                    z: &sl.u,
-                    w: None,
-                    hi: &sl.hi,
-                },
-            )
-            .value;
+            let value = slice_forward(&par, &sl, d, m, None);
             (sl, value)
         })
         .collect();
+    outputs(spec, results)
+}
+
+/// o and the denominators of a call from each slice's `[num_p, den_p]`: `o_p = num_p / den_p`, and
+/// `o = 0`, `den = 0` for a row with no allowed key.
+fn outputs<E: Element>(spec: &AttnSpec, results: Vec<(Slice, Vec<f32>)>) -> Forward<E, f32> {
+    let (dv, g) = (spec.head_dim_v(), spec.group());
+    let m = dv + 1;
     let mut o = vec![E::from_f32(0.0); spec.o_len()];
     let mut stats = vec![0f32; spec.stats_len()];
     for (sl, value) in results {
@@ -351,7 +373,7 @@ fn slice_backward(par: &Params, sl: &Slice, gt: &[f32], d: usize, m: usize, g: u
     let (nk, np) = (sl.nk, sl.nq * g);
 
     // dû_p: the keys' prefix states probed with (u_p, g̃_p).
-    let cfg = config(par, d, m, false, true, &sl.hi, nk);
+    let cfg = config(par, work(par, d, m, false, true), &sl.hi, nk);
     let mut dq = sweep(
         &cfg,
         Sources { x: &sl.kh, y: &sl.vt },
@@ -397,7 +419,7 @@ fn slice_backward(par: &Params, sl: &Slice, gt: &[f32], d: usize, m: usize, g: u
         key_w.extend_from_slice(&sl.vt[j * m..(j + 1) * m]);
         key_hi.push(np - first[j]);
     }
-    let cfg = config(par, d, m, true, true, &key_hi, np);
+    let cfg = config(par, work(par, d, m, true, true), &key_hi, np);
     let swept = sweep(
         &cfg,
         Sources { x: &src_u, y: &src_g },
