@@ -3,9 +3,10 @@
 //! causal forward of the whole sequence, under the fast tests' rule (`testing::naive`: o and the
 //! denominator within `2·err(naive) + 4·u_T·max|ref|`, the naive baseline the quadratic form in the
 //! storage dtype `T` on the whole sequence). Orders 1 and 2, `qk_l2norm` on and off, GQA and MHA,
-//! D = 1, 2, 16 and 64, f32 and bf16, empty prompts, prompts and steps long enough for the sweep's
+//! D = 1, 2, 16 and 64, f32, bf16 and f16, empty prompts, prompts and steps long enough for the sweep's
 //! chunks, batch entries with prompts of different lengths; the state against the f64 state's sums;
-//! independence of the thread count; typed errors for steps that do not fit the state.
+//! independence of the thread count; the NaN contract (a NaN key reaches exactly the rows that see
+//! it, as in the oracle); typed errors for steps that do not fit the state.
 
 #[path = "../src/taylor/test_specs.rs"]
 #[allow(dead_code)]
@@ -212,7 +213,7 @@ fn fast_decode_token_by_token_matches_the_causal_forward() {
         for l2 in [false, true] {
             for (heads_q, heads_kv) in [(4, 1), (8, 2), (3, 3)] {
                 for d in [1, 2, 16, 64] {
-                    for dtype in [DType::F32, DType::BF16] {
+                    for dtype in [DType::F32, DType::BF16, DType::F16] {
                         let setup = Setup {
                             family: taylor(order, l2, d),
                             dtype,
@@ -526,4 +527,72 @@ fn fast_decode_steps_that_do_not_fit_the_state_are_typed_errors() {
             other => panic!("expected a state too large, got {other:?}"),
         }
     }
+}
+
+/// The NaN contract (docs/nan.md) through a decode: a NaN in one prompt key of entry 0, kv head 0
+/// (folded by the prefill's sweep), and in one step's key of entry 1, kv head 1 (folded by the token
+/// loop), make exactly the outputs that see those keys NaN, as in the f64 oracle: the query heads of
+/// that kv head from that token on; the tokens before it and the other (entry, kv head) pairs stay
+/// finite. Orders 1 and 2, with and without l2norm (a NaN key row stays NaN after normalising).
+#[test]
+fn fast_decode_a_nan_key_reaches_exactly_the_rows_that_see_it() {
+    let mut failures = Vec::new();
+    for order in [1, 2] {
+        for l2 in [false, true] {
+            let setup = Setup {
+                family: taylor(order, l2, 8),
+                dtype: DType::F32,
+                batch: 2,
+                heads_q: 4,
+                heads_kv: 2,
+                d: 8,
+                dv: 8,
+            };
+            let (prompt, poisoned) = (70, 3);
+            let spec = setup.step(prompt);
+            let case = random_case(&spec, 7 + order as u64);
+            let (q, mut k, v) = (
+                round::<f32>(&case.q).0,
+                round::<f32>(&case.k).0,
+                round::<f32>(&case.v).0,
+            );
+            // k is [B, N, Hkv, D]: entry 0, token `poisoned`, kv head 0, element 0.
+            k[poisoned * setup.heads_kv * setup.d] = f32::NAN;
+            let (fast, mut fast_state) = prefill(&spec, inputs(&q, &k, &v)).expect("fast prefill");
+            let (slow, mut slow_state) = oracle::prefill(&spec, inputs(&q, &k, &v)).expect("oracle prefill");
+            let one = setup.step(1);
+            let mut outs = vec![(None, spec.clone(), fast.o, slow.o)];
+            for s in 0..3 {
+                let c = random_case(&one, 50 + s);
+                let (sq, mut sk, sv) = (round::<f32>(&c.q).0, round::<f32>(&c.k).0, round::<f32>(&c.v).0);
+                if s == 1 {
+                    // The step's key of entry 1, kv head 1: folded by the token loop.
+                    sk[(setup.heads_kv + 1) * setup.d] = f32::NAN;
+                }
+                let f = step(&mut fast_state, &one, inputs(&sq, &sk, &sv)).expect("fast step");
+                let o = oracle::step(&mut slow_state, &one, inputs(&sq, &sk, &sv)).expect("oracle step");
+                outs.push((Some(s), one.clone(), f.o, o.o));
+            }
+            for (at_step, sp, got, want) in &outs {
+                let (n, hq, dv) = (sp.seq_q(), setup.heads_q, setup.dv);
+                let group = setup.heads_q / setup.heads_kv;
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    let (b, t, h) = (i / (n * hq * dv), (i / (hq * dv)) % n, (i / dv) % hq);
+                    // Sees a NaN key: entry 0, kv head 0, from the poisoned prompt token on; entry
+                    // 1, kv head 1, from the poisoned step on (its own key included).
+                    let sees = match at_step {
+                        None => b == 0 && h / group == 0 && t >= poisoned,
+                        Some(s) => (b == 0 && h / group == 0) || (b == 1 && h / group == 1 && *s >= 1),
+                    };
+                    if g.is_nan() != sees || w.is_nan() != sees {
+                        failures.push(format!(
+                            "order {order} l2 {l2} step {at_step:?} entry {b} token {t} head {h}: fast {g}, oracle {w}, sees a NaN key: {sees}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    failures.truncate(8);
+    fail_on(failures, "NaN key");
 }

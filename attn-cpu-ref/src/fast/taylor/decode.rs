@@ -40,11 +40,6 @@ use rayon::prelude::*;
 /// a step slower than the f64 state's loops).
 const RECURRENT_T: usize = 4;
 
-/// Rows of `P1` or `P2` a token's read sums from zero before adding them to its output: one sum
-/// over the 2,080 rows of `P2` at D = 64 rounds like the gemm crate's one-row path (see
-/// `tile::matmul`); blocks keep the rounding of 64-term sums.
-const READ_ROWS: usize = 64;
-
 /// Work (sums × tokens) below which a step runs its slices on the calling thread: waking the
 /// pool costs more than an order-1 step at D = 64 (4 k values per slice). The results are the
 /// same either way (one task per slice).
@@ -69,37 +64,35 @@ struct Token<'a> {
 /// `out_g = Σ_f w_g,f P_f + a0 P0 + f(u_g·k̂) ṽ` (`[G, m]`), the sums over the keys before the token
 /// and the token's own term by the quadratic form, as the sweep's chunk boundary splits them (through
 /// the sums, a key's own term is a cancelling sum over `φ(k̂)`). One pass over the rows: each is
-/// read, then updated, while in L1. The rows of `P1` and `P2` are summed in blocks of
-/// [`READ_ROWS`] into `part` from zero, the blocks into `out` from zero, and `a0 P0` and the own
-/// term added last, so that no long chain of additions rounds against the largest terms.
-/// Elementwise loops only: every level gives the same bits.
+/// read, then updated, while in L1. The read accumulates in f64 (`part`; the sums stay f32): its
+/// 2,145 terms at D = 64 cancel down to `a2 (u·k̂)²` from terms up to D times larger, and summed in
+/// f32, even in blocks of 64 rows from zero, an order-2 decode of 20 tokens at D = 64 from an empty
+/// state rounded o to 1.25× the naive f32 baseline's bound (fast_decode.rs). The step stays bound by
+/// the pass over the f32 sums. Elementwise loops only: every level gives the same bits.
 #[inline(always)]
-fn token_body(st: &mut State, a0: f32, t: &Token<'_>, out: &mut [f32], part: &mut [f32]) {
+fn token_body(st: &mut State, a0: f32, t: &Token<'_>, out: &mut [f32], part: &mut [f64]) {
     let m = t.m;
-    out.fill(0.0);
+    part.fill(0.0);
     for (rows, phi, w) in [(&mut st.p1, t.kh, t.w1), (&mut st.p2, t.phi, t.w2)] {
         let n = phi.len();
         for (r, row) in rows.chunks_exact_mut(m).enumerate() {
-            // part_g += w_g,f P_f, then P_f += φ_f ṽ.
+            // part_g += w_g,f P_f (in f64), then P_f += φ_f ṽ.
             for (pg, wg) in part.chunks_exact_mut(m).zip(w.chunks_exact(n)) {
-                let wf = wg[r];
-                pg.iter_mut().zip(row.iter()).for_each(|(a, p)| *a += wf * p);
+                let wf = f64::from(wg[r]);
+                pg.iter_mut()
+                    .zip(row.iter())
+                    .for_each(|(a, p)| *a += wf * f64::from(*p));
             }
             let c = phi[r];
             row.iter_mut().zip(t.vt).for_each(|(p, v)| *p += c * v);
-            if r % READ_ROWS == READ_ROWS - 1 || r + 1 == n {
-                out.iter_mut().zip(part.iter_mut()).for_each(|(o, a)| {
-                    *o += *a;
-                    *a = 0.0;
-                });
-            }
         }
     }
-    for (o, f) in out.chunks_exact_mut(m).zip(t.own) {
+    for ((o, a), f) in out.chunks_exact_mut(m).zip(part.chunks_exact(m)).zip(t.own) {
         o.iter_mut()
+            .zip(a)
             .zip(&st.p0)
             .zip(t.vt)
-            .for_each(|((o, p), v)| *o = *o + a0 * p + f * v);
+            .for_each(|(((o, a), p), v)| *o = (*a + f64::from(a0 * p) + f64::from(f * v)) as f32);
     }
     st.p0.iter_mut().zip(t.vt).for_each(|(p, v)| *p += v);
     st.any = true;
@@ -107,7 +100,7 @@ fn token_body(st: &mut State, a0: f32, t: &Token<'_>, out: &mut [f32], part: &mu
 
 multiversion! {
     /// [`token_body`] at `level`.
-    fn run_token<>(st: &mut State, a0: f32, t: &Token<'_>, out: &mut [f32], part: &mut [f32]) -> () => token_body;
+    fn run_token<>(st: &mut State, a0: f32, t: &Token<'_>, out: &mut [f32], part: &mut [f64]) -> () => token_body;
 }
 
 /// A step of the slice `sl` token by token: token `i` folds its key into `st` and its `G` queries
@@ -116,7 +109,7 @@ fn recurrent(par: &Params, sl: &Slice, st: &mut State, d: usize, m: usize, level
     let g = sl.heads.len();
     let f2 = if st.p2.is_empty() { 0 } else { pairs(d) };
     let mut value = vec![0f32; sl.nq * g * m];
-    let mut part = vec![0f32; g * m];
+    let mut part = vec![0f64; g * m];
     let (mut phi, mut w1, mut w2) = (vec![0f32; f2], vec![0f32; g * d], vec![0f32; g * f2]);
     let mut own = vec![0f32; g];
     let p = par.poly;
