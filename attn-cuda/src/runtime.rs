@@ -35,6 +35,9 @@ pub(crate) struct Kernels {
     fatbins: &'static [(&'static str, &'static [u8])],
     modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
     functions: FunctionCache,
+    /// Resident blocks per SM asked of the driver so far: (module, kernel, threads, dynamic shared
+    /// memory) → blocks ([`Kernels::blocks_per_sm`]).
+    occupancy: Mutex<HashMap<(Module, String, u32, usize), usize>>,
     /// The device's compute capability (major, minor).
     cc: (i32, i32),
     /// The device's SM count (at least 1), for the grids of kernels that loop over their work.
@@ -167,6 +170,7 @@ pub(crate) fn kernels_for(ctx: &Arc<CudaContext>, op: Op) -> Result<Arc<Kernels>
         fatbins,
         modules: Mutex::new(HashMap::new()),
         functions: FunctionCache::default(),
+        occupancy: Mutex::new(HashMap::new()),
         cc,
         sms: usize::try_from(sms).unwrap_or(1).max(1),
     });
@@ -200,8 +204,19 @@ impl Kernels {
 
     /// Blocks of `launch`'s kernel resident on one SM at its block size and dynamic shared memory
     /// (the driver's occupancy calculator, which counts the compiled kernel's registers too), at
-    /// least 1.
+    /// least 1; asked once per (kernel, block size, shared memory) and remembered, so a decode step
+    /// makes no driver call for it after the first.
     pub(crate) fn blocks_per_sm(&self, launch: &Launch<'_>, op: Op) -> Result<usize> {
+        let key = (
+            launch.module,
+            launch.name.to_string(),
+            launch.threads,
+            launch.smem,
+        );
+        // A poisoned lock only means another thread panicked mid-lookup; entries are whole.
+        if let Some(&n) = self.occupancy.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(n);
+        }
         let module = self.module(launch.module, op)?;
         let f = self
             .functions
@@ -210,7 +225,12 @@ impl Kernels {
         // before it need have made ours current).
         self.ctx.bind_to_thread()?;
         let n = f.occupancy_max_active_blocks_per_multiprocessor(launch.threads, launch.smem, None)?;
-        Ok(usize::try_from(n).unwrap_or(1).max(1))
+        let n = usize::try_from(n).unwrap_or(1).max(1);
+        self.occupancy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, n);
+        Ok(n)
     }
 
     /// Launch `kernel` with `params` on `stream`. The caller guarantees that every pointer in
