@@ -18,6 +18,7 @@ use attn_core::{AttnProblem, AttnSpec, Causal, DType, Family, Layout};
 use attn_cpu_ref::testing::{max_abs, random_case, Case};
 use attn_cpu_ref::{backward_f64, fast, forward_f64, Forward, Gradients, Inputs};
 use common::run_cases;
+use fast_common::round;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use test_specs::{family, problems, Limits};
@@ -25,7 +26,7 @@ use test_specs::{family, problems, Limits};
 /// The case in f32 storage through the fast path: its forward, then its backward from its own o and
 /// denominators (as attn-candle chains them).
 fn run_fast_f32(spec: &AttnSpec, case: &Case) -> (Forward<f32, f32>, Gradients<f32>) {
-    let narrow = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+    let narrow = |x: &[f64]| round::<f32>(x).0;
     let (q, k, v, d_o) = (
         narrow(&case.q),
         narrow(&case.k),
@@ -271,7 +272,7 @@ fn fast_taylor_nan_reaches_what_it_reaches_in_the_reference() {
         case.k[spec.k_offset(0, 100, 0)] = f64::NAN;
         case.v[spec.v_offset(0, 120, 0) + 1] = f64::NAN;
         // f32 storage; the oracle on the same rounded values.
-        let rounded = |x: &[f64]| x.iter().map(|&v| v as f32 as f64).collect::<Vec<f64>>();
+        let rounded = |x: &[f64]| round::<f32>(x).1;
         let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
         let (qw, kw, vw, dow) = (
             rounded(&case.q),

@@ -12,11 +12,12 @@
 //!   with the folds counted as already paid (they are needed for the state anyway), so a prompt
 //!   reads the states from about 2,100 tokens on at D = 64 order 2 (causal), from the first chunk
 //!   for order 1, and below that runs the quadratic form and folds once.
-//! - [`step`] appends `t` tokens per batch entry: the same sweep started from the state, so new
-//!   token `i` reads the state, `[num, den] = a0 P0 + (a1 u) P1 + Ψ(u) P2` (`Ψ(u)_(a,b) =
-//!   a2 c_ab u_a u_b`, a GEMM over the group's `G·t` queries, a GEMV for one), plus the new keys
-//!   `0..=i` by the quadratic form; then the new keys are folded in (a rank-`t` update). `t` large
-//!   (a prompt appended as one step) goes through chunks as a prefill does.
+//! - [`step`] appends `t` tokens per batch entry. Up to `RECURRENT_T` (4) tokens run token by token
+//!   (`recurrent`): one pass over the sums per token reads them into the group's outputs,
+//!   `[num, den] = a0 P0 + (a1 u) P1 + Ψ(u) P2` (`Ψ(u)_(a,b) = a2 c_ab u_a u_b`, accumulated in
+//!   f64), adds the token's own key by the quadratic form, and folds the key in. Longer steps (a
+//!   prompt appended as one step) run the sweep from the state, as a prefill does: the new keys
+//!   `0..=i` by the quadratic form or chunks, then folded in.
 //!
 //! Slices run in parallel with rayon, and inside a slice the sweep's probe blocks and blocks of
 //! `P2` rows; every value has one owner and a fixed order, so the results do not depend on the
