@@ -174,5 +174,115 @@ fn main() {
             }
         }
     }
+    step_latency(&mut rows);
     args.write_csv(&rows);
+}
+
+/// Per-token latency of the attention of one decode step through `layers` layers (a KV-cache step
+/// of one token per layer, each layer its own paged cache of 16-slot pages holding `t` keys), at the
+/// generation example's `--preset 1b` shape (B = 1, Hq = 32, Hkv = 8, D = 64, 16 layers): launched
+/// call by call, and captured once into a CUDA graph replayed per token. Wall-clock time per token
+/// over 200 tokens, the stream synchronised once per token as a generation loop does (the next token
+/// is read back).
+fn step_latency(rows: &mut Vec<String>) {
+    use attn_cuda::cudarc::driver::{sys, CudaContext};
+    use std::time::Instant;
+    let (b, hq, hkv, d, layers) = (1usize, 32usize, 8usize, 64usize, 16usize);
+    let ctx = CudaContext::new(0).expect("GPU 0");
+    // SAFETY: every buffer of this section is used on `s` alone, in stream order.
+    unsafe { ctx.disable_event_tracking() };
+    let s = ctx.new_stream().expect("stream");
+    let g = CudaAttn::with_config(s.clone(), KernelConfig::default()).expect("backend");
+    println!("\nper-token attention latency, {layers} layers, B={b} Hq={hq} Hkv={hkv} D={d}, paged 16");
+    println!(
+        "{:>7} {:>14} {:>14} {:>8}",
+        "T", "launched µs", "graph µs", "ratio"
+    );
+    for t in [1024usize, 8192] {
+        let layout = KvLayout::Paged {
+            num_pages: b * t / 16,
+            page_size: 16,
+            pages_per_seq: t / 16,
+        };
+        let ks = KvCacheProblem::new(Family::softmax(), DType::BF16, b, hq, hkv, 1, d, layout)
+            .validate()
+            .expect("valid");
+        let cache_len: usize = ks.cache_shape(d).iter().product();
+        let up = |n: usize, seed| s.clone_htod(&random_bf16(n, seed)).expect("upload");
+        struct Layer {
+            kc: CudaSlice<bf16>,
+            vc: CudaSlice<bf16>,
+            o: CudaSlice<bf16>,
+            lse: CudaSlice<f32>,
+        }
+        let mut ls: Vec<Layer> = (0..layers as u64)
+            .map(|l| Layer {
+                kc: up(cache_len, 10 + 2 * l),
+                vc: up(cache_len, 11 + 2 * l),
+                o: s.alloc_zeros(ks.attend().o_len()).expect("alloc"),
+                lse: s.alloc_zeros(ks.attend().stats_len()).expect("alloc"),
+            })
+            .collect();
+        let q = up(ks.attend().q_len(), 1);
+        let kn = up(b * hkv * d, 4);
+        let vn = up(b * hkv * d, 5);
+        let lens = s.clone_htod(&vec![(t - 1) as i32; b]).expect("upload");
+        let pool = b * t / 16;
+        let table = ks.block_table_shape().map(|[rb, pp]| {
+            let v: Vec<i32> = (0..rb * pp).map(|i| ((i * 7919) % pool) as i32).collect();
+            s.clone_htod(&v).expect("upload")
+        });
+        let mut ws = g.kv_cache_workspace(&ks).expect("workspace");
+        let token = |ls: &mut Vec<Layer>, ws: &mut attn_cuda::KvCacheWorkspace| {
+            for l in ls.iter_mut() {
+                g.forward_kv_cache(
+                    &ks,
+                    KvCacheIo {
+                        q: &q,
+                        k_cache: &mut l.kc,
+                        v_cache: &mut l.vc,
+                        k_new: Some(&kn),
+                        v_new: Some(&vn),
+                        cache_seqlens: &lens,
+                        block_table: table.as_ref(),
+                        o: &mut l.o,
+                        lse: &mut l.lse,
+                    },
+                    ws,
+                )
+                .expect("kv cache step");
+            }
+        };
+        let per_token = |f: &mut dyn FnMut()| {
+            for _ in 0..20 {
+                f();
+                s.synchronize().expect("sync");
+            }
+            let t0 = Instant::now();
+            for _ in 0..200 {
+                f();
+                s.synchronize().expect("sync");
+            }
+            t0.elapsed().as_secs_f64() * 1e6 / 200.0
+        };
+        let launched = per_token(&mut || token(&mut ls, &mut ws));
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .expect("begin capture");
+        token(&mut ls, &mut ws);
+        let graph = s
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .expect("end capture")
+            .expect("a graph");
+        let captured = per_token(&mut || graph.launch().expect("graph launch"));
+        println!(
+            "{t:>7} {launched:>14.1} {captured:>14.1} {:>8.2}",
+            launched / captured
+        );
+        rows.push(format!(
+            "{b},{hq},{hkv},1,{t},{d},{layers} layers launched,{launched:.2},,"
+        ));
+        rows.push(format!(
+            "{b},{hq},{hkv},1,{t},{d},{layers} layers graph,{captured:.2},,"
+        ));
+    }
 }

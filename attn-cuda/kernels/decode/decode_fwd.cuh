@@ -83,7 +83,9 @@ __device__ __forceinline__ long long kv_row(const DecodeParams& p, int b, int j,
 }
 
 // One warp's tile: keys [j0, j0 + 16) of K and V (rows at or past j_stop zero-filled) into its stage
-// by cp.async, consecutive lanes on consecutive 16-byte pieces of a row.
+// by cp.async, consecutive lanes on consecutive 16-byte pieces of a row. j0 is a multiple of 16 and
+// pages hold at least 16 slots (a power of two), so the tile's rows are consecutive slots of one page:
+// the block table is read once per tile, and row r sits r sequence strides past row j0.
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, T* sk, T* sv, int b, int hk, int j0, int j_stop,
                                           int lane) {
@@ -91,16 +93,18 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, T* sk, T* sv, i
     constexpr int ld = Cfg<D>::ld;
     const T* k = static_cast<const T*>(p.k);
     const T* v = static_cast<const T*>(p.v);
+    const bool any = j0 < j_stop;
+    const T* k0 = any ? k + kv_row(p, b, j0, p.k_batch, p.k_seq, p.k_head, hk) : k;
+    const T* v0 = any ? v + kv_row(p, b, j0, p.v_batch, p.v_seq, p.v_head, hk) : v;
 #pragma unroll
     for (int c = lane; c < kWarpKeys * kChunks; c += 32) {
         const int r = c / kChunks, col = (c % kChunks) * 8;
-        const int j = j0 + r;
-        const bool valid = j < j_stop;
+        const bool valid = j0 + r < j_stop;
         const T* ks = k;
         const T* vs = v;
         if (valid) {
-            ks = k + kv_row(p, b, j, p.k_batch, p.k_seq, p.k_head, hk) + col;
-            vs = v + kv_row(p, b, j, p.v_batch, p.v_seq, p.v_head, hk) + col;
+            ks = k0 + (long long)r * p.k_seq + col;
+            vs = v0 + (long long)r * p.v_seq + col;
         }
         cp_async_16(sk + r * ld + col, ks, valid);
         cp_async_16(sv + r * ld + col, vs, valid);
