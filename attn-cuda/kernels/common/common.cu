@@ -41,7 +41,8 @@ __device__ __forceinline__ void bwd_delta(const AttnParams& p) {
             // Taylor on the flash skeleton (p.poly): the statistic is den, and the kernels read 1/den.
             const float lse = p.lse[at];
             const float lse2 = lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e - p.hyp_lse * kLog2e;
-            p.delta[(long long)p.total_q * p.heads_q + at] = p.poly ? (lse > 0.f ? 1.f / lse : 0.f) : lse2;
+            // A NaN denominator stays NaN (`lse > 0` would make it 0 and give finite dv; docs/nan.md).
+            p.delta[(long long)p.total_q * p.heads_q + at] = p.poly ? (!(lse <= 0.f) ? 1.f / lse : 0.f) : lse2;
         }
     });
 }

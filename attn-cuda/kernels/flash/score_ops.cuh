@@ -306,9 +306,10 @@ struct FlashOps {
         const float ref = m == -CUDART_INF_F ? 0.f : m;
         return lsum != 0.f ? (ref + log2f(lsum)) * kLn2 : -CUDART_INF_F;
     }
-    // 1/l for the output (0 for an empty row; NaN for a NaN row; TaylorScore: 0 unless l > 0).
+    // 1/l for the output (0 for an empty row; NaN for a NaN row; TaylorScore: 0 where l ≤ 0, NaN
+    // for a NaN l: `l > 0` would turn a NaN denominator into 0 and launder the row, docs/nan.md).
     __device__ __forceinline__ static float inv_sum(float lsum) {
-        if (Score::kPoly) return lsum > 0.f ? 1.f / lsum : 0.f;
+        if (Score::kPoly) return !(lsum <= 0.f) ? 1.f / lsum : 0.f;
         return lsum != 0.f ? 1.f / lsum : 0.f;
     }
 
@@ -317,7 +318,7 @@ struct FlashOps {
     __device__ __forceinline__ static float lse_log2(const AttnParams& p, const SeqInfo& si, int h, int i) {
         if (Score::kPoly) {
             const float den = i < si.len_q ? p.lse[si.stats_index(p, h, i)] : 0.f;
-            return den > 0.f ? 1.f / den : 0.f;
+            return !(den <= 0.f) ? 1.f / den : 0.f;  // a NaN denominator stays NaN
         }
         if (i >= si.len_q) return CUDART_INF_F;
         const float lse = p.lse[si.stats_index(p, h, i)];

@@ -214,7 +214,7 @@ __device__ __forceinline__ void hyp_simt_bwd_dkdv(const AttnParams& p) {
         const int d = lane + 32 * c;
         if (d < D) {
             dk[d] = adk[c];
-            dv[d] = adv[c] + mid * vr[c];
+            dv[d] = p.midpoint ? adv[c] + mid * vr[c] : adv[c];  // 0·NaN: a NaN v_j's own dv (docs/nan.md)
         }
     }
 }

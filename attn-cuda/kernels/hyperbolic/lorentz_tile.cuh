@@ -402,8 +402,12 @@ __device__ __forceinline__ void lorentz_dkdv_epilogue(const AttnParams& p, const
                 const int col = at * 8 + 2 * t4;
                 const uint32_t pk = pack2<T>(p.hyp_grad * fmaf(-ratio, k_at(tr, d0 + col), acc_dk[mt][at][2 * r]),
                                              p.hyp_grad * fmaf(-ratio, k_at(tr, d0 + col + 1), acc_dk[mt][at][2 * r + 1]));
-                const uint32_t pv = pack2<T>(fmaf(mid, v_at(tr, d0 + col), acc_dv[mt][at][2 * r]),
-                                             fmaf(mid, v_at(tr, d0 + col + 1), acc_dv[mt][at][2 * r + 1]));
+                // Without the midpoint dv is the product alone: 0·v would make a NaN v's own dv NaN,
+                // which dV = Pᵀ·dO never reads (docs/nan.md).
+                const uint32_t pv =
+                    midpoint ? pack2<T>(fmaf(mid, v_at(tr, d0 + col), acc_dv[mt][at][2 * r]),
+                                        fmaf(mid, v_at(tr, d0 + col + 1), acc_dv[mt][at][2 * r + 1]))
+                             : pack2<T>(acc_dv[mt][at][2 * r], acc_dv[mt][at][2 * r + 1]);
                 *reinterpret_cast<V2*>(dk + col) = *reinterpret_cast<const V2*>(&pk);
                 *reinterpret_cast<V2*>(dv + col) = *reinterpret_cast<const V2*>(&pv);
             }

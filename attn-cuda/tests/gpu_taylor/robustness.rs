@@ -163,42 +163,107 @@ fn poison(
     x
 }
 
+/// The tile of the kernels' masked products (docs/nan.md, "masked pairs inside a tile"): under a
+/// mask, a NaN may reach rows and keys the mask hides from it only within this many positions of
+/// the poisoned row, in the same batch entry.
+const MASKED_TILE: usize = 128;
+
+/// (batch entry, position) of every element of a tensor whose element `offset(b, n, h)` starts
+/// row n of head h (`heads` heads, `dim` columns); `len(b)` rows in entry b.
+fn positions(
+    spec: &AttnSpec,
+    n_elems: usize,
+    heads: usize,
+    dim: usize,
+    len: impl Fn(usize) -> usize,
+    offset: impl Fn(usize, usize, usize) -> usize,
+) -> Vec<Option<(usize, usize)>> {
+    let mut at = vec![None; n_elems];
+    for b in 0..spec.batch() {
+        for n in 0..len(b) {
+            for h in 0..heads {
+                let o = offset(b, n, h);
+                for c in 0..dim {
+                    if let Some(x) = at.get_mut(o + c) {
+                        *x = Some((b, n));
+                    }
+                }
+            }
+        }
+    }
+    at
+}
+
 /// docs/nan.md on the GPU against the reference, elementwise: an element the reference makes NaN is NaN
-/// on the GPU; every other element is bit-for-bit the GPU's result without the poison.
+/// on the GPU (never laundered); every other element is bit-for-bit the GPU's result without the
+/// poison, except, under a mask, elements of the poisoned row's tile that the mask hides from it: those
+/// may be NaN (the documented gap of the tensor-core products: `0·NaN` for a masked pair), never
+/// another finite value.
 fn nan_contract<T: DeviceElem>(spec: &AttnSpec, seed: u64) -> Result<(), String> {
     let mut case = random_case(spec, seed);
     round_all::<T>(&mut case, 1.0);
     let clean = run_gpu::<T>(spec, &case, 0)?;
     let (b, n, hq, hk) = (1, spec.seq_lens(1).q / 2, 1, 1);
+    // ±∞ in q or k: only f32, as for the flash kernels' tests (gpu_softmax_like); the Taylor kernels
+    // take an infinite entry as IEEE arithmetic does (docs/nan.md, "On the GPU"), on every dtype.
     let mut spots = vec![
         (Poisoned::Q, (b, n, hq), f64::NAN),
         (Poisoned::K, (b, n, hk), f64::NAN),
         (Poisoned::V, (b, n, hk), f64::NAN),
         (Poisoned::DO, (b, n, hq), f64::NAN),
-        (Poisoned::Q, (b, n, hq), f64::INFINITY),
-        (Poisoned::K, (b, n, hk), f64::NEG_INFINITY),
         // The first key of entry 0: every row of its heads' group sees it under a causal mask.
         (Poisoned::K, (0, 0, 0), f64::NAN),
     ];
     if spec.seq_lens(1).k > n + 1 {
         spots.push((Poisoned::K, (b, spec.seq_lens(1).k - 1, hk), f64::NAN)); // the last key
     }
+    let masked = spec.causal() != Causal::None;
+    let (d, dv) = (spec.head_dim(), spec.head_dim_v());
+    let (hq_n, hk_n) = (spec.heads_q(), spec.heads_kv());
+    let q_len = |b: usize| spec.seq_lens(b).q;
+    let k_len = |b: usize| spec.seq_lens(b).k;
+    let rows_o = positions(spec, spec.o_len(), hq_n, dv, q_len, |b, i, h| {
+        spec.o_offset(b, i, h)
+    });
+    let rows_dq = positions(spec, spec.dq_len(), hq_n, d, q_len, |b, i, h| {
+        spec.dq_offset(b, i, h)
+    });
+    let rows_stat = positions(spec, spec.stats_len(), hq_n, 1, q_len, |b, i, h| {
+        spec.stats_index(b, h, i)
+    });
+    let keys_dk = positions(spec, spec.dk_len(), hk_n, d, k_len, |b, j, h| {
+        spec.dk_offset(b, j, h)
+    });
+    let keys_dv = positions(spec, spec.dv_len(), hk_n, dv, k_len, |b, j, h| {
+        spec.dv_offset(b, j, h)
+    });
     for (t, at, bad) in spots {
         let x = poison(spec, &case, t, at, 3, bad);
         let want = forward_f64(spec, x.inputs()).map_err(|e| e.to_string())?;
         let grads =
             backward_f64(spec, x.inputs(), &want.o, &x.d_o, &want.stats).map_err(|e| e.to_string())?;
         let got = run_gpu::<T>(spec, &x, 0)?;
-        for (name, g, r, c) in [
-            ("o", &got.o, &want.o, &clean.o),
-            ("den", &got.lse, &want.stats, &clean.lse),
-            ("dq", &got.dq, &grads.dq, &clean.dq),
-            ("dk", &got.dk, &grads.dk, &clean.dk),
-            ("dv", &got.dv, &grads.dv, &clean.dv),
+        // Positions in key coordinates: a query row i sits on the diagonal key i (+ Nk − Nq under a
+        // bottom-right mask).
+        let diag = |b: usize, is_row: bool| match (is_row, spec.causal()) {
+            (true, Causal::BottomRight) => k_len(b).saturating_sub(q_len(b)),
+            _ => 0,
+        };
+        let (pb, pn) = (at.0, at.1 + diag(at.0, matches!(t, Poisoned::Q | Poisoned::DO)));
+        let near = |p: Option<(usize, usize)>, is_row: bool| {
+            masked && p.is_some_and(|(eb, en)| eb == pb && (en + diag(eb, is_row)).abs_diff(pn) < MASKED_TILE)
+        };
+        for (name, g, r, c, pos, is_row) in [
+            ("o", &got.o, &want.o, &clean.o, &rows_o, true),
+            ("den", &got.lse, &want.stats, &clean.lse, &rows_stat, true),
+            ("dq", &got.dq, &grads.dq, &clean.dq, &rows_dq, true),
+            ("dk", &got.dk, &grads.dk, &clean.dk, &keys_dk, false),
+            ("dv", &got.dv, &grads.dv, &clean.dv, &keys_dv, false),
         ] {
             let missing = (0..r.len()).filter(|&i| r[i].is_nan() && !g[i].is_nan()).count();
             let changed: Vec<usize> = (0..r.len())
                 .filter(|&i| !r[i].is_nan() && g[i].to_bits() != c[i].to_bits())
+                .filter(|&i| !(g[i].is_nan() && near(pos[i], is_row)))
                 .collect();
             if missing > 0 || !changed.is_empty() {
                 return Err(format!(
@@ -206,7 +271,7 @@ fn nan_contract<T: DeviceElem>(spec: &AttnSpec, seed: u64) -> Result<(), String>
                      {} elements the reference leaves alone changed (first: {:?})",
                     r.iter().filter(|v| v.is_nan()).count(),
                     changed.len(),
-                    changed.first().map(|&i| (i, c[i], g[i]))
+                    changed.first().map(|&i| (i, c[i], g[i], pos[i]))
                 ));
             }
         }
@@ -214,15 +279,16 @@ fn nan_contract<T: DeviceElem>(spec: &AttnSpec, seed: u64) -> Result<(), String>
     Ok(())
 }
 
-/// The NaN/Inf contract of docs/nan.md (the Taylor row) on every Taylor kernel path: orders 1 (with and
+/// The NaN contract of docs/nan.md (the Taylor row) on every Taylor kernel path: orders 1 (with and
 /// without the l2-norm) and 2, f32/f16/bf16, head dims 32 and 64, causal (the single-pass order-1
-/// forward where Nq = Nk) and not, with GQA; a NaN or ±∞ in a q or k row, a NaN in v or dO. Each
-/// element the reference makes NaN must be NaN, every other element bit-for-bit the unpoisoned run.
+/// forward where Nq = Nk) and not, with GQA; a NaN in a q, k, v or dO row. Each element the reference
+/// makes NaN must be NaN; every other element bit-for-bit the unpoisoned run, except under a mask
+/// within the poisoned row's tile, where it may be NaN ([`nan_contract`]).
 #[test]
 #[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
-fn taylor_nan_and_inf_follow_the_contract() {
+fn taylor_nan_follows_the_contract() {
     common::each_config(&common::taylor_configs(), || {
-        let mut cases = Cases::new("taylor_nan_and_inf_follow_the_contract");
+        let mut cases = Cases::new("taylor_nan_follows_the_contract");
         for fam in [ORDERS[0], ORDER1_PLAIN, ORDERS[1]] {
             for d in [32, 64] {
                 for dtype in [DType::BF16, DType::F16, DType::F32] {
