@@ -1,7 +1,8 @@
 //! The naive same-dtype baseline of REFERENCE.md's tolerance rule, `err(impl) ≤ 2·err(naive) + atol`
 //! against the f64 reference: plain attention in the storage dtype `T` as a framework user writes
 //! it. Inputs rounded to `T`; S, P, dP and dS rounded to `T` before the next product; outputs
-//! rounded; sums accumulated in f32 (as a framework's matmul would). Softmax and cosine-sim here,
+//! rounded; sums accumulated in f32 (as a framework's matmul would). The softmax backward
+//! recomputes P from the f32 LSE, as every memory-efficient implementation does. Softmax and cosine-sim here,
 //! hyperbolic in [`hyperbolic`], Taylor in [`taylor`]; [`baseline`] picks by family.
 //!
 //! The GPU tests (`attn-cuda/tests/common`) and the CPU fast path's (`attn-cpu-ref/tests/fast_common`)
@@ -349,9 +350,12 @@ impl SoftmaxSums {
 
 /// The softmax half of one query row of a naive baseline in dtype `T`, from its rounded scores `s`
 /// (one per key of `row.keys`): `p = e^{s−m}/Σ` rounded, `o = Σ p v` (f32 sum, rounded) and the LSE
-/// `m + ln Σ` into `out`; then `dP = dO·v` and `dS = p (dP − dO·o)`, both rounded, with `p dO` and
+/// `m + ln Σ` into `out`; then, from the f32 LSE as a memory-efficient backward recomputes them,
+/// `p' = e^{s−LSE}` rounded, `dP = dO·v` and `dS = p' (dP − dO·o)`, both rounded, with `p' dO` and
 /// `dS` added to `sums`. Returns `dS` per key, or `None` where every score is −∞ (the row keeps
-/// its zeros).
+/// its zeros). (A composite that keeps P itself is more precise where |s| is large: at |s| ≈ 1e4
+/// an f32 LSE is rounded by up to 5e-4, which moves every recomputed `p'` by that fraction. Every
+/// implementation this baseline judges keeps only the LSE.)
 #[allow(clippy::needless_range_loop)] // one index addresses several rows at once
 fn softmax_row<T: Element>(
     spec: &AttnSpec,
@@ -383,7 +387,8 @@ fn softmax_row<T: Element>(
     for c in 0..dv {
         out.o[oo + c] = o_row[c] as f64;
     }
-    out.lse[spec.stats_index(b, h, i)] = (m + sum.ln()) as f64;
+    let lse = m + sum.ln();
+    out.lse[spec.stats_index(b, h, i)] = lse as f64;
     let g: Vec<f32> = d_o[oo..oo + dv].iter().map(|&v| v as f32).collect();
     let delta = dot(&g, &o_row);
     let mut ds = Vec::with_capacity(s.len());
@@ -391,13 +396,14 @@ fn softmax_row<T: Element>(
         let vo = spec.v_offset(b, j, hk);
         let vrow: Vec<f32> = x.v[vo..vo + dv].iter().map(|&v| v as f32).collect();
         let dp = rt(dot(&g, &vrow));
-        let dsj = rt(p[jj] * (dp - delta));
+        let pj = rt((s[jj] - lse).exp());
+        let dsj = rt(pj * (dp - delta));
         if let Some(bi) = spec.bias_index(b, h, i, j) {
             sums.dbias[bi] += dsj;
         }
         let dvo = spec.dv_offset(b, j, hk);
         for c in 0..dv {
-            sums.dv[dvo + c] += p[jj] * g[c];
+            sums.dv[dvo + c] += pj * g[c];
         }
         ds.push(dsj);
     }

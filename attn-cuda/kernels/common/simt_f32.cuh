@@ -234,7 +234,7 @@ __device__ __forceinline__ void simt_fwd(const AttnParams& p) {
         const float rk = norms ? inv_norm(kr, p.eps) : 1.f;
         float dtanh;
         // A q or k row holding NaN or ±∞ has no finite product: its score is NaN (docs/nan.md).
-        float s = score<Score>(p, finite_or_nan(row_dot(q, kj, D, lane)), rq, rk, dtanh);
+        float s = score<Score, true>(p, finite_or_nan(row_dot(q, kj, D, lane)), rq, rk, dtanh);
         if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
         const float m_new = p.running_max ? fmax_nan(m, s) : m;
         const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;  // all scores so far −∞ (a −∞ bias)
@@ -282,7 +282,7 @@ __device__ __forceinline__ void simt_bwd_dq(const AttnParams& p) {
         const float* kj = k + si.k_off(p, j, hk);
         const float rk = norms ? p.rk[si.dk_off(p, j, hk) / D] : 1.f;
         float dtanh;
-        float s = score<Score>(p, row_dot(q, kj, D, lane), rq, rk, dtanh);
+        float s = score<Score, true>(p, row_dot(q, kj, D, lane), rq, rk, dtanh);
         if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
         const float pr = expf(s - lse);
         const float dp = row_dot(g, v + si.v_off(p, j, hk), D, lane);
@@ -329,7 +329,7 @@ __device__ __forceinline__ void simt_bwd_dkdv(const AttnParams& p) {
             const float* gi_row = static_cast<const float*>(p.d_o) + si.o_off(p, i, h);
             const float rq = norms ? p.rq[si.dq_off(p, i, h) / D] : 1.f;
             float dtanh;
-            float s = score<Score>(p, row_dot(kr, qi, D, lane), rq, rk, dtanh);
+            float s = score<Score, true>(p, row_dot(kr, qi, D, lane), rq, rk, dtanh);
             if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
             const float pr = expf(s - lse);
             const float dp = row_dot(vr, gi_row, D, lane);

@@ -29,8 +29,9 @@ __device__ __forceinline__ float row_scalar(const DecodeParams& p, float norm2) 
     return 1.f;
 }
 
-// s from q·k and the two row scalars.
-__device__ __forceinline__ float score(const DecodeParams& p, float dot, float qs, float ks) {
+// s from q·k and the two row scalars. `exact` (the f32 kernel): the softcap's tanh in f64, rounded
+// once (tanhf's 2-ulp error times a cap of 1e4 is a few 1e-4 of score).
+__device__ __forceinline__ float score(const DecodeParams& p, float dot, float qs, float ks, bool exact = false) {
     switch (p.score) {
         case kCosine:
             return p.scale * dot * qs * ks;
@@ -44,7 +45,8 @@ __device__ __forceinline__ float score(const DecodeParams& p, float dot, float q
         }
         default: {
             const float s = p.scale * dot;
-            return p.softcap > 0.f ? p.softcap * tanhf(s / p.softcap) : s;
+            if (!(p.softcap > 0.f)) return s;
+            return p.softcap * (exact ? (float)tanh((double)s / (double)p.softcap) : tanhf(s / p.softcap));
         }
     }
 }

@@ -90,11 +90,14 @@ __device__ __forceinline__ void decode_fwd_simt(const DecodeParams& p) {
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
             if (j < lo[x] || j >= hi[x]) continue;  // uniform across the warp
-            const float s = (score(p, dot, qs[x], ks) + lg) * kLog2e;
+            // Natural units, the max subtracted before the scaling by log2 e (as the f32 flash kernel
+            // does): at |s| ≈ 1e4 the product s·log2 e alone is rounded by up to 6e-4, which every
+            // weight would carry.
+            const float s = score(p, dot, qs[x], ks, true) + lg;
             const float mn = nan_max(mx[x], s);
             const float base = mn == -INFINITY ? 0.f : mn;
-            const float alpha = exp2f(mx[x] - base);
-            const float w = exp2f(s - base);
+            const float alpha = exp2f((mx[x] - base) * kLog2e);
+            const float w = exp2f((s - base) * kLog2e);
             mx[x] = mn;
             sum[x] = sum[x] * alpha + w;
 #pragma unroll
@@ -106,7 +109,7 @@ __device__ __forceinline__ void decode_fwd_simt(const DecodeParams& p) {
         if (!valid[x]) continue;
         const bool empty = mx[x] == -INFINITY || sum[x] == 0.f;
         const float inv = empty ? 0.f : 1.f / sum[x];
-        const float lse = empty ? -INFINITY : (mx[x] + log2f(sum[x])) * kLn2;
+        const float lse = empty ? -INFINITY : mx[x] + logf(sum[x]);
         const long long stat = ((long long)b * p.heads_q + hh[x]) * p.seq_q + ii[x];
         if (p.splits == 1) {
             float* out = static_cast<float*>(p.o) + (long long)b * p.o_batch + (long long)ii[x] * p.o_seq +

@@ -138,13 +138,16 @@ __device__ __forceinline__ float lorentz_value(float qk, float q0, float k0, con
 
 // s_ij before the bias, from the raw product and the reciprocal norms (1 when unused). `dx` is set
 // to ∂s/∂(raw product)/scale-free factor needed by the backward: the softcap derivative 1 − tanh².
-template <class Score>
+// kExact (the f32 kernels): the softcap's tanh in f64, rounded once. tanhf's 2-ulp error times the
+// cap is the score's error: with tanhf, logits near 1e4 under a cap of 1e4 gave dq 1.1–1.3× the
+// tolerance rule's bound in f32 (gpu_softmax_like, H200, 2026-12-04); within it with the f64 tanh.
+template <class Score, bool kExact = false>
 __device__ __forceinline__ float score(const AttnParams& p, float raw, float rq, float rk, float& dtanh) {
     float x = raw * p.scale;
     if (Score::kNorms) x *= rq * rk;
     dtanh = 1.f;
     if (Score::kSoftcap && p.softcap > 0.f) {
-        const float t = tanhf(x / p.softcap);
+        const float t = kExact ? (float)tanh((double)x / (double)p.softcap) : tanhf(x / p.softcap);
         dtanh = 1.f - t * t;
         x = p.softcap * t;
     }
