@@ -164,10 +164,15 @@ fn main() -> Result<()> {
     let prompt: Vec<u32> = (0..args.prompt_len.max(1))
         .map(|_| rng.random_range(0..cfg.vocab as u32))
         .collect();
+    // One short untimed run of each path first: a device's first calls load kernel modules and
+    // allocate pools (seconds on a GPU), which are not the cost of generating.
+    let warm = &prompt[..prompt.len().min(16)];
+    generate_paged(&model, warm, 2, args.page_size)?;
     let attn = generate_paged(&model, &prompt, args.tokens, args.page_size)?;
     report("attn", prompt.len(), &attn);
     println!("first tokens: {:?}", &attn.tokens[..attn.tokens.len().min(16)]);
     if args.compare_candle {
+        generate_plain(&model, warm, 2)?;
         let plain = generate_plain(&model, &prompt, args.tokens)?;
         report("candle", prompt.len(), &plain);
         let k = attn.tokens.len().min(plain.tokens.len()).min(64);
