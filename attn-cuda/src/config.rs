@@ -70,6 +70,14 @@ pub struct KernelConfig {
     /// (`decode::plan::splits`), clamped to the key tiles of the call. Default `None`. Tests set it
     /// to cover every split count; a value of 0 is a [`CudaAttnError::Config`] error.
     pub decode_splits: Option<usize>,
+    /// The hyperbolic scores of f16/bf16 calls on the CUDA cores with the cancellation-free
+    /// Lorentz distance of the f32 kernels (`kernels/hyperbolic/hyp_simt.cuh`: only `nq − nk` and
+    /// `q̂ − k̂` are differences), for points far from the origin. Default `false`: the tensor-core
+    /// kernels, whose score `q·k − q0 k0` loses about `2β·u_f32·q0 k0` to cancellation, a nat or
+    /// more near radius 1e3 (docs/hyperbolic.md). `true` routes every hyperbolic f16/bf16 call,
+    /// forward and backward, to the SIMT kernels (no decode kernels, no fused backward); they are
+    /// much slower.
+    pub hyperbolic_exact: bool,
 }
 
 impl Default for KernelConfig {
@@ -84,6 +92,7 @@ impl Default for KernelConfig {
             taylor_causal_segment: None,
             decode: Route::Measured,
             decode_splits: None,
+            hyperbolic_exact: false,
         }
     }
 }
@@ -152,6 +161,8 @@ pub(crate) struct Hopper {
     pub taylor_dense: Route,
     /// [`KernelConfig::taylor_wg`].
     pub taylor_wg: Route,
+    /// [`KernelConfig::hyperbolic_exact`] (not a Hopper kernel: every device).
+    pub hyp_exact: bool,
 }
 
 impl Hopper {
@@ -163,6 +174,7 @@ impl Hopper {
             bwd_ws: config.ws_backward,
             taylor_dense: config.taylor_dense,
             taylor_wg: config.taylor_wg,
+            hyp_exact: config.hyperbolic_exact,
         }
     }
 }

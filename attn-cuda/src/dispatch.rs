@@ -215,8 +215,14 @@ pub(crate) fn fused_backward(spec: &AttnSpec, hopper: Hopper) -> bool {
     hopper.on
         && !spec.deterministic()
         && spec.bias().is_none()
-        && spec.dtype() != DType::F32
+        && !simt(spec, hopper)
         && fused_kernel_tile(spec, hopper).is_some()
+}
+
+/// Whether the flash stages of `spec` run on the SIMT kernels (CUDA cores, one warp per row): every
+/// f32 call, and the hyperbolic scores' f16/bf16 calls under `KernelConfig::hyperbolic_exact`.
+pub(crate) fn simt(spec: &AttnSpec, hopper: Hopper) -> bool {
+    spec.dtype() == DType::F32 || (hopper.hyp_exact && spec.family_kind() == FamilyKind::Hyperbolic)
 }
 
 /// Whether the fused backward of `spec` is the warp-specialised kernel, whose dQ scratch has its own
@@ -334,21 +340,28 @@ pub(crate) fn flash_kernel(spec: &AttnSpec, stage: Stage, hopper: Hopper) -> Res
         }
     };
     let (b, hq, hkv) = (spec.batch(), spec.heads_q(), spec.heads_kv());
-    if spec.dtype() == DType::F32 {
+    if simt(spec, hopper) {
         let rows = heuristics::SIMT_ROWS;
         let grid = match stage {
             Stage::Forward | Stage::BwdDq => (heuristics::blocks(spec.seq_q(), rows), hq, b),
             Stage::BwdDkdv => (heuristics::blocks(spec.seq_k(), rows), hkv, b),
-            Stage::BwdFused => return Err(unsupported(spec, pass, "a fused f32 backward".into())),
+            Stage::BwdFused => return Err(unsupported(spec, pass, "a fused SIMT backward".into())),
+        };
+        // f32: `_f32`; the hyperbolic f16/bf16 SIMT kernels (KernelConfig::hyperbolic_exact):
+        // `_exact_{f16,bf16}`.
+        let suffix = match spec.dtype() {
+            DType::F32 => "f32",
+            DType::F16 => "exact_f16",
+            DType::BF16 => "exact_bf16",
         };
         return Ok(Kernel {
-            // The hyperbolic f32 kernels live with the family (their pair kernel is its own).
+            // The hyperbolic SIMT kernels live with the family (their pair kernel is its own).
             module: if module == Module::Hyperbolic {
                 module
             } else {
                 Module::SimtF32
             },
-            name: format!("attn_{family}_{}_f32", stage.name()),
+            name: format!("attn_{family}_{}_{suffix}", stage.name()),
             smem: 0,
             grid,
             threads: heuristics::THREADS,

@@ -297,3 +297,42 @@ nonfinite_tests! {
     sq_lorentz_midpoint_nan_v_makes_the_rows_that_see_it_nan: hyp(Sq, Mid, 1.0, 1.0), dense_gqa, Target::V;
     geodesic_midpoint_nonfinite_k_makes_the_rows_that_see_it_nan: hyp(Geo, Mid, 1.0, 1.0), dense_gqa, Target::K;
 }
+
+/// `KernelConfig::hyperbolic_exact`: f16 and bf16 calls on the SIMT kernels with the cancellation-free
+/// distance keep the storage type's accuracy against the reference at radius 1e3 (the strict
+/// comparison of `check_points` for `FarCluster`), where the tensor-core kernels' `q·k − q0 k0` loses
+/// a nat or more (docs/hyperbolic.md); and they follow the usual rule on typical points with masks.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo xtask test-gpu"]
+fn hyperbolic_exact_follows_the_reference_far_from_the_origin() {
+    let exact = attn_cuda::KernelConfig {
+        hyperbolic_exact: true,
+        ..attn_cuda::KernelConfig::default()
+    };
+    common::each_config(&[("hyperbolic-exact", exact)], || {
+        let far = Points::FarCluster { radius: 1e3 };
+        run("sq_lorentz_exact_far", hyp(Sq, Euc, 1.0, 0.5), far, 0, &dense_gqa);
+        run("geodesic_exact_far", hyp(Geo, Euc, 1.0, 1.0), far, 0, &dense_gqa);
+        run(
+            "geodesic_midpoint_exact_far",
+            hyp(Geo, Mid, 1.0, 1.0),
+            far,
+            0,
+            &dense_gqa,
+        );
+        run(
+            "sq_lorentz_midpoint_exact_causal",
+            hyp(Sq, Mid, 1.0, 1.0),
+            TYPICAL,
+            0,
+            &causal_top_left_q_shorter,
+        );
+        run(
+            "geodesic_exact_bias",
+            hyp(Geo, Euc, 1.0, 1.0),
+            TYPICAL,
+            0,
+            &bias_broadcast_heads,
+        );
+    });
+}

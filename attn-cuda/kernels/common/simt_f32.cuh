@@ -185,16 +185,19 @@ __device__ __forceinline__ void dq_acc_store_rows(const AttnParams& p) {
     });
 }
 
-__device__ __forceinline__ void load_row(float (&x)[kSimtChunks], const float* row, int D, int lane) {
+// A row of T (f32 here; f16/bf16 in the hyperbolic SIMT kernels) widened to f32 in the lanes' chunks.
+template <typename T>
+__device__ __forceinline__ void load_row(float (&x)[kSimtChunks], const T* row, int D, int lane) {
     LaneRow<kSimtChunks, false>{lane, D, 0xffffffffu}.load(row, x);
 }
 
-__device__ __forceinline__ float row_dot(const float (&x)[kSimtChunks], const float* row, int D, int lane) {
+template <typename T>
+__device__ __forceinline__ float row_dot(const float (&x)[kSimtChunks], const T* row, int D, int lane) {
     float s = 0.f;
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) {
         const int d = lane + 32 * c;
-        if (d < D) s += x[c] * row[d];
+        if (d < D) s += x[c] * to_f32(row[d]);
     }
     return warp_sum(s);
 }

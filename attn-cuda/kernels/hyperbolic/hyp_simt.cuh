@@ -1,4 +1,6 @@
-// Hyperbolic attention for f32 inputs on CUDA cores (SIMT), one warp per row as in simt_f32.cuh, with
+// Hyperbolic attention on CUDA cores (SIMT), one warp per row as in simt_f32.cuh: every f32 call, and
+// f16/bf16 calls under KernelConfig::hyperbolic_exact (rows widened to f32 as they load, outputs
+// rounded once), with
 // the CPU reference's cancellation-free Lorentz distance (attn-cpu-ref softmax_like/score.rs): with
 // n = ‖x‖, x̂ = x/n (0 for x = 0), x0 = √(1/c + n²) and the gap g = x0 − n = (1/c)/(x0 + n),
 //   d²_L = (nq − nk)² (1 − ρ²) + nq nk ‖q̂ − k̂‖²,  1 − ρ² = (gq + gk)(q0 + k0 + nq + nk)/(q0 + k0)²,
@@ -25,12 +27,13 @@ struct HypRow {
     float n, x0, g;
 };
 
-__device__ __forceinline__ void hyp_row(HypRow& r, const float* x, float n, float x0, float c, int D, int lane) {
+template <typename T>
+__device__ __forceinline__ void hyp_row(HypRow& r, const T* x, float n, float x0, float c, int D, int lane) {
     const float inv = n > 0.f ? 1.f / n : 0.f;
 #pragma unroll
     for (int k = 0; k < kSimtChunks; ++k) {
         const int d = lane + 32 * k;
-        r.xh[k] = d < D ? x[d] * inv : 0.f;
+        r.xh[k] = d < D ? to_f32(x[d]) * inv : 0.f;
     }
     r.n = n;
     r.x0 = x0;
@@ -79,18 +82,18 @@ __device__ __forceinline__ float hyp_lg(const AttnParams& p, const SeqInfo& si, 
     return p.midpoint ? p.lgk[si.key_index(p, hk, j)] : 0.f;
 }
 
-template <class Score>
+template <class Score, typename T>
 __device__ __forceinline__ void hyp_simt_fwd(const AttnParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
     const SeqInfo si(p, b);
     if (i >= si.len_q) return;
     const int hk = h / p.group, D = p.head_dim;
-    const float* k = static_cast<const float*>(p.k);
-    const float* v = static_cast<const float*>(p.v);
+    const T* k = static_cast<const T*>(p.k);
+    const T* v = static_cast<const T*>(p.v);
     const long long qi = si.stats_index(p, h, i);
     HypRow q, kr;
-    hyp_row(q, static_cast<const float*>(p.q) + si.q_off(p, i, h), p.nq[qi], p.x0q[qi], p.curvature, D, lane);
+    hyp_row(q, static_cast<const T*>(p.q) + si.q_off(p, i, h), p.nq[qi], p.x0q[qi], p.curvature, D, lane);
     float acc[kSimtChunks];
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) acc[c] = 0.f;
@@ -102,44 +105,44 @@ __device__ __forceinline__ void hyp_simt_fwd(const AttnParams& p) {
         float sigma;
         // A q or k row holding NaN or ±∞ makes the score NaN (docs/nan.md).
         float s = finite_or_nan(hyp_pair<Score>(p, q, kr, sigma)) + hyp_lg(p, si, hk, j);
-        if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
+        if (p.bias != nullptr) s += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
         const float m_new = fmax_nan(m, s);
         const float ref = m_new == -CUDART_INF_F ? 0.f : m_new;
         const float alpha = expf(m - ref);
         const float pr = expf(s - ref);
         l = l * alpha + pr;
-        const float* vj = v + si.v_off(p, j, hk);
+        const T* vj = v + si.v_off(p, j, hk);
 #pragma unroll
         for (int c = 0; c < kSimtChunks; ++c) {
             const int d = lane + 32 * c;
-            acc[c] = acc[c] * alpha + (d < D ? pr * vj[d] : 0.f);
+            acc[c] = acc[c] * alpha + (d < D ? pr * to_f32(vj[d]) : 0.f);
         }
         m = m_new;
     }
     const float inv = l != 0.f ? 1.f / l : 0.f;  // NaN l: a NaN row
-    float* o = static_cast<float*>(p.o) + si.o_off(p, i, h);
+    T* o = static_cast<T*>(p.o) + si.o_off(p, i, h);
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) {
         const int d = lane + 32 * c;
-        if (d < D) o[d] = acc[c] * inv;
+        if (d < D) o[d] = from_f32<T>(acc[c] * inv);
     }
     if (lane == 0) p.lse[qi] = l != 0.f ? (m == -CUDART_INF_F ? 0.f : m) + logf(l) : -CUDART_INF_F;
 }
 
-template <class Score>
+template <class Score, typename T>
 __device__ __forceinline__ void hyp_simt_bwd_dq(const AttnParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kSimtRows + warp;
     const SeqInfo si(p, b);
     if (i >= si.len_q) return;
     const int hk = h / p.group, D = p.head_dim;
-    const float* k = static_cast<const float*>(p.k);
-    const float* v = static_cast<const float*>(p.v);
+    const T* k = static_cast<const T*>(p.k);
+    const T* v = static_cast<const T*>(p.v);
     const long long qi = si.stats_index(p, h, i);
     HypRow q, kr;
-    hyp_row(q, static_cast<const float*>(p.q) + si.q_off(p, i, h), p.nq[qi], p.x0q[qi], p.curvature, D, lane);
+    hyp_row(q, static_cast<const T*>(p.q) + si.q_off(p, i, h), p.nq[qi], p.x0q[qi], p.curvature, D, lane);
     float g[kSimtChunks], acc[kSimtChunks];
-    load_row(g, static_cast<const float*>(p.d_o) + si.o_off(p, i, h), D, lane);
+    load_row(g, static_cast<const T*>(p.d_o) + si.o_off(p, i, h), D, lane);
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) acc[c] = 0.f;
     const float lse = p.lse[qi], delta = p.delta[qi];
@@ -149,21 +152,21 @@ __device__ __forceinline__ void hyp_simt_bwd_dq(const AttnParams& p) {
         hyp_row(kr, k + si.k_off(p, j, hk), p.nk[kj], p.x0k[kj], p.curvature, D, lane);
         float sigma;
         float s = hyp_pair<Score>(p, q, kr, sigma) + hyp_lg(p, si, hk, j);
-        if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
+        if (p.bias != nullptr) s += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
         const float pr = expf(s - lse);
         const float ds = pr * (row_dot(g, v + si.v_off(p, j, hk), D, lane) - delta);
         if (p.ds != nullptr && lane == 0) p.ds[si.ds_index(p, h, i, j)] = ds;
         hyp_accumulate(acc, ds * sigma, q, kr, p.curvature);
     }
-    float* dq = static_cast<float*>(p.dq) + si.dq_off(p, i, h);
+    T* dq = static_cast<T*>(p.dq) + si.dq_off(p, i, h);
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) {
         const int d = lane + 32 * c;
-        if (d < D) dq[d] = acc[c];
+        if (d < D) dq[d] = from_f32<T>(acc[c]);
     }
 }
 
-template <class Score>
+template <class Score, typename T>
 __device__ __forceinline__ void hyp_simt_bwd_dkdv(const AttnParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = blockIdx.z, hk = blockIdx.y, j = blockIdx.x * kSimtRows + warp;
@@ -171,9 +174,9 @@ __device__ __forceinline__ void hyp_simt_bwd_dkdv(const AttnParams& p) {
     if (j >= si.key_rows(p)) return;  // padded keys (j ≥ len_k) meet no query: zero gradients
     const int D = p.head_dim;
     const long long kj = si.key_index(p, hk, j);
-    const float* vrow = static_cast<const float*>(p.v) + si.v_off(p, j, hk);
+    const T* vrow = static_cast<const T*>(p.v) + si.v_off(p, j, hk);
     HypRow kr, q;
-    hyp_row(kr, static_cast<const float*>(p.k) + si.k_off(p, j, hk), p.nk[kj], p.x0k[kj], p.curvature, D, lane);
+    hyp_row(kr, static_cast<const T*>(p.k) + si.k_off(p, j, hk), p.nk[kj], p.x0k[kj], p.curvature, D, lane);
     float vr[kSimtChunks], adk[kSimtChunks], adv[kSimtChunks];
     load_row(vr, vrow, D, lane);
 #pragma unroll
@@ -189,12 +192,12 @@ __device__ __forceinline__ void hyp_simt_bwd_dkdv(const AttnParams& p) {
             const long long qi = si.stats_index(p, h, i);
             const float lse = p.lse[qi];
             if (lse == -CUDART_INF_F) continue;
-            const float* qrow = static_cast<const float*>(p.q) + si.q_off(p, i, h);
-            const float* g = static_cast<const float*>(p.d_o) + si.o_off(p, i, h);
+            const T* qrow = static_cast<const T*>(p.q) + si.q_off(p, i, h);
+            const T* g = static_cast<const T*>(p.d_o) + si.o_off(p, i, h);
             hyp_row(q, qrow, p.nq[qi], p.x0q[qi], p.curvature, D, lane);
             float sigma;
             float s = hyp_pair<Score>(p, kr, q, sigma) + lg;
-            if (p.bias != nullptr) s += static_cast<const float*>(p.bias)[si.bias_index(p, h, i, j)];
+            if (p.bias != nullptr) s += to_f32(static_cast<const T*>(p.bias)[si.bias_index(p, h, i, j)]);
             const float pr = expf(s - lse);
             const float ds = pr * (row_dot(vr, g, D, lane) - p.delta[qi]);
             colsum += ds;
@@ -202,19 +205,20 @@ __device__ __forceinline__ void hyp_simt_bwd_dkdv(const AttnParams& p) {
 #pragma unroll
             for (int c = 0; c < kSimtChunks; ++c) {
                 const int d = lane + 32 * c;
-                if (d < D) adv[c] += pr * g[d];
+                if (d < D) adv[c] += pr * to_f32(g[d]);
             }
         }
     }
     const float mid = p.midpoint && valid ? colsum * p.dgk[kj] : 0.f;
-    float* dk = static_cast<float*>(p.dk) + si.dk_off(p, j, hk);
-    float* dv = static_cast<float*>(p.dv) + si.dv_off(p, j, hk);
+    T* dk = static_cast<T*>(p.dk) + si.dk_off(p, j, hk);
+    T* dv = static_cast<T*>(p.dv) + si.dv_off(p, j, hk);
 #pragma unroll
     for (int c = 0; c < kSimtChunks; ++c) {
         const int d = lane + 32 * c;
         if (d < D) {
-            dk[d] = adk[c];
-            dv[d] = p.midpoint ? adv[c] + mid * vr[c] : adv[c];  // 0·NaN: a NaN v_j's own dv (docs/nan.md)
+            dk[d] = from_f32<T>(adk[c]);
+            // 0·NaN: a NaN v_j's own dv (docs/nan.md)
+            dv[d] = from_f32<T>(p.midpoint ? adv[c] + mid * vr[c] : adv[c]);
         }
     }
 }

@@ -12,6 +12,8 @@
 //   attn_hyperbolic_{sq_lorentz,geodesic}_bwd_fused_ws_{f16,bf16}_d{64,128}: the default fused Hopper backward
 //       (flash_bwd_ws.cuh, dQ's row sums by atomics), finished by attn_hyp_dq_store_{dt}
 //   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_f32: exact f32 SIMT (hyp_simt.cuh)
+//   attn_hyperbolic_{sq_lorentz,geodesic}_{fwd,bwd_dq,bwd_dkdv}_exact_{f16,bf16}: the same SIMT kernels on
+//       f16/bf16 rows (KernelConfig::hyperbolic_exact: points far from the origin)
 //   attn_hyp_rows_{f32,f16,bf16}: the per-row scalars every kernel above reads (grid.y: the query heads,
 //       then the key heads), rows as simt_f32.cuh's with_lane_row lays them out, sums in f64 and rounded
 //       once to f32:
@@ -141,22 +143,27 @@ ATTN_FLASH_BWD_WG_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 ATTN_FLASH_BWD_FUSED_WG_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)
 ATTN_FLASH_BWD_FUSED_WG_ALL(attn_hyperbolic_geodesic, attn::GeodesicScore)
 
-#define ATTN_HYP_SIMT(NAME, SCORE)                                                                                 \
+// SUFFIX: f32 for the f32 calls, exact_{f16,bf16} for KernelConfig::hyperbolic_exact.
+#define ATTN_HYP_SIMT(NAME, SCORE, SUFFIX, T)                                                                      \
     extern "C" __global__ void __launch_bounds__(128)                                                              \
-        attn_hyperbolic_##NAME##_fwd_f32(const __grid_constant__ AttnParams p) {                                    \
-        attn::hyp_simt_fwd<SCORE>(p);                                                                              \
+        attn_hyperbolic_##NAME##_fwd_##SUFFIX(const __grid_constant__ AttnParams p) {                               \
+        attn::hyp_simt_fwd<SCORE, T>(p);                                                                           \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128)                                                              \
-        attn_hyperbolic_##NAME##_bwd_dq_f32(const __grid_constant__ AttnParams p) {                                 \
-        attn::hyp_simt_bwd_dq<SCORE>(p);                                                                           \
+        attn_hyperbolic_##NAME##_bwd_dq_##SUFFIX(const __grid_constant__ AttnParams p) {                            \
+        attn::hyp_simt_bwd_dq<SCORE, T>(p);                                                                        \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128)                                                              \
-        attn_hyperbolic_##NAME##_bwd_dkdv_f32(const __grid_constant__ AttnParams p) {                               \
-        attn::hyp_simt_bwd_dkdv<SCORE>(p);                                                                         \
+        attn_hyperbolic_##NAME##_bwd_dkdv_##SUFFIX(const __grid_constant__ AttnParams p) {                          \
+        attn::hyp_simt_bwd_dkdv<SCORE, T>(p);                                                                      \
     }
 
-ATTN_HYP_SIMT(sq_lorentz, attn::SqLorentzScore)
-ATTN_HYP_SIMT(geodesic, attn::GeodesicScore)
+ATTN_HYP_SIMT(sq_lorentz, attn::SqLorentzScore, f32, float)
+ATTN_HYP_SIMT(geodesic, attn::GeodesicScore, f32, float)
+ATTN_HYP_SIMT(sq_lorentz, attn::SqLorentzScore, exact_f16, __half)
+ATTN_HYP_SIMT(geodesic, attn::GeodesicScore, exact_f16, __half)
+ATTN_HYP_SIMT(sq_lorentz, attn::SqLorentzScore, exact_bf16, __nv_bfloat16)
+ATTN_HYP_SIMT(geodesic, attn::GeodesicScore, exact_bf16, __nv_bfloat16)
 
 // The warp-specialised Hopper forward (sm_90a only): attn_hyperbolic_sq_lorentz, attn_hyperbolic_geodesic_fwd_ws_{dt}_d{64,128}.
 ATTN_FLASH_FWD_WS_ALL(attn_hyperbolic_sq_lorentz, attn::SqLorentzScore)

@@ -128,6 +128,10 @@ pub(crate) fn unsupported(spec: &AttnSpec) -> Option<String> {
 /// `Measured` takes f16/bf16 calls with at most [`MEASURED_MAX_ROWS`] rows per kv head (f32 keeps
 /// the flash path's SIMT kernels), `Everywhere` every call the kernels support.
 pub(crate) fn route(spec: &AttnSpec, config: &KernelConfig) -> bool {
+    // KernelConfig::hyperbolic_exact: the decode kernels' hyperbolic score is the tensor cores'.
+    if config.hyperbolic_exact && matches!(spec.family(), attn_core::FamilySpec::Hyperbolic { .. }) {
+        return false;
+    }
     match config.decode {
         Route::Off => false,
         Route::Everywhere => unsupported(spec).is_none(),
@@ -250,6 +254,26 @@ mod tests {
             ..d
         };
         assert!(!route(&spec(DType::BF16, 32, 8, 1, 32768, 128), &off));
+        // KernelConfig::hyperbolic_exact: hyperbolic calls leave the decode kernels, others stay.
+        let geo = AttnProblem::new(
+            Family::hyperbolic(attn_core::HypScore::Geodesic, attn_core::Aggregation::Euclidean),
+            DType::BF16,
+            1,
+            32,
+            8,
+            1,
+            4096,
+            128,
+        )
+        .with_causal(Causal::BottomRight)
+        .validate()
+        .expect("valid");
+        let exact = KernelConfig {
+            hyperbolic_exact: true,
+            ..d
+        };
+        assert!(route(&geo, &d) && !route(&geo, &exact));
+        assert!(route(&spec(DType::BF16, 32, 8, 1, 32768, 128), &exact));
         let biased = AttnProblem::new(Family::softmax(), DType::BF16, 1, 8, 8, 1, 64, 64)
             .with_bias(1, 1)
             .validate()

@@ -91,6 +91,7 @@ const ON: Hopper = Hopper {
     bwd_ws: false,
     taylor_dense: Route::Measured,
     taylor_wg: Route::Measured,
+    hyp_exact: false,
 };
 
 #[test]
@@ -739,4 +740,46 @@ fn taylor_order_2_runs_on_the_hopper_flash_kernels_where_routed() {
     };
     assert!(!dense_on_flash(&short, Pass::Forward, off));
     assert!(dense_on_flash(&long, Pass::Forward, all));
+}
+
+#[test]
+fn hyperbolic_exact_runs_f16_and_bf16_hyperbolic_calls_on_the_simt_kernels() {
+    let geo = Family::hyperbolic(HypScore::Geodesic, Aggregation::EinsteinMidpoint);
+    let sq = Family::hyperbolic(HypScore::SquaredLorentz, Aggregation::Euclidean);
+    let exact = Hopper {
+        bwd_ws: true,
+        hyp_exact: true,
+        ..ON
+    };
+    for (family, dtype, suffix) in [
+        (geo, DType::BF16, "exact_bf16"),
+        (sq, DType::F16, "exact_f16"),
+        (sq, DType::F32, "f32"),
+    ] {
+        let s = spec(family, dtype, 64);
+        assert!(
+            simt(&s, exact) && !fused_backward(&s, exact),
+            "{family:?} {dtype:?}"
+        );
+        for stage in [Stage::Forward, Stage::BwdDq, Stage::BwdDkdv] {
+            let k = flash_kernel(&s, stage, exact).expect("a SIMT kernel");
+            let want = format!("attn_{}_{}_{suffix}", s.family().label(), stage.name());
+            assert_eq!(k.name, want);
+            assert_eq!((k.module, k.hopper, k.smem), (Module::Hyperbolic, false, 0));
+        }
+        assert!(flash_kernel(&s, Stage::BwdFused, exact).is_err());
+    }
+    // The other families, and hyperbolic calls without the switch, keep their kernels.
+    let soft = spec(Family::softmax(), DType::BF16, 64);
+    assert!(!simt(&soft, exact));
+    assert!(!flash_kernel(&soft, Stage::Forward, exact)
+        .expect("the flash forward")
+        .name
+        .contains("exact"));
+    let geo_tc = spec(geo, DType::BF16, 64);
+    let tc = Hopper {
+        hyp_exact: false,
+        ..exact
+    };
+    assert!(!simt(&geo_tc, tc) && fused_backward(&geo_tc, tc));
 }
