@@ -98,8 +98,8 @@ __device__ __forceinline__ int taylor1_first_probe_past(const TaylorSweep& sw, i
 
 // x rounded to the nearest tf32 (ties away from zero) by integer arithmetic: two instructions where
 // cvt.rna.tf32.f32 takes several on sm_90; ±∞ stay. A NaN is returned as it is: the GPU's NaN
-// 0x7fffffff plus the rounding bias carries into the sign bit and became −0, so a NaN key's state
-// sums read as zeros past its chunk (docs/nan.md). One compare and select more per state element.
+// 0x7fffffff plus the rounding bias would carry into the sign bit and give −0, so a NaN key's state
+// sums would read as zeros past its chunk (docs/nan.md). One compare and select more per element.
 __device__ __forceinline__ float round_tf32(float x) {
     const uint32_t u = __float_as_uint(x);
     return (u & 0x7fffffffu) > 0x7f800000u ? x : __uint_as_float((u + 0x1000u) & 0xffffe000u);
