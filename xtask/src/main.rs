@@ -11,8 +11,8 @@
 //!   candle CUDA toolchain is set up (`--ignored`) where a GPU is present; say clearly that it
 //!   skipped, and why, where none is.
 //! - `gpu-bundle`: build the GPU test binaries (release, `ATTN_REQUIRE_NVCC=1`; with the candle
-//!   toolchain also attn-candle's `candle_cuda` tests and its `overhead` example), strip them and
-//!   pack them with a run script into `target/gpu-bundle/`, and that folder into
+//!   toolchain also attn-candle's `candle_cuda` tests and its `overhead` and `generate` examples),
+//!   strip them and pack them with a run script into `target/gpu-bundle/`, and that folder into
 //!   `target/gpu-bundle.tar.xz` (xz with a dictionary that spans the binaries, so the fatbins they
 //!   all embed are stored once), for a GPU machine without a Rust toolchain:
 //!   `tar -xJf gpu-bundle.tar.xz && gpu-bundle/run.sh`. `--sm90a` compiles the kernels for sm_90a
@@ -399,10 +399,10 @@ fn with_candle_env<'c>(cmd: &'c mut Command, home: &Path) -> &'c mut Command {
         .env("LIBRARY_PATH", library_path)
 }
 
-/// The attn-candle test binary of the `cuda` feature (`tests/candle_cuda/`), and the per-call
-/// overhead example bundled with it.
+/// The attn-candle test binary of the `cuda` feature (`tests/candle_cuda/`), and the examples
+/// bundled with it: the per-call overhead and the generation example (tokens/s against candle).
 const CANDLE_TEST_BINARY: &str = "candle_cuda";
-const CANDLE_OVERHEAD_EXAMPLE: &str = "overhead";
+const CANDLE_EXAMPLES: [&str; 2] = ["overhead", "generate"];
 
 fn test_gpu(extra: &[String]) -> Result<()> {
     if let Err(why) = gpu_present() {
@@ -505,8 +505,9 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # ATTN_TEST_DTYPES=bf16 (comma lists) narrow the head dims and dtypes of the tests' case lists (each
 # skipped case is reported): racecheck is too slow for gpu_taylor's whole list.
 # Not test harnesses, run by hand: bin/gpu_bench --bench, bin/gpu_bench_decode --bench and bin/gpu_bench_taylor --bench (kernel
-# stopwatches), bin/overhead (per-call overhead of the candle op over attn-cuda), profile.sh (ncu
-# per-kernel table of the Taylor sweeps).
+# stopwatches), bin/overhead (per-call overhead of the candle op over attn-cuda), bin/generate
+# --device cuda --preset 1b --dtype bf16 --compare-candle (generation tokens/s against candle),
+# profile.sh (ncu per-kernel table of the Taylor sweeps).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 status=0
@@ -522,7 +523,7 @@ one() {  # one binary: its output to stdout, its exit status returned
 names=()
 for bin in "$here"/bin/*; do
   name="$(basename "$bin")"
-  case "$name" in gpu_bench|gpu_bench_taylor|gpu_bench_decode|overhead) continue ;; esac
+  case "$name" in gpu_bench|gpu_bench_taylor|gpu_bench_decode|overhead|generate) continue ;; esac
   names+=("$name")
   if [ -n "${PARALLEL:-}" ]; then
     ( one "$bin" "$@" > "$logs/$name.log"; echo "rc=$?" >> "$logs/$name.log" ) &
@@ -638,13 +639,15 @@ fn gpu_bundle(args: &[String]) -> Result<()> {
                 "the attn-candle CUDA tests",
             )?);
             let mut cmd = cargo_cmd();
-            cmd.args(["build", "--release", "-p", "attn-candle", "--features", "cuda"])
-                .args(["--example", CANDLE_OVERHEAD_EXAMPLE]);
+            cmd.args(["build", "--release", "-p", "attn-candle", "--features", "cuda"]);
+            for e in CANDLE_EXAMPLES {
+                cmd.args(["--example", e]);
+            }
             with_candle_env(&mut cmd, &home);
             bins.extend(cargo_executables(
                 &mut cmd,
-                &[CANDLE_OVERHEAD_EXAMPLE],
-                "the attn-candle overhead example",
+                &CANDLE_EXAMPLES,
+                "the attn-candle examples",
             )?);
         }
         None => println!(
