@@ -129,47 +129,9 @@ fn main() {
                     },
                 ),
             ] {
-                let ks = KvCacheProblem::new(Family::softmax(), DType::BF16, b, hq, hkv, 1, d, layout)
-                    .validate()
-                    .expect("valid");
-                let cache_len: usize = ks.cache_shape(d).iter().product();
-                let up = |n: usize, seed| s.clone_htod(&random_bf16(n, seed)).expect("upload");
-                let q = up(ks.attend().q_len(), 1);
-                let mut kc = up(cache_len, 2);
-                let mut vc = up(cache_len, 3);
-                let kn = up(b * hkv * d, 4);
-                let vn = up(b * hkv * d, 5);
-                let lens = s.clone_htod(&vec![(t - 1) as i32; b]).expect("upload");
-                // Pages in a shuffled order (a stride coprime with the pool).
-                let pool = match layout {
-                    KvLayout::Paged { num_pages, .. } => num_pages,
-                    KvLayout::Contiguous { .. } => 0,
-                };
-                let table = ks.block_table_shape().map(|[rb, pp]| {
-                    let v: Vec<i32> = (0..rb * pp).map(|i| ((i * 7919) % pool) as i32).collect();
-                    s.clone_htod(&v).expect("upload")
-                });
-                let mut o: CudaSlice<bf16> = s.alloc_zeros(ks.attend().o_len()).expect("alloc");
-                let mut lse: CudaSlice<f32> = s.alloc_zeros(ks.attend().stats_len()).expect("alloc");
-                let mut ws = on.kv_cache_workspace(&ks).expect("workspace");
-                let ms = time_ms(&on, 3, reps, || {
-                    on.forward_kv_cache(
-                        &ks,
-                        KvCacheIo {
-                            q: &q,
-                            k_cache: &mut kc,
-                            v_cache: &mut vc,
-                            k_new: Some(&kn),
-                            v_new: Some(&vn),
-                            cache_seqlens: &lens,
-                            block_table: table.as_ref(),
-                            o: &mut o,
-                            lse: &mut lse,
-                        },
-                        &mut ws,
-                    )
-                    .expect("kv cache step")
-                });
+                let mut step = CacheStep::new(&s, (b, hq, hkv, d, t), layout, 1);
+                let mut ws = on.kv_cache_workspace(&step.spec).expect("workspace");
+                let ms = time_ms(&on, 3, reps, || step.run(&on, &mut ws));
                 row(name, ms);
             }
         }
@@ -204,53 +166,13 @@ fn step_latency(rows: &mut Vec<String>) {
             page_size: 16,
             pages_per_seq: t / 16,
         };
-        let ks = KvCacheProblem::new(Family::softmax(), DType::BF16, b, hq, hkv, 1, d, layout)
-            .validate()
-            .expect("valid");
-        let cache_len: usize = ks.cache_shape(d).iter().product();
-        let up = |n: usize, seed| s.clone_htod(&random_bf16(n, seed)).expect("upload");
-        struct Layer {
-            kc: CudaSlice<bf16>,
-            vc: CudaSlice<bf16>,
-            o: CudaSlice<bf16>,
-            lse: CudaSlice<f32>,
-        }
-        let mut ls: Vec<Layer> = (0..layers as u64)
-            .map(|l| Layer {
-                kc: up(cache_len, 10 + 2 * l),
-                vc: up(cache_len, 11 + 2 * l),
-                o: s.alloc_zeros(ks.attend().o_len()).expect("alloc"),
-                lse: s.alloc_zeros(ks.attend().stats_len()).expect("alloc"),
-            })
+        let mut ls: Vec<CacheStep> = (0..layers as u64)
+            .map(|l| CacheStep::new(&s, (b, hq, hkv, d, t), layout, 10 + 10 * l))
             .collect();
-        let q = up(ks.attend().q_len(), 1);
-        let kn = up(b * hkv * d, 4);
-        let vn = up(b * hkv * d, 5);
-        let lens = s.clone_htod(&vec![(t - 1) as i32; b]).expect("upload");
-        let pool = b * t / 16;
-        let table = ks.block_table_shape().map(|[rb, pp]| {
-            let v: Vec<i32> = (0..rb * pp).map(|i| ((i * 7919) % pool) as i32).collect();
-            s.clone_htod(&v).expect("upload")
-        });
-        let mut ws = g.kv_cache_workspace(&ks).expect("workspace");
-        let token = |ls: &mut Vec<Layer>, ws: &mut attn_cuda::KvCacheWorkspace| {
+        let mut ws = g.kv_cache_workspace(&ls[0].spec).expect("workspace");
+        let token = |ls: &mut Vec<CacheStep>, ws: &mut attn_cuda::KvCacheWorkspace| {
             for l in ls.iter_mut() {
-                g.forward_kv_cache(
-                    &ks,
-                    KvCacheIo {
-                        q: &q,
-                        k_cache: &mut l.kc,
-                        v_cache: &mut l.vc,
-                        k_new: Some(&kn),
-                        v_new: Some(&vn),
-                        cache_seqlens: &lens,
-                        block_table: table.as_ref(),
-                        o: &mut l.o,
-                        lse: &mut l.lse,
-                    },
-                    ws,
-                )
-                .expect("kv cache step");
+                l.run(&g, ws);
             }
         };
         let per_token = |f: &mut dyn FnMut()| {
@@ -284,5 +206,77 @@ fn step_latency(rows: &mut Vec<String>) {
         rows.push(format!(
             "{b},{hq},{hkv},1,{t},{d},{layers} layers graph,{captured:.2},,"
         ));
+    }
+}
+
+/// The buffers of one KV-cache step of one new token (bf16, softmax): q, the caches holding T − 1
+/// keys per sequence, the new k and v, the lengths, and with a paged layout a block table that visits
+/// the pages in a shuffled order (a stride coprime with the pool); the values drawn from seeds
+/// `seed` to `seed + 4`.
+struct CacheStep {
+    spec: attn_core::KvCacheSpec,
+    q: CudaSlice<bf16>,
+    k_cache: CudaSlice<bf16>,
+    v_cache: CudaSlice<bf16>,
+    k_new: CudaSlice<bf16>,
+    v_new: CudaSlice<bf16>,
+    lens: CudaSlice<i32>,
+    table: Option<CudaSlice<i32>>,
+    o: CudaSlice<bf16>,
+    lse: CudaSlice<f32>,
+}
+
+impl CacheStep {
+    fn new(
+        s: &std::sync::Arc<attn_cuda::cudarc::driver::CudaStream>,
+        (b, hq, hkv, d, t): (usize, usize, usize, usize, usize),
+        layout: KvLayout,
+        seed: u64,
+    ) -> Self {
+        let spec = KvCacheProblem::new(Family::softmax(), DType::BF16, b, hq, hkv, 1, d, layout)
+            .validate()
+            .expect("valid");
+        let cache_len: usize = spec.cache_shape(d).iter().product();
+        let up = |n: usize, seed| s.clone_htod(&random_bf16(n, seed)).expect("upload");
+        let pool = match layout {
+            KvLayout::Paged { num_pages, .. } => num_pages,
+            KvLayout::Contiguous { .. } => 0,
+        };
+        let table = spec.block_table_shape().map(|[rb, pp]| {
+            let v: Vec<i32> = (0..rb * pp).map(|i| ((i * 7919) % pool) as i32).collect();
+            s.clone_htod(&v).expect("upload")
+        });
+        CacheStep {
+            q: up(spec.attend().q_len(), seed),
+            k_cache: up(cache_len, seed + 1),
+            v_cache: up(cache_len, seed + 2),
+            k_new: up(b * hkv * d, seed + 3),
+            v_new: up(b * hkv * d, seed + 4),
+            lens: s.clone_htod(&vec![(t - 1) as i32; b]).expect("upload"),
+            table,
+            o: s.alloc_zeros(spec.attend().o_len()).expect("alloc"),
+            lse: s.alloc_zeros(spec.attend().stats_len()).expect("alloc"),
+            spec,
+        }
+    }
+
+    /// One step on `g`'s stream.
+    fn run(&mut self, g: &CudaAttn, ws: &mut attn_cuda::KvCacheWorkspace) {
+        g.forward_kv_cache(
+            &self.spec,
+            KvCacheIo {
+                q: &self.q,
+                k_cache: &mut self.k_cache,
+                v_cache: &mut self.v_cache,
+                k_new: Some(&self.k_new),
+                v_new: Some(&self.v_new),
+                cache_seqlens: &self.lens,
+                block_table: self.table.as_ref(),
+                o: &mut self.o,
+                lse: &mut self.lse,
+            },
+            ws,
+        )
+        .expect("kv cache step");
     }
 }
